@@ -1,0 +1,848 @@
+/* muon_gloo.h - a muon communicator over Gloo (CPU, TCP; many processes, many machines).
+
+   USAGE
+   -----
+   C or C++ code that uses it:
+
+       #include "muon.h"
+       #include "muon_gloo.h"
+
+       muon_gloo_desc gd = muon_gloo_default_desc();  // rank/size/store from the environment
+       muon_comm world;
+       char err[256];
+       if (muon_gloo_create(&gd, &world, err, sizeof err) != MUON_OK) { puts(err); ... }
+       int dims[2] = {2, 2};                          // 4 ranks as a 2 x 2 row-major mesh
+       muon_comm tp, dp;
+       muon_gloo_mesh_subgroup(&world, dims, 2, 1, &tp, err, sizeof err);  // {0,1} {2,3}
+       muon_gloo_mesh_subgroup(&world, dims, 2, 0, &dp, err, sizeof err);  // {0,2} {1,3}
+       ... desc.comm = world; ...
+       muon_comm_destroy(&tp); muon_comm_destroy(&dp); muon_comm_destroy(&world);
+
+   The implementation is C++ (it talks to libgloo). In exactly ONE C++ file (g++ -std=c++17):
+
+       #include "muon.h"
+       #define MUON_GLOO_IMPLEMENTATION
+       #include "muon_gloo.h"
+
+   and link with -lgloo -pthread (and -lstdc++ when the final link is done by a C compiler).
+   Start the processes with tools/muonrun (`muonrun -n 4 ./prog args`), torchrun or mpirun.
+
+   ENVIRONMENT (read only for the desc fields left at their defaults)
+       MUON_RANK, MUON_WORLD_SIZE    rank and world size; else RANK / WORLD_SIZE (torchrun),
+                                     else OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE (mpirun)
+       MUON_STORE                    FileStore rendezvous directory (must be fresh, see below)
+       MUON_REDIS                    "host:port[/prefix]" RedisStore, when MUON_STORE is unset
+       MUON_GLOO_HOST                address or host name to bind (default 127.0.0.1 with a
+                                     FileStore, this machine's host name with Redis)
+       MUON_GLOO_TIMEOUT             seconds for every blocking call (default 300)
+
+   RENDEZVOUS
+       FileStore: a directory every rank can see (local disk for one machine, a shared file
+       system across machines). Gloo's FileStore refuses a key that already exists, so the
+       directory must be FRESH for every run (muonrun makes one per run and removes it). Keys of
+       an earlier run give "store holds keys of an earlier run" at creation.
+       RedisStore (this Debian build of Gloo has it: GLOO_USE_REDIS 1): keys are refused the same
+       way (SETNX), so give every run its own prefix ("host:6379/job42") or flush the database.
+       This Gloo has no TCPStore.
+
+   SEMANTICS
+       Every slot of the returned muon_comm is a collective: all ranks of the group call it, in
+       the same order. alltoallv counts must agree pairwise (what r sends to p is what p expects
+       from r). Each call uses its own Gloo slot, so a message can never be matched by a later
+       call. Data to oneself is copied locally. A communicator is used by one thread at a time;
+       different communicators (world and its subgroups) may be used from different threads.
+
+   GLOO TRAPS HANDLED HERE (measured on Debian's libgloo 0.0~git20220518)
+       - send/recv to oneself crashes Gloo: the self part is always a local memmove, and a group
+         of one rank never builds a Gloo context at all.
+       - FileStore::get waits a fixed 30 s (Store::kDefaultTimeout) whatever the context timeout:
+         every store access goes through a wrapper that first waits with the configured timeout.
+       - FileStore refuses existing keys: the error says the directory is not fresh; subgroup keys
+         get a unique prefix (parent prefix, per-comm counter, rank list).
+       - A dead peer surfaces as an exception within milliseconds, a stalled one when the op
+         timeout expires; after either the Gloo context is unusable. The comm is then marked
+         broken: every later call returns the same status and message at once, and its
+         connections are closed, so a late peer can never write into the caller's buffers.
+       - No C++ exception crosses into C: gloo::IoException, gloo::EnforceNotMet, std::exception
+         and anything else become MUON_ERR_TIMEOUT (a timeout in the text, or the deadline
+         passed) or MUON_ERR_COMM, with a message naming the operation, this rank and the peer.
+       - fork() after a Gloo device exists is unsafe (its event-loop thread does not survive the
+         fork): fork before muon_gloo_create, as muonrun does.
+       - Mismatched alltoallv counts are undefined behaviour in Gloo (the library does not pay
+         an extra round trip to check them); muon.h's exchange plan guarantees they agree.
+
+   ERRORS
+       muon_gloo_* return MUON_ERR_ARG for bad arguments (the message names the field),
+       MUON_ERR_BACKEND when Gloo cannot be set up (device, store), MUON_ERR_COMM /
+       MUON_ERR_TIMEOUT when the rendezvous fails, MUON_ERR_NOMEM. The comm's vt->error gives
+       the text of its last failure. Nothing is printed.
+
+   LICENSE: see the end of muon.h.
+*/
+#ifndef MUON_GLOO_H
+#define MUON_GLOO_H
+
+#ifndef MUON_H
+#error "muon_gloo.h needs muon.h: #include \"muon.h\" first"
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct muon_gloo_desc {
+  int rank, size;          /* -1: from the environment (see ENVIRONMENT)                         */
+  const char *store_dir;   /* FileStore directory, fresh per run; NULL: env MUON_STORE           */
+  const char *redis;       /* "host:port[/prefix]": RedisStore instead of a directory            */
+  const char *hostname;    /* address to bind; NULL: env MUON_GLOO_HOST, else see ENVIRONMENT    */
+  double timeout_s;        /* every blocking call; 0: env MUON_GLOO_TIMEOUT, else 300 s          */
+} muon_gloo_desc;
+
+/* rank = size = -1, everything else NULL / 0. */
+MUON_API muon_gloo_desc muon_gloo_default_desc(void);
+
+/* Creates the world communicator. Collective over all `size` processes (they meet in the
+   store). On failure *out is cleared and err (if not NULL) holds the reason. */
+MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out, char *err,
+                                      size_t err_size);
+
+/* A new communicator over the ranks ranks[0..n) OF THE PARENT (ascending or not; the new rank is
+   the position in this list), which must contain this rank. Collective over those n ranks only;
+   every member must make the same sequence of subgroup calls on the same parent (a per-parent
+   counter and the rank list keep the store keys of different groups apart). n == 1 needs no
+   communication. `parent` must be a Gloo communicator; it may itself be a subgroup. */
+MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int n,
+                                        muon_comm *out, char *err, size_t err_size);
+
+/* For a row-major mesh of shape dims[0..ndims) over the parent's ranks (the product must equal
+   the parent's size), the subgroup along mesh dimension `dim` that contains this rank: e.g.
+   dims = {2, 2}: dim 1 = consecutive ranks {0,1} {2,3}, dim 0 = strided ranks {0,2} {1,3}.
+   Collective over the whole parent (every rank gets its own group). */
+MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *parent, const int *dims, int ndims,
+                                             int dim, muon_comm *out, char *err,
+                                             size_t err_size);
+
+/* 1 if this build can use a RedisStore, else 0. */
+MUON_API int muon_gloo_has_redis(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MUON_GLOO_H */
+
+/* =============================================================================================
+   Implementation (C++17, libgloo) */
+#if defined(MUON_GLOO_IMPLEMENTATION) && !defined(MUON_GLOO__IMPLEMENTED)
+#define MUON_GLOO__IMPLEMENTED
+
+#ifndef __cplusplus
+#error "MUON_GLOO_IMPLEMENTATION must be compiled as C++ (g++ -std=c++17): it talks to libgloo"
+#endif
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/config.h>
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+/* RedisStore needs GLOO_USE_REDIS and hiredis' headers (Debian: libhiredis-dev). Define
+   MUON_GLOO_NO_REDIS to leave it out. */
+#if !defined(MUON_GLOO_NO_REDIS) && GLOO_USE_REDIS && defined(__has_include)
+#if __has_include(<gloo/rendezvous/redis_store.h>) && __has_include(<hiredis/hiredis.h>)
+#ifndef HIREDIS_NESTED_INCLUDE
+#define HIREDIS_NESTED_INCLUDE
+#endif
+#include <gloo/rendezvous/redis_store.h>
+#define MUON_GLOO__HAVE_REDIS 1
+#endif
+#endif
+#ifndef MUON_GLOO__HAVE_REDIS
+#define MUON_GLOO__HAVE_REDIS 0
+#endif
+
+typedef std::chrono::milliseconds muon_gloo__ms;
+typedef std::chrono::steady_clock muon_gloo__clock;
+
+/* Every store access waits with the configured timeout (FileStore::get alone would wait a fixed
+   30 s) and carries the group's key prefix. */
+class muon_gloo__store : public gloo::rendezvous::Store {
+ public:
+  muon_gloo__store(std::shared_ptr<gloo::rendezvous::Store> base, const std::string &prefix,
+                   muon_gloo__ms timeout)
+      : base_(base), prefix_(prefix), timeout_(timeout) {}
+  void set(const std::string &key, const std::vector<char> &data) override {
+    base_->set(prefix_ + key, data);
+  }
+  std::vector<char> get(const std::string &key) override {
+    base_->wait({prefix_ + key}, timeout_);
+    return base_->get(prefix_ + key);
+  }
+  void wait(const std::vector<std::string> &keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string> &keys, const muon_gloo__ms &) override {
+    std::vector<std::string> full;
+    for (const std::string &k : keys) full.push_back(prefix_ + k);
+    base_->wait(full, timeout_);
+  }
+
+ private:
+  std::shared_ptr<gloo::rendezvous::Store> base_;
+  std::string prefix_;
+  muon_gloo__ms timeout_;
+};
+
+/* What the world and all its subgroups share. */
+struct muon_gloo__shared {
+  std::shared_ptr<gloo::rendezvous::Store> store;
+  std::shared_ptr<gloo::transport::Device> device; /* NULL for a one-rank world */
+  muon_gloo__ms timeout;
+  std::string where; /* "FileStore /tmp/x" or "RedisStore host:port", for messages */
+};
+
+struct muon_gloo__comm {
+  std::shared_ptr<muon_gloo__shared> shared;
+  std::shared_ptr<gloo::Context> context; /* NULL when size == 1 */
+  std::unique_ptr<muon_gloo__store> store;
+  int rank, size;
+  std::string prefix;       /* store key prefix of this group, e.g. "muon/0[0,1]/" */
+  unsigned long subgroups;  /* subgroup calls made on this comm */
+  uint64_t seq;             /* collective calls made on this comm: the Gloo slot */
+  muon_status broken;       /* MUON_OK while usable */
+  std::string error;
+};
+
+static const uint64_t muon_gloo__slot_base = (uint64_t)0x4d << 56; /* 'M'; Gloo's own < 0x10 */
+
+static void muon_gloo__msg(char *err, size_t err_size, const char *fmt, ...) {
+  va_list ap;
+  if (!err || !err_size) return;
+  va_start(ap, fmt);
+  vsnprintf(err, err_size, fmt, ap);
+  va_end(ap);
+}
+
+static std::string muon_gloo__fmt(const char *fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  return buf;
+}
+
+/* The text of the exception being handled, for the catch-all. */
+static std::string muon_gloo__what(std::exception_ptr ep) {
+  try {
+    if (ep) std::rethrow_exception(ep);
+  } catch (const gloo::EnforceNotMet &e) {
+    return std::string("gloo::EnforceNotMet: ") + e.what();
+  } catch (const gloo::IoException &e) {
+    return std::string("gloo::IoException: ") + e.what();
+  } catch (const std::bad_alloc &) {
+    return "out of memory (std::bad_alloc)";
+  } catch (const std::exception &e) {
+    return e.what();
+  } catch (...) {
+    return "unknown C++ exception";
+  }
+  return "no exception";
+}
+
+static bool muon_gloo__is_timeout(const std::string &text) {
+  return text.find("imeout") != std::string::npos || text.find("imed out") != std::string::npos;
+}
+
+/* Marks c broken with this status and message; closes every connection so that no pending
+   operation can complete later into the caller's memory. */
+static muon_status muon_gloo__fail(muon_gloo__comm *c, muon_status st, const std::string &msg) {
+  c->broken = st;
+  c->error = msg;
+  if (c->context) {
+    try {
+      c->context->closeConnections();
+    } catch (...) {
+    }
+  }
+  return st;
+}
+
+/* The one exchange every slot is made of: to each peer p != rank, send slen[p] bytes at
+   send + soff[p] and receive rlen[p] bytes at recv + roff[p]; the self part is a memmove.
+   Zero lengths post nothing. All sends and receives are in flight at once; the waits go peer
+   by peer (nearest first) against one deadline, so a failure names its peer. */
+static muon_status muon_gloo__exchange(muon_gloo__comm *c, const char *op, const char *send,
+                                       const size_t *soff, const size_t *slen, char *recv,
+                                       const size_t *roff, const size_t *rlen) {
+  const int me = c->rank, n = c->size;
+  if (c->broken) return c->broken;
+  if (slen[me] != rlen[me]) {
+    c->error = muon_gloo__fmt("muon_gloo %s (rank %d of %d): sends %zu bytes to itself but "
+                              "expects %zu", op, me, n, slen[me], rlen[me]);
+    return MUON_ERR_ARG;
+  }
+  if (slen[me]) memmove(recv + roff[me], send + soff[me], slen[me]);
+  if (n == 1) return MUON_OK;
+
+  const uint64_t slot = muon_gloo__slot_base | (c->seq++ & (((uint64_t)1 << 48) - 1));
+  const muon_gloo__clock::time_point start = muon_gloo__clock::now();
+  const muon_gloo__clock::time_point deadline = start + c->shared->timeout;
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sb, rb;
+  int peer = -1;
+  const char *doing = "setting up";
+  try {
+    sb.resize((size_t)n);
+    rb.resize((size_t)n);
+    for (int i = 1; i < n; i++) {
+      const int to = (me + i) % n, from = (me + n - i) % n;
+      if (rlen[from]) {
+        peer = from;
+        doing = "posting the receive from";
+        rb[(size_t)from] = c->context->createUnboundBuffer(recv + roff[from], rlen[from]);
+        rb[(size_t)from]->recv(from, slot);
+      }
+      if (slen[to]) {
+        peer = to;
+        doing = "posting the send to";
+        /* Gloo only reads a send buffer; the cast is the API's, not a write. */
+        sb[(size_t)to] = c->context->createUnboundBuffer(const_cast<char *>(send) + soff[to],
+                                                         slen[to]);
+        sb[(size_t)to]->send(to, slot);
+      }
+    }
+    for (int pass = 0; pass < 2; pass++) {
+      for (int i = 1; i < n; i++) {
+        const int p = pass == 0 ? (me + n - i) % n : (me + i) % n;
+        gloo::transport::UnboundBuffer *b = (pass == 0 ? rb : sb)[(size_t)p].get();
+        if (!b) continue;
+        peer = p;
+        doing = pass == 0 ? "receiving from" : "sending to";
+        muon_gloo__ms left = std::chrono::duration_cast<muon_gloo__ms>(
+            deadline - muon_gloo__clock::now());
+        if (left.count() < 1) left = muon_gloo__ms(1); /* 0 would mean "no timeout" */
+        bool ok = pass == 0 ? b->waitRecv(nullptr, left) : b->waitSend(nullptr, left);
+        if (!ok) throw std::runtime_error("the operation was aborted");
+      }
+    }
+    return MUON_OK;
+  } catch (...) {
+    const std::string what = muon_gloo__what(std::current_exception());
+    const double waited = std::chrono::duration<double>(muon_gloo__clock::now() - start).count();
+    const double limit = std::chrono::duration<double>(c->shared->timeout).count();
+    const bool timed_out = muon_gloo__is_timeout(what) || waited >= limit * 0.999;
+    const muon_status st = timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM;
+    const std::string msg = muon_gloo__fmt(
+        "muon_gloo %s (rank %d of %d, call %llu) %s %s peer rank %d after %.3f s (timeout %.1f s): "
+        "%s",
+        op, me, n, (unsigned long long)(c->seq - 1), timed_out ? "timed out" : "failed", doing,
+        peer, waited, limit, what.c_str());
+    return muon_gloo__fail(c, st, msg);
+  }
+}
+
+/* ---- the vtable --------------------------------------------------------------------------- */
+
+static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size_t *send_counts,
+                                        const size_t *send_displs, float *recv,
+                                        const size_t *recv_counts, const size_t *recv_displs) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  if (!c) return MUON_ERR_ARG;
+  if (c->broken) return c->broken;
+  if (!send_counts || !send_displs || !recv_counts || !recv_displs) {
+    c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d): a count or displacement array is "
+                              "NULL", c->rank);
+    return MUON_ERR_ARG;
+  }
+  try {
+    const size_t n = (size_t)c->size, f = sizeof(float);
+    std::vector<size_t> so(n), sl(n), ro(n), rl(n);
+    for (size_t p = 0; p < n; p++) {
+      if (send_counts[p] > SIZE_MAX / f / 2 || recv_counts[p] > SIZE_MAX / f / 2 ||
+          send_displs[p] > SIZE_MAX / f / 2 || recv_displs[p] > SIZE_MAX / f / 2) {
+        c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d): count or displacement for "
+                                  "peer %zu is too large", c->rank, p);
+        return MUON_ERR_ARG;
+      }
+      if ((send_counts[p] && !send) || (recv_counts[p] && !recv)) {
+        c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d): %s is NULL but its count for "
+                                  "peer %zu is not zero", c->rank, send_counts[p] ? "send" : "recv",
+                                  p);
+        return MUON_ERR_ARG;
+      }
+      so[p] = send_displs[p] * f;
+      sl[p] = send_counts[p] * f;
+      ro[p] = recv_displs[p] * f;
+      rl[p] = recv_counts[p] * f;
+    }
+    return muon_gloo__exchange(c, "alltoallv", (const char *)send, so.data(), sl.data(),
+                               (char *)recv, ro.data(), rl.data());
+  } catch (...) {
+    return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo alltoallv: " +
+                                                  muon_gloo__what(std::current_exception()));
+  }
+}
+
+static muon_status muon_gloo__allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  if (!c) return MUON_ERR_ARG;
+  if (c->broken) return c->broken;
+  if (bytes && (!send || !recv)) {
+    c->error = muon_gloo__fmt("muon_gloo allgather (rank %d): %s is NULL", c->rank,
+                              send ? "recv" : "send");
+    return MUON_ERR_ARG;
+  }
+  if (bytes > SIZE_MAX / (size_t)c->size) {
+    c->error = muon_gloo__fmt("muon_gloo allgather (rank %d): %zu bytes times %d ranks "
+                              "overflows", c->rank, bytes, c->size);
+    return MUON_ERR_ARG;
+  }
+  try {
+    const size_t n = (size_t)c->size;
+    std::vector<size_t> so(n, 0), sl(n, bytes), ro(n), rl(n, bytes);
+    for (size_t p = 0; p < n; p++) ro[p] = p * bytes;
+    /* The self part goes from send to recv + rank*bytes via so[rank] = 0. */
+    return muon_gloo__exchange(c, "allgather", (const char *)send, so.data(), sl.data(),
+                               (char *)recv, ro.data(), rl.data());
+  } catch (...) {
+    return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo allgather: " +
+                                                  muon_gloo__what(std::current_exception()));
+  }
+}
+
+/* One byte to and from every peer: nobody leaves before everybody arrived. */
+static muon_status muon_gloo__barrier(void *ctx) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  if (!c) return MUON_ERR_ARG;
+  if (c->broken) return c->broken;
+  try {
+    const size_t n = (size_t)c->size;
+    std::vector<char> out(n, 1), in(n, 0);
+    std::vector<size_t> off(n), len(n, 1);
+    for (size_t p = 0; p < n; p++) off[p] = p;
+    return muon_gloo__exchange(c, "barrier", out.data(), off.data(), len.data(), in.data(),
+                               off.data(), len.data());
+  } catch (...) {
+    return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo barrier: " +
+                                                  muon_gloo__what(std::current_exception()));
+  }
+}
+
+static const char *muon_gloo__error(void *ctx) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  return c ? c->error.c_str() : "";
+}
+
+static void muon_gloo__destroy(void *ctx) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  try {
+    delete c; /* the context closes its pairs; the shared device and store go with the last comm */
+  } catch (...) {
+  }
+}
+
+static const muon_comm_vtable muon_gloo__vtable = {
+    MUON_COMM_VTABLE_VERSION, muon_gloo__alltoallv, muon_gloo__allgather, muon_gloo__barrier,
+    muon_gloo__error,         muon_gloo__destroy};
+
+/* ---- creation ----------------------------------------------------------------------------- */
+
+static int muon_gloo__env_int(const char *name, int *out) {
+  const char *s = getenv(name);
+  char *end;
+  long v;
+  if (!s || !*s) return 0;
+  errno = 0;
+  v = strtol(s, &end, 10);
+  if (errno || *end || v < 0 || v > 1 << 30) return -1;
+  *out = (int)v;
+  return 1;
+}
+
+static void muon_gloo__clear(muon_comm *out) {
+  if (out) {
+    out->vt = NULL;
+    out->ctx = NULL;
+    out->rank = 0;
+    out->size = 0;
+  }
+}
+
+/* Builds the group's Gloo context through the store: the keys are prefix + group rank. */
+static muon_status muon_gloo__connect(muon_gloo__comm *c, const char *what, char *err,
+                                      size_t err_size) {
+  if (c->size == 1) return MUON_OK; /* nothing to talk to; Gloo would only talk to itself */
+  const muon_gloo__clock::time_point start = muon_gloo__clock::now();
+  try {
+    c->store.reset(new muon_gloo__store(c->shared->store, c->prefix, c->shared->timeout));
+    std::shared_ptr<gloo::rendezvous::Context> ctx =
+        std::make_shared<gloo::rendezvous::Context>(c->rank, c->size);
+    ctx->setTimeout(c->shared->timeout);
+    ctx->connectFullMesh(*c->store, c->shared->device);
+    c->context = ctx;
+    return MUON_OK;
+  } catch (...) {
+    const std::string text = muon_gloo__what(std::current_exception());
+    const double waited = std::chrono::duration<double>(muon_gloo__clock::now() - start).count();
+    const double limit = std::chrono::duration<double>(c->shared->timeout).count();
+    std::string hint;
+    if (text.find("already exists") != std::string::npos ||
+        text.find("already set") != std::string::npos)
+      hint = " (the store holds keys of an earlier run: use a fresh directory or Redis prefix "
+             "per run)";
+    const bool timed_out = muon_gloo__is_timeout(text) || waited >= limit * 0.999;
+    muon_gloo__msg(err, err_size,
+                   "muon_gloo %s: rendezvous of rank %d of %d (keys '%s*' in %s) %s after %.3f s "
+                   "(timeout %.1f s): %s%s",
+                   what, c->rank, c->size, c->prefix.c_str(), c->shared->where.c_str(),
+                   timed_out ? "timed out" : "failed", waited, limit, text.c_str(), hint.c_str());
+    return timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM;
+  }
+}
+
+extern "C" {
+
+MUON_API muon_gloo_desc muon_gloo_default_desc(void) {
+  muon_gloo_desc d;
+  d.rank = -1;
+  d.size = -1;
+  d.store_dir = NULL;
+  d.redis = NULL;
+  d.hostname = NULL;
+  d.timeout_s = 0;
+  return d;
+}
+
+MUON_API int muon_gloo_has_redis(void) { return MUON_GLOO__HAVE_REDIS; }
+
+MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out, char *err,
+                                      size_t err_size) {
+  muon_gloo__clear(out);
+  if (err && err_size) err[0] = 0;
+  if (!desc || !out) {
+    muon_gloo__msg(err, err_size, "muon_gloo_create: %s is NULL", desc ? "out" : "desc");
+    return MUON_ERR_ARG;
+  }
+  int rank = desc->rank, size = desc->size;
+  /* rank / size from the environment, the first launcher convention that is present */
+  static const char *const env_names[3][2] = {{"MUON_RANK", "MUON_WORLD_SIZE"},
+                                              {"RANK", "WORLD_SIZE"},
+                                              {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}};
+  for (int k = 0; k < 3 && (rank < 0 || size < 0); k++) {
+    int r = -1, s = -1;
+    int hr = muon_gloo__env_int(env_names[k][0], &r), hs = muon_gloo__env_int(env_names[k][1], &s);
+    if (hr < 0 || hs < 0) {
+      muon_gloo__msg(err, err_size, "muon_gloo_create: environment %s='%s' / %s='%s' is not a "
+                     "valid rank / size", env_names[k][0], getenv(env_names[k][0]) ?
+                     getenv(env_names[k][0]) : "", env_names[k][1], getenv(env_names[k][1]) ?
+                     getenv(env_names[k][1]) : "");
+      return MUON_ERR_ARG;
+    }
+    if (hr && hs) {
+      if (rank < 0) rank = r;
+      if (size < 0) size = s;
+    }
+  }
+  if (rank < 0 || size < 0) {
+    muon_gloo__msg(err, err_size, "muon_gloo_desc.%s is -1 and none of MUON_RANK/"
+                   "MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE "
+                   "is set (start the program with muonrun, torchrun or mpirun)",
+                   rank < 0 ? "rank" : "size");
+    return MUON_ERR_ARG;
+  }
+  if (size < 1 || rank >= size) {
+    muon_gloo__msg(err, err_size, "muon_gloo_desc: rank %d is not in [0, size %d)", rank, size);
+    return MUON_ERR_ARG;
+  }
+  double timeout_s = desc->timeout_s;
+  if (timeout_s == 0) {
+    const char *t = getenv("MUON_GLOO_TIMEOUT");
+    if (t && *t) {
+      char *end;
+      timeout_s = strtod(t, &end);
+      if (*end || !(timeout_s > 0)) {
+        muon_gloo__msg(err, err_size, "muon_gloo_create: MUON_GLOO_TIMEOUT='%s' is not a "
+                       "positive number of seconds", t);
+        return MUON_ERR_ARG;
+      }
+    } else {
+      timeout_s = 300;
+    }
+  }
+  if (!(timeout_s > 0) || timeout_s > 1e7) {
+    muon_gloo__msg(err, err_size, "muon_gloo_desc.timeout_s must be > 0 and <= 1e7 (got %g)",
+                   timeout_s);
+    return MUON_ERR_ARG;
+  }
+  const char *store_dir = desc->store_dir, *redis = desc->redis;
+  if (store_dir && redis) {
+    muon_gloo__msg(err, err_size, "muon_gloo_desc: set store_dir or redis, not both");
+    return MUON_ERR_ARG;
+  }
+  if (!store_dir && !redis) {
+    store_dir = getenv("MUON_STORE");
+    if (store_dir && !*store_dir) store_dir = NULL;
+    if (!store_dir) {
+      redis = getenv("MUON_REDIS");
+      if (redis && !*redis) redis = NULL;
+    }
+  }
+  if (size > 1 && !store_dir && !redis) {
+    muon_gloo__msg(err, err_size, "muon_gloo_desc.store_dir and .redis are NULL and neither "
+                   "MUON_STORE nor MUON_REDIS is set: %d ranks need a rendezvous", size);
+    return MUON_ERR_ARG;
+  }
+
+  muon_gloo__comm *c = NULL;
+  try {
+    std::shared_ptr<muon_gloo__shared> sh = std::make_shared<muon_gloo__shared>();
+    sh->timeout = muon_gloo__ms((long long)(timeout_s * 1000 + 0.5));
+    if (sh->timeout.count() < 1) sh->timeout = muon_gloo__ms(1);
+    std::string host;
+    if (desc->hostname && *desc->hostname) host = desc->hostname;
+    else if (getenv("MUON_GLOO_HOST") && *getenv("MUON_GLOO_HOST")) host = getenv("MUON_GLOO_HOST");
+    std::string prefix = "muon/";
+    if (size > 1) {
+      if (store_dir) {
+        sh->where = std::string("FileStore ") + store_dir;
+        try {
+          sh->store = std::make_shared<gloo::rendezvous::FileStore>(store_dir);
+        } catch (...) {
+          muon_gloo__msg(err, err_size, "muon_gloo_create: FileStore directory '%s' cannot be "
+                         "used (it must exist and be fresh for this run): %s", store_dir,
+                         muon_gloo__what(std::current_exception()).c_str());
+          return MUON_ERR_BACKEND;
+        }
+        if (host.empty()) host = "127.0.0.1";
+      } else {
+#if MUON_GLOO__HAVE_REDIS
+        std::string spec = redis, hostport = spec;
+        size_t slash = spec.find('/');
+        if (slash != std::string::npos) {
+          hostport = spec.substr(0, slash);
+          prefix = spec.substr(slash + 1) + "/" + prefix;
+        }
+        size_t colon = hostport.rfind(':');
+        std::string rhost = hostport.substr(0, colon);
+        int port = 6379;
+        if (colon != std::string::npos) {
+          char *end;
+          long p = strtol(hostport.c_str() + colon + 1, &end, 10);
+          if (*end || p <= 0 || p > 65535) {
+            muon_gloo__msg(err, err_size, "muon_gloo_desc.redis '%s': bad port (want "
+                           "host:port[/prefix])", redis);
+            return MUON_ERR_ARG;
+          }
+          port = (int)p;
+        }
+        if (rhost.empty()) {
+          muon_gloo__msg(err, err_size, "muon_gloo_desc.redis '%s': no host (want "
+                         "host:port[/prefix])", redis);
+          return MUON_ERR_ARG;
+        }
+        sh->where = "RedisStore " + hostport;
+        try {
+          sh->store = std::make_shared<gloo::rendezvous::RedisStore>(rhost, port);
+        } catch (...) {
+          muon_gloo__msg(err, err_size, "muon_gloo_create: cannot connect to Redis at %s: %s",
+                         hostport.c_str(), muon_gloo__what(std::current_exception()).c_str());
+          return MUON_ERR_BACKEND;
+        }
+        if (host.empty()) {
+          char name[256];
+          if (gethostname(name, sizeof name) == 0) {
+            name[sizeof name - 1] = 0;
+            host = name;
+          } else {
+            host = "127.0.0.1";
+          }
+        }
+#else
+        muon_gloo__msg(err, err_size, "muon_gloo_desc.redis '%s': this build has no RedisStore "
+                       "(Gloo without GLOO_USE_REDIS, hiredis headers missing, or "
+                       "MUON_GLOO_NO_REDIS); use a FileStore directory", redis);
+        return MUON_ERR_BACKEND;
+#endif
+      }
+      try {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = host;
+        sh->device = gloo::transport::tcp::CreateDevice(attr);
+      } catch (...) {
+        muon_gloo__msg(err, err_size, "muon_gloo_create: cannot create a TCP device on '%s' "
+                       "(set muon_gloo_desc.hostname or MUON_GLOO_HOST to this machine's "
+                       "address): %s", host.c_str(),
+                       muon_gloo__what(std::current_exception()).c_str());
+        return MUON_ERR_BACKEND;
+      }
+    } else {
+      sh->where = "none (one rank)";
+    }
+    c = new muon_gloo__comm();
+    c->shared = sh;
+    c->rank = rank;
+    c->size = size;
+    c->prefix = prefix;
+    c->subgroups = 0;
+    c->seq = 0;
+    c->broken = MUON_OK;
+    muon_status st = muon_gloo__connect(c, "muon_gloo_create", err, err_size);
+    if (st != MUON_OK) {
+      delete c;
+      return st;
+    }
+  } catch (...) {
+    const std::string text = muon_gloo__what(std::current_exception());
+    delete c;
+    muon_gloo__msg(err, err_size, "muon_gloo_create: %s", text.c_str());
+    return MUON_ERR_NOMEM;
+  }
+  out->vt = &muon_gloo__vtable;
+  out->ctx = c;
+  out->rank = rank;
+  out->size = size;
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int n,
+                                        muon_comm *out, char *err, size_t err_size) {
+  muon_gloo__clear(out);
+  if (err && err_size) err[0] = 0;
+  if (!parent || !out || !ranks) {
+    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: %s is NULL",
+                   !parent ? "parent" : !out ? "out" : "ranks");
+    return MUON_ERR_ARG;
+  }
+  if (parent->vt != &muon_gloo__vtable || !parent->ctx) {
+    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: parent is not a Gloo communicator");
+    return MUON_ERR_ARG;
+  }
+  muon_gloo__comm *pc = (muon_gloo__comm *)parent->ctx;
+  if (n < 1 || n > pc->size) {
+    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: n = %d must be in [1, parent size %d]", n,
+                   pc->size);
+    return MUON_ERR_ARG;
+  }
+  int me = -1;
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= pc->size) {
+      muon_gloo__msg(err, err_size, "muon_gloo_subgroup: ranks[%d] = %d is not a rank of the "
+                     "parent (size %d)", i, ranks[i], pc->size);
+      return MUON_ERR_ARG;
+    }
+    for (int j = 0; j < i; j++)
+      if (ranks[j] == ranks[i]) {
+        muon_gloo__msg(err, err_size, "muon_gloo_subgroup: rank %d appears twice (ranks[%d] "
+                       "and ranks[%d])", ranks[i], j, i);
+        return MUON_ERR_ARG;
+      }
+    if (ranks[i] == pc->rank) me = i;
+  }
+  if (me < 0) {
+    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: this rank (%d of the parent) is not in "
+                   "ranks[0..%d)", pc->rank, n);
+    return MUON_ERR_ARG;
+  }
+  muon_gloo__comm *c = NULL;
+  try {
+    /* parent prefix + this call's number + the rank list (hashed when long) */
+    std::string list;
+    for (int i = 0; i < n; i++) list += (i ? "," : "") + std::to_string(ranks[i]);
+    if (list.size() > 120) {
+      unsigned long long h = 1469598103934665603ULL; /* FNV-1a */
+      for (char ch : list) h = (h ^ (unsigned char)ch) * 1099511628211ULL;
+      list = std::to_string(n) + ":" + std::to_string(ranks[0]) + ".." +
+             std::to_string(ranks[n - 1]) + "#" + std::to_string(h);
+    }
+    c = new muon_gloo__comm();
+    c->shared = pc->shared;
+    c->rank = me;
+    c->size = n;
+    c->prefix = pc->prefix + std::to_string(pc->subgroups++) + "[" + list + "]/";
+    c->subgroups = 0;
+    c->seq = 0;
+    c->broken = MUON_OK;
+    muon_status st = muon_gloo__connect(c, "muon_gloo_subgroup", err, err_size);
+    if (st != MUON_OK) {
+      delete c;
+      return st;
+    }
+  } catch (...) {
+    const std::string text = muon_gloo__what(std::current_exception());
+    delete c;
+    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: %s", text.c_str());
+    return MUON_ERR_NOMEM;
+  }
+  out->vt = &muon_gloo__vtable;
+  out->ctx = c;
+  out->rank = c->rank;
+  out->size = c->size;
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *parent, const int *dims, int ndims,
+                                             int dim, muon_comm *out, char *err,
+                                             size_t err_size) {
+  muon_gloo__clear(out);
+  if (err && err_size) err[0] = 0;
+  if (!parent || !dims || !out) {
+    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: %s is NULL",
+                   !parent ? "parent" : !dims ? "dims" : "out");
+    return MUON_ERR_ARG;
+  }
+  if (ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims) {
+    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: need 1 <= ndims <= 16 and 0 <= dim "
+                   "< ndims (ndims %d, dim %d)", ndims, dim);
+    return MUON_ERR_ARG;
+  }
+  long long total = 1;
+  for (int i = 0; i < ndims; i++) {
+    if (dims[i] < 1) {
+      muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: dims[%d] = %d must be >= 1", i,
+                     dims[i]);
+      return MUON_ERR_ARG;
+    }
+    total *= dims[i];
+    if (total > (1 << 30)) break;
+  }
+  if (total != parent->size) {
+    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: the mesh has %lld ranks but the "
+                   "parent has %d", total, parent->size);
+    return MUON_ERR_ARG;
+  }
+  /* row-major: stride of dim = product of the dims after it */
+  int stride = 1;
+  for (int i = dim + 1; i < ndims; i++) stride *= dims[i];
+  const int r = parent->rank, len = dims[dim];
+  const int first = r - ((r / stride) % len) * stride;
+  try {
+    std::vector<int> ranks((size_t)len);
+    for (int i = 0; i < len; i++) ranks[(size_t)i] = first + i * stride;
+    return muon_gloo_subgroup(parent, ranks.data(), len, out, err, err_size);
+  } catch (...) {
+    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: out of memory");
+    return MUON_ERR_NOMEM;
+  }
+}
+
+} /* extern "C" */
+
+#endif /* MUON_GLOO_IMPLEMENTATION */

@@ -1,0 +1,62 @@
+/* test.h - the few macros every muon test program shares.
+
+   A test program calls TEST_CASE("name") before each case, CHECK(cond, fmt, ...) for each
+   assertion, and returns test_summary() from main. test_summary prints the closing line
+   "N passed, M failed" that tests/run.sh adds up; a case passes when none of its CHECKs failed. */
+#ifndef MUON_TEST_H
+#define MUON_TEST_H
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static int test__passed, test__failed, test__case_failed, test__in_case;
+static const char *test__case = "";
+
+static void test__end_case(void) {
+  if (!test__in_case) return;
+  if (test__case_failed) test__failed++; else test__passed++;
+  test__in_case = 0;
+}
+
+static inline void TEST_CASE(const char *name) {
+  test__end_case();
+  test__case = name;
+  test__case_failed = 0;
+  test__in_case = 1;
+}
+
+static void test__fail(const char *file, int line, const char *fmt, ...) {
+  va_list ap;
+  if (!test__case_failed) printf("FAIL %s\n", test__case);
+  test__case_failed = 1;
+  printf("  %s:%d: ", file, line);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+}
+
+#define CHECK(cond, ...) do { if (!(cond)) test__fail(__FILE__, __LINE__, __VA_ARGS__); } while (0)
+
+/* Relative error of a against reference b: max |a-b| / max(max |b|, tiny). */
+static inline double test_rel_err(const float *a, const double *b, size_t n, size_t *worst) {
+  double num = 0, den = 1e-30;
+  size_t i, w = 0;
+  for (i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - b[i]);
+    if (d > num) { num = d; w = i; }
+    if (fabs(b[i]) > den) den = fabs(b[i]);
+  }
+  if (worst) *worst = w;
+  return num / den;
+}
+
+static inline int test_summary(void) {
+  test__end_case();
+  printf("%d passed, %d failed\n", test__passed, test__failed);
+  return test__failed ? 1 : 0;
+}
+
+#endif

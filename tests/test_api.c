@@ -1,0 +1,445 @@
+/* test_api.c - the public API on one device: bad input, allocation failure, non-finite
+   gradients, state save/load, skipped matrices, determinism, the empty optimizer. */
+#define MUON_IMPLEMENTATION
+#include "muon.h"
+#include "test.h"
+
+#include <stdlib.h>
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+static unsigned test_rng = 12345u;
+static float frand(void) {
+  test_rng = test_rng * 1664525u + 1013904223u;
+  return (float)((test_rng >> 8) & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+static void fill(float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) x[i] = frand();
+}
+
+static char last_log[600];
+static void capture_log(muon_log_level level, const char *msg, void *user) {
+  (void)level; (void)user;
+  strncpy(last_log, msg, sizeof last_log - 1);
+}
+
+/* An allocator that fails the n-th allocation (counting from 0) and counts what is live. */
+typedef struct { int calls, fail_at; long live; } fail_alloc;
+static void *fa_alloc(size_t size, void *u) {
+  fail_alloc *f = (fail_alloc *)u;
+  void *p;
+  if (f->calls++ == f->fail_at) return NULL;
+  p = malloc(size);
+  if (p) f->live++;
+  return p;
+}
+static void fa_free(void *p, void *u) {
+  ((fail_alloc *)u)->live--;
+  free(p);
+}
+
+/* A small model: two matrices (one stacked pair), one tall, and two AdamW params. */
+typedef struct {
+  float w1[2 * 24 * 40], g1[2 * 24 * 40];
+  float w2[50 * 16], g2[50 * 16];
+  float b[24], gb[24];
+  float e[10], ge[10];
+} model;
+
+static void model_init(model *m, unsigned seed) {
+  test_rng = seed;
+  fill(m->w1, sizeof m->w1 / 4); fill(m->w2, sizeof m->w2 / 4);
+  fill(m->b, 24); fill(m->e, 10);
+}
+static void model_grads(model *m, unsigned seed) {
+  test_rng = seed;
+  fill(m->g1, sizeof m->g1 / 4); fill(m->g2, sizeof m->g2 / 4);
+  fill(m->gb, 24); fill(m->ge, 10);
+}
+
+static muon_status model_register(muon_optimizer *opt, model *m) {
+  muon_matrix a = muon_default_matrix(), b = muon_default_matrix();
+  muon_adamw_param p = muon_default_adamw_param(), q = muon_default_adamw_param();
+  muon_status st;
+  a.name = "w1"; a.param = m->w1; a.grad = m->g1; a.rows = 24; a.cols = 40; a.count = 2;
+  b.name = "w2"; b.param = m->w2; b.grad = m->g2; b.rows = 50; b.cols = 16;
+  p.name = "b"; p.param = m->b; p.grad = m->gb; p.size = 24;
+  q.name = "e"; q.param = m->e; q.grad = m->ge; q.size = 10;
+  if ((st = muon_add_matrix(opt, &a, NULL)) != MUON_OK) return st;
+  if ((st = muon_add_matrix(opt, &b, NULL)) != MUON_OK) return st;
+  if ((st = muon_add_adamw_param(opt, &p, NULL)) != MUON_OK) return st;
+  return muon_add_adamw_param(opt, &q, NULL);
+}
+
+static muon_optimizer *make_opt(model *m, muon_desc *d) {
+  muon_optimizer *opt = NULL;
+  muon_desc def = muon_default_desc();
+  if (!d) d = &def;
+  if (muon_create(&opt, d) != MUON_OK) return NULL;
+  if (model_register(opt, m) != MUON_OK) { muon_destroy(opt); return NULL; }
+  return opt;
+}
+
+static int same(const void *a, const void *b, size_t n) { return memcmp(a, b, n) == 0; }
+
+/* ---- cases -------------------------------------------------------------------------------- */
+static void test_defaults(void) {
+  muon_hparams hp = muon_default_hparams();
+  muon_adamw_hparams ah = muon_default_adamw_hparams();
+  TEST_CASE("defaults are torch.optim.Muon's and torch.optim.AdamW's");
+  CHECK(hp.lr == 1e-3f && hp.weight_decay == 0.1f && hp.momentum == 0.95f && hp.nesterov == 1, "muon lr/wd/momentum/nesterov");
+  CHECK(hp.ns_steps == 5 && hp.ns_coefficients[0][0] == 3.4445f && hp.ns_coefficients[4][1] == -4.7750f &&
+        hp.ns_coefficients[2][2] == 2.0315f && hp.eps == 1e-7f, "ns defaults");
+  CHECK(hp.adjust_lr == MUON_ADJUST_LR_ORIGINAL && hp.momentum_style == MUON_MOMENTUM_LERP &&
+        hp.precision == MUON_PRECISION_FP32, "enums");
+  CHECK(ah.lr == 1e-3f && ah.beta1 == 0.9f && ah.beta2 == 0.999f && ah.eps == 1e-8f && ah.weight_decay == 0.01f, "adamw");
+  CHECK(strcmp(muon_status_string(MUON_ERR_SHAPE), "MUON_ERR_SHAPE: invalid shape") == 0, "status string: %s", muon_status_string(MUON_ERR_SHAPE));
+  CHECK(strcmp(muon_status_string((muon_status)99), "unknown muon_status") == 0, "unknown status");
+}
+
+static void test_bad_desc(void) {
+  struct { const char *what; int field; float value; const char *needle; } cases[] = {
+    { "negative lr", 0, -1e-3f, "lr" },
+    { "NaN lr", 0, NAN, "lr" },
+    { "negative weight decay", 1, -0.1f, "weight_decay" },
+    { "momentum 1", 2, 1.0f, "momentum" },
+    { "momentum -0.1", 2, -0.1f, "momentum" },
+    { "ns_steps 0", 3, 0, "ns_steps" },
+    { "ns_steps too many", 3, MUON_NS_MAX_STEPS + 1, "ns_steps" },
+    { "infinite coefficient", 4, INFINITY, "ns_coefficients" },
+    { "eps 0", 5, 0, "eps" },
+    { "adamw beta1 1", 6, 1.0f, "beta1" },
+    { "adamw negative lr", 7, -1.0f, "lr" },
+  };
+  size_t i;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    muon_desc d = muon_default_desc();
+    muon_optimizer *opt = (muon_optimizer *)&d; /* must be overwritten with NULL */
+    muon_status st;
+    char name[100];
+    snprintf(name, sizeof name, "bad hyperparameter: %s", cases[i].what);
+    TEST_CASE(name);
+    d.logger.func = capture_log;
+    last_log[0] = 0;
+    switch (cases[i].field) {
+    case 0: d.hparams.lr = cases[i].value; break;
+    case 1: d.hparams.weight_decay = cases[i].value; break;
+    case 2: d.hparams.momentum = cases[i].value; break;
+    case 3: d.hparams.ns_steps = (int)cases[i].value; break;
+    case 4: d.hparams.ns_coefficients[1][2] = cases[i].value; break;
+    case 5: d.hparams.eps = cases[i].value; break;
+    case 6: d.adamw.beta1 = cases[i].value; break;
+    default: d.adamw.lr = cases[i].value; break;
+    }
+    st = muon_create(&opt, &d);
+    CHECK(st == MUON_ERR_ARG, "status %s", muon_status_string(st));
+    CHECK(opt == NULL, "opt not NULL on failure");
+    CHECK(strstr(last_log, cases[i].needle) != NULL, "message '%s' does not name '%s'", last_log, cases[i].needle);
+  }
+  {
+    muon_desc d = muon_default_desc();
+    muon_optimizer *opt;
+    TEST_CASE("bad desc: NULL pointers, half an allocator, unknown enum");
+    CHECK(muon_create(NULL, &d) == MUON_ERR_ARG, "NULL opt");
+    CHECK(muon_create(&opt, NULL) == MUON_ERR_ARG && opt == NULL, "NULL desc");
+    d.allocator.alloc = fa_alloc;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG, "alloc without free");
+    d = muon_default_desc();
+    d.hparams.adjust_lr = (muon_adjust_lr)7;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG, "adjust_lr 7");
+    d = muon_default_desc();
+    d.hparams.precision = (muon_precision)5;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG, "precision 5");
+    d = muon_default_desc();
+    d.on_nonfinite = (muon_nonfinite)3;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG, "on_nonfinite 3");
+#ifndef MUON_USE_CBLAS
+    d = muon_default_desc();
+    d.hparams.gemm = MUON_GEMM_CBLAS;
+    d.logger.func = capture_log;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG && strstr(last_log, "MUON_USE_CBLAS"), "CBLAS without MUON_USE_CBLAS: %s", last_log);
+#endif
+  }
+}
+
+static void test_bad_matrix(void) {
+  static float w[64 * 64], g[64 * 64];
+  muon_optimizer *opt;
+  muon_desc d = muon_default_desc();
+  muon_matrix m;
+  muon_adamw_param p;
+  muon_hparams hp = muon_default_hparams();
+  TEST_CASE("bad matrices and AdamW params get a clear error and change nothing");
+  CHECK(muon_create(&opt, &d) == MUON_OK, "create");
+  CHECK(muon_add_matrix(opt, NULL, NULL) == MUON_ERR_ARG, "NULL matrix");
+  m = muon_default_matrix(); m.name = "fc1"; m.param = w; m.grad = g; m.rows = 0; m.cols = 8;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE && strstr(muon_error(opt), "rows") && strstr(muon_error(opt), "fc1"), "rows 0: %s", muon_error(opt));
+  m.rows = 8; m.cols = -3;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE, "cols -3");
+  m.cols = 8; m.ndim = 1;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE && strstr(muon_error(opt), "ndim") && strstr(muon_error(opt), "muon_add_adamw_param"), "ndim 1: %s", muon_error(opt));
+  m.ndim = 3;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE, "ndim 3");
+  m.ndim = 0; m.param = NULL;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_ARG && strstr(muon_error(opt), "param"), "NULL param: %s", muon_error(opt));
+  m.param = w; m.count = 3; m.stride = 63;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE && strstr(muon_error(opt), "overlap"), "overlapping stride: %s", muon_error(opt));
+  m.count = -1; m.stride = 0;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE, "count -1");
+  m.count = 0; m.group = 1;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_ARG && strstr(muon_error(opt), "group"), "group 1 missing: %s", muon_error(opt));
+  CHECK(muon_matrix_count(opt) == 0, "no matrix was added");
+  p = muon_default_adamw_param(); p.param = w; p.grad = g; p.size = 0;
+  CHECK(muon_add_adamw_param(opt, &p, NULL) == MUON_ERR_SHAPE, "adamw size 0");
+  p.size = 3; p.param = NULL;
+  CHECK(muon_add_adamw_param(opt, &p, NULL) == MUON_ERR_ARG, "adamw NULL param");
+  p.param = w; p.group = 2;
+  CHECK(muon_add_adamw_param(opt, &p, NULL) == MUON_ERR_ARG, "adamw group 2");
+  CHECK(muon_adamw_param_count(opt) == 0, "no AdamW param was added");
+  hp.momentum = 1.5f;
+  CHECK(muon_add_group(opt, &hp, NULL) == MUON_ERR_ARG && strstr(muon_error(opt), "momentum"), "add_group momentum 1.5");
+  CHECK(muon_set_group(opt, 0, &hp) == MUON_ERR_ARG, "set_group momentum 1.5");
+  CHECK(muon_set_lr(opt, 0, -1.0f) == MUON_ERR_ARG, "set_lr -1");
+  CHECK(muon_set_lr(opt, 5, 1.0f) == MUON_ERR_ARG, "set_lr group 5");
+  CHECK(muon_set_grad(opt, 0, g) == MUON_ERR_ARG, "set_grad of a missing matrix");
+  CHECK(muon_step(NULL) == MUON_ERR_ARG, "step NULL");
+  CHECK(muon_newton_schulz(NULL, 2, 2, w, &hp) == MUON_ERR_ARG, "ns NULL in");
+  hp = muon_default_hparams();
+  CHECK(muon_newton_schulz(w, 0, 2, w, &hp) == MUON_ERR_SHAPE, "ns rows 0");
+  muon_destroy(opt);
+  muon_destroy(NULL);
+}
+
+static void test_empty(void) {
+  muon_optimizer *opt;
+  muon_desc d = muon_default_desc();
+  muon_stats s;
+  TEST_CASE("an optimizer with no parameters steps without error");
+  CHECK(muon_create(&opt, &d) == MUON_OK, "create");
+  CHECK(muon_step(opt) == MUON_OK && muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  CHECK(muon_get_stats(opt, &s) == MUON_OK && s.steps == 2 && s.ns_calls == 0, "stats");
+  muon_destroy(opt);
+}
+
+static void test_nonfinite(void) {
+  static model m, before;
+  muon_optimizer *opt;
+  muon_desc d = muon_default_desc();
+  const float *mom;
+  size_t n;
+  TEST_CASE("a NaN gradient is MUON_ERR_NONFINITE and nothing is applied");
+  model_init(&m, 1);
+  opt = make_opt(&m, NULL);
+  CHECK(opt != NULL, "create");
+  if (!opt) return;
+  model_grads(&m, 2);
+  CHECK(muon_step(opt) == MUON_OK, "first step");
+  model_grads(&m, 3);
+  m.g2[17] = NAN;
+  before = m;
+  CHECK(muon_step(opt) == MUON_ERR_NONFINITE, "status");
+  CHECK(strstr(muon_error(opt), "w2") != NULL, "message names the matrix: %s", muon_error(opt));
+  CHECK(same(&m, &before, sizeof m), "params changed");
+  muon_destroy(opt);
+
+  TEST_CASE("MUON_NONFINITE_SKIP skips only that matrix or param");
+  d.on_nonfinite = MUON_NONFINITE_SKIP;
+  model_init(&m, 1);
+  opt = make_opt(&m, &d);
+  if (!opt) { CHECK(0, "create"); return; }
+  model_grads(&m, 3);
+  m.g2[0] = INFINITY;
+  m.ge[3] = NAN;
+  before = m;
+  CHECK(muon_step(opt) == MUON_OK, "status %s", muon_error(opt));
+  CHECK(same(m.w2, before.w2, sizeof m.w2) && same(m.e, before.e, sizeof m.e), "skipped ones changed");
+  CHECK(!same(m.w1, before.w1, sizeof m.w1) && !same(m.b, before.b, sizeof m.b), "others did not change");
+  CHECK(muon_get_momentum(opt, 2, &mom, &n) == MUON_OK && n == 800 && mom[5] == 0.0f, "skipped momentum untouched");
+  muon_destroy(opt);
+}
+
+static void test_absent_grad(void) {
+  static model m, before;
+  muon_optimizer *opt;
+  muon_stats s;
+  TEST_CASE("an absent gradient skips the matrix entirely: no decay, no momentum change");
+  model_init(&m, 4);
+  opt = make_opt(&m, NULL);
+  if (!opt) { CHECK(0, "create"); return; }
+  model_grads(&m, 5);
+  CHECK(muon_set_grad(opt, 1, NULL) == MUON_OK && muon_set_adamw_grad(opt, 0, NULL) == MUON_OK, "set_grad");
+  before = m;
+  CHECK(muon_step(opt) == MUON_OK, "step");
+  CHECK(same(m.w1 + 960, before.w1 + 960, 960 * 4), "slice 1 changed");
+  CHECK(!same(m.w1, before.w1, 960 * 4), "slice 0 did not change");
+  CHECK(same(m.b, before.b, sizeof m.b), "AdamW param without grad changed");
+  CHECK(muon_get_stats(opt, &s) == MUON_OK && s.ns_calls == 2, "ns_calls %lld, want 2", s.ns_calls);
+  muon_destroy(opt);
+}
+
+static void test_alloc_failure(void) {
+  int k, failures = 0, clean = 1;
+  TEST_CASE("allocation failure at every site: clean error, no leak");
+  for (k = 0; k < 64; k++) {
+    static model m;
+    fail_alloc fa = { 0, 0, 0 };
+    muon_desc d = muon_default_desc();
+    muon_optimizer *opt = NULL;
+    muon_status st;
+    fa.fail_at = k;
+    d.allocator.alloc = fa_alloc;
+    d.allocator.free = fa_free;
+    d.allocator.user_data = &fa;
+    model_init(&m, 7);
+    model_grads(&m, 8);
+    st = muon_create(&opt, &d);
+    if (st == MUON_OK) st = model_register(opt, &m);
+    if (st == MUON_OK) st = muon_step(opt);
+    if (st == MUON_OK) {
+      size_t n = muon_state_size(opt);
+      (void)n;
+      st = muon_state_save_file(opt, "build/alloc_state.bin");
+      if (st == MUON_OK) st = muon_state_load_file(opt, "build/alloc_state.bin");
+    }
+    if (fa.calls <= k) { muon_destroy(opt); break; } /* every site has been failed once */
+    failures++;
+    if (st != MUON_ERR_NOMEM) { clean = 0; printf("  site %d: status %s\n", k, muon_status_string(st)); }
+    muon_destroy(opt);
+    if (fa.live != 0) { clean = 0; printf("  site %d: %ld blocks leaked\n", k, fa.live); }
+  }
+  CHECK(failures >= 8, "only %d allocation sites were exercised", failures);
+  CHECK(clean, "some failure was not a clean MUON_ERR_NOMEM without leaks");
+  remove("build/alloc_state.bin");
+}
+
+static void run_steps(muon_optimizer *opt, model *m, int from, int to) {
+  int s;
+  for (s = from; s < to; s++) {
+    model_grads(m, 100u + (unsigned)s);
+    if (s == 3) muon_set_lr(opt, 0, 5e-4f);
+    muon_step(opt);
+  }
+}
+
+static void test_state(void) {
+  static model a, b;
+  muon_optimizer *oa, *ob, *oc;
+  size_t n;
+  unsigned char *buf, *bad;
+  TEST_CASE("state: stop after step 4 and resume = never stopping, bit for bit");
+  model_init(&a, 9);
+  b = a;
+  oa = make_opt(&a, NULL);
+  ob = make_opt(&b, NULL);
+  if (!oa || !ob) { CHECK(0, "create"); return; }
+  run_steps(oa, &a, 0, 8);
+  run_steps(ob, &b, 0, 4);
+  CHECK(muon_state_save_file(ob, "build/state_test.bin") == MUON_OK, "save: %s", muon_error(ob));
+  muon_destroy(ob);
+  ob = make_opt(&b, NULL);   /* fresh optimizer, same params as at step 4 */
+  CHECK(muon_state_load_file(ob, "build/state_test.bin") == MUON_OK, "load: %s", muon_error(ob));
+  run_steps(ob, &b, 4, 8);
+  CHECK(same(&a, &b, sizeof a), "resumed run differs");
+
+  TEST_CASE("state: truncated, corrupted, mismatched blobs are MUON_ERR_STATE and change nothing");
+  n = muon_state_size(ob);
+  buf = (unsigned char *)malloc(n);
+  bad = (unsigned char *)malloc(n);
+  CHECK(muon_state_save(ob, buf, n - 1) == MUON_ERR_ARG, "save into a short buffer");
+  CHECK(muon_state_save(ob, buf, n) == MUON_OK, "save");
+  {
+    const float *mom;
+    size_t mn;
+    float keep[4];
+    muon_get_momentum(ob, 0, &mom, &mn);
+    memcpy(keep, mom, sizeof keep);
+    CHECK(muon_state_load(ob, buf, n - 9) == MUON_ERR_STATE && strstr(muon_error(ob), "truncated"), "truncated: %s", muon_error(ob));
+    CHECK(muon_state_load(ob, buf, 10) == MUON_ERR_STATE, "header only");
+    memcpy(bad, buf, n); bad[n / 2] ^= 0x10;
+    CHECK(muon_state_load(ob, bad, n) == MUON_ERR_STATE && strstr(muon_error(ob), "checksum"), "flipped bit: %s", muon_error(ob));
+    memcpy(bad, buf, n); bad[0] = 'X';
+    CHECK(muon_state_load(ob, bad, n) == MUON_ERR_STATE, "bad magic");
+    memcpy(bad, buf, n); bad[8] = 9;
+    CHECK(muon_state_load(ob, bad, n) == MUON_ERR_STATE && strstr(muon_error(ob), "version"), "version: %s", muon_error(ob));
+    CHECK(muon_state_load_file(ob, "build/does-not-exist.bin") == MUON_ERR_STATE, "missing file");
+    CHECK(same(mom, keep, sizeof keep), "momentum changed by a failed load");
+  }
+  {
+    /* Same sizes, different shapes: w2 registered as 16 x 50. */
+    static float w[800], g[800], w1[1920], g1[1920], bb[24], e[10];
+    muon_desc d = muon_default_desc();
+    muon_matrix m1 = muon_default_matrix(), m2 = muon_default_matrix();
+    muon_adamw_param p = muon_default_adamw_param(), q = muon_default_adamw_param();
+    muon_create(&oc, &d);
+    m1.param = w1; m1.grad = g1; m1.rows = 24; m1.cols = 40; m1.count = 2;
+    m2.name = "w2t"; m2.param = w; m2.grad = g; m2.rows = 16; m2.cols = 50;
+    p.param = bb; p.size = 24; q.param = e; q.size = 10;
+    muon_add_matrix(oc, &m1, NULL); muon_add_matrix(oc, &m2, NULL);
+    muon_add_adamw_param(oc, &p, NULL); muon_add_adamw_param(oc, &q, NULL);
+    CHECK(muon_state_load(oc, buf, n) == MUON_ERR_STATE && strstr(muon_error(oc), "w2t"), "shape mismatch: %s", muon_error(oc));
+    muon_destroy(oc);
+  }
+  free(buf);
+  free(bad);
+  muon_destroy(oa);
+  muon_destroy(ob);
+  remove("build/state_test.bin");
+}
+
+static void test_determinism(void) {
+  static model a, b;
+  muon_optimizer *oa, *ob;
+  muon_stats s;
+  TEST_CASE("same inputs, same bits; stats report NS calls and a bounded workspace");
+  model_init(&a, 11);
+  b = a;
+  oa = make_opt(&a, NULL);
+  ob = make_opt(&b, NULL);
+  if (!oa || !ob) { CHECK(0, "create"); return; }
+  run_steps(oa, &a, 0, 3);
+  run_steps(ob, &b, 0, 3);
+  CHECK(same(&a, &b, sizeof a), "two runs differ");
+  CHECK(muon_get_stats(oa, &s) == MUON_OK && s.ns_calls == 9 && s.steps == 3, "ns_calls %lld steps %lld", s.ns_calls, s.steps);
+  /* Largest matrix: 24 x 40 -> m=24, n=40: NS workspace <= 2mn + 2m^2 floats. */
+  CHECK(s.ns_workspace_bytes <= (2 * 24 * 40 + 2 * 24 * 24) * 4, "ns workspace %zu bytes", s.ns_workspace_bytes);
+  CHECK(s.state_bytes == (2 * 960 + 800 + 2 * 24 + 2 * 10) * 4, "state bytes %zu", s.state_bytes);
+  CHECK(muon_ns_workspace_floats(1000, 300) <= 2 * 300 * 1000 + 2 * 300 * 300, "ns workspace bound at 1000 x 300");
+  CHECK(muon_ns_workspace_floats(4096, 1024) <= 2ul * 1024 * 4096 + 2ul * 1024 * 1024, "ns workspace bound at 4096 x 1024");
+  muon_destroy(oa);
+  muon_destroy(ob);
+}
+
+static void test_orthogonality(void) {
+  /* Sanity independent of any reference: NS output's singular values land near 1, so
+     O O^T (wide) has a diagonal in roughly [0.5, 1.5] and small off-diagonal terms. */
+  enum { R = 32, C = 96 };
+  static float g[R * C], o[R * C];
+  muon_hparams hp = muon_default_hparams();
+  int i, j, k, ok = 1;
+  TEST_CASE("NS output is nearly orthogonal (O O^T ~ I)");
+  test_rng = 77;
+  fill(g, R * C);
+  CHECK(muon_newton_schulz(g, R, C, o, &hp) == MUON_OK, "ns");
+  for (i = 0; i < R; i++)
+    for (j = 0; j < R; j++) {
+      double s = 0;
+      for (k = 0; k < C; k++) s += (double)o[i * C + k] * o[j * C + k];
+      if (i == j && (s < 0.5 || s > 1.5)) ok = 0;
+      if (i != j && fabs(s) > 0.3) ok = 0;
+    }
+  CHECK(ok, "O O^T far from identity");
+}
+
+int main(void) {
+  test_defaults();
+  test_bad_desc();
+  test_bad_matrix();
+  test_empty();
+  test_nonfinite();
+  test_absent_grad();
+  test_alloc_failure();
+  test_state();
+  test_determinism();
+  test_orthogonality();
+  return test_summary();
+}

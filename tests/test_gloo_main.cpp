@@ -1,0 +1,3 @@
+#include "muon.h"
+#define MUON_GLOO_IMPLEMENTATION
+#include "muon_gloo.h"
