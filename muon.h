@@ -203,6 +203,104 @@ MUON_API muon_comm muon_comm_self(void);
 MUON_API void muon_comm_destroy(muon_comm *comm);
 
 /* ---------------------------------------------------------------------------------------------
+   Layouts (the C analogue of a DTensor placement list). A matrix's layout is an ordered list of
+   levels: the first splits the full matrix over its group, each next one splits the piece the
+   previous level left on this rank. Gathering undoes the last level first. A level needs only
+   the size of its group and this rank's index in it (muon_shard(dim, &tp_comm) fills both). */
+#ifndef MUON_MAX_LEVELS
+#define MUON_MAX_LEVELS 8
+#endif
+
+typedef enum muon_placement {
+  MUON_REPLICATE = 0,              /* every rank of the group holds the whole piece (DDP, CP)   */
+  MUON_SHARD,                      /* split `dim` (0 rows, 1 cols) in torch.chunk chunks:
+                                      ceil(d/size) each, the last ones short or empty           */
+  MUON_FLAT                        /* a contiguous range of the row-major flattened piece
+                                      (FSDP1 / ZeRO flat buffers); may cut rows                 */
+} muon_placement;
+
+typedef struct muon_level {
+  muon_placement placement;
+  int dim;                         /* MUON_SHARD: 0 or 1                                        */
+  int size;                        /* ranks in this level's group                               */
+  int index;                       /* this rank's index in that group                           */
+  long long offset, length;        /* MUON_FLAT: this rank's range; length < 0 = chunk split
+                                      [index*c, (index+1)*c) with c = ceil(piece/size)          */
+} muon_level;
+
+typedef struct muon_layout {
+  int n_levels;                    /* 0: the whole matrix is on this rank                       */
+  muon_level levels[MUON_MAX_LEVELS];
+  long long key;                   /* matrices are matched across ranks by (name, key): give
+                                      different experts / pipeline stages different keys        */
+} muon_layout;
+
+/* Level constructors; group NULL means a group of one. */
+MUON_API muon_level muon_shard(int dim, const muon_comm *group);
+MUON_API muon_level muon_flat(const muon_comm *group);
+MUON_API muon_level muon_flat_range(const muon_comm *group, long long offset, long long length);
+MUON_API muon_level muon_replicate(const muon_comm *group);
+
+/* ---------------------------------------------------------------------------------------------
+   Distribution: which rank orthogonalises each matrix, and how U and O move.
+   Every rank sees the same global list of matrices (the union of what ranks registered, matched
+   by name and layout key, in order of first appearance by rank) and computes the same owners. */
+typedef struct muon_matrix_info {
+  int index;                       /* global index, the same on every rank                      */
+  const char *name;
+  int rows, cols;
+  int local;                       /* this rank's matrix index (muon_add_matrix), -1 if none    */
+  size_t local_size;               /* floats this rank holds                                    */
+  int n_holders;                   /* ranks holding a non-empty piece                           */
+  const int *holders;              /* ascending                                                 */
+} muon_matrix_info;
+
+struct muon_matrix;
+
+typedef struct muon_dist_config {
+  /* Optional: owner[i] of each of the n global matrices, identical on every rank and among
+     m[i].holders. NULL: balanced by Newton-Schulz flops, largest first. */
+  muon_status (*assign)(void *state, const muon_matrix_info *m, int n, int world_size, int *owner);
+  /* Optional pair, the escape hatch for custom frameworks: move one matrix yourself. gather gets
+     this rank's local U (local_size floats; NULL if none) and, on the owner only, `full` to fill
+     (rows x cols); redistribute gets `full` O on the owner and fills this rank's local piece.
+     Both are called on every rank for every matrix, in global order. NULL: muon's batched
+     exchange over desc.comm, driven by the layouts. */
+  muon_status (*gather)(void *state, const muon_matrix_info *m, const float *local, float *full, int owner);
+  muon_status (*redistribute)(void *state, const muon_matrix_info *m, const float *full, float *local, int owner);
+  /* Optional: the layout of this rank's matrix `index` (called by muon_add_matrix). NULL:
+     muon_matrix.layout, or the whole matrix. */
+  muon_status (*layout)(void *state, int index, const struct muon_matrix *m, muon_layout *out);
+  void *state;
+  int round_robin;                 /* default owners: round-robin over holders (debugging)      */
+  size_t round_bytes;              /* gathered bytes per owner per exchange round; 0 = 64 MiB    */
+} muon_dist_config;
+
+/* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to
+   last: REPLICATE over ddp, cp, replicate (HSDP) and ep (dense matrices only); SHARD(tp dim) over
+   tp; SHARD(0) (or FLAT with fsdp_flat) over fsdp and shard (HSDP). Expert matrices and pipeline
+   stages get distinct layout keys, so they are owned inside their EP / PP group. The returned
+   config points at *desc, which must stay valid while matrices are being added. */
+typedef struct muon_auto_desc {
+  const muon_comm *fsdp;           /* FSDP / ZeRO group                                         */
+  int fsdp_flat;                   /* 1: FLAT ranges over fsdp (FSDP1, llm.c ZeRO-1)            */
+  const muon_comm *tp;
+  int tp_dim;                      /* 0 row-parallel, 1 column-parallel, -1 replicated          */
+  const int *tp_dim_per_matrix;    /* optional, per local matrix index; overrides tp_dim        */
+  const muon_comm *ddp, *cp;       /* replicas                                                  */
+  const muon_comm *shard, *replicate; /* HSDP                                                   */
+  const muon_comm *ep;
+  const int *expert_of_matrix;     /* per local matrix index: expert id, -1 = dense             */
+  const muon_comm *pp;             /* the matrices of a stage never leave it                    */
+  int round_robin;
+  size_t round_bytes;
+} muon_auto_desc;
+
+MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc);
+/* The seeds' create_dtensor_config: every matrix carries its own muon_matrix.layout. */
+MUON_API muon_dist_config muon_layout_config(void);
+
+/* ---------------------------------------------------------------------------------------------
    The optimizer */
 typedef struct muon_optimizer muon_optimizer;
 
@@ -212,6 +310,8 @@ typedef struct muon_desc {
   muon_nonfinite on_nonfinite;
   muon_allocator allocator;        /* zeroed: malloc/free                                       */
   muon_logger logger;              /* zeroed: silent                                            */
+  const muon_comm *comm;           /* NULL: one rank. Copied.                                   */
+  const muon_dist_config *dist;    /* NULL: every rank orthogonalises what it holds. Copied.    */
 } muon_desc;
 
 MUON_API muon_desc muon_default_desc(void);
@@ -228,6 +328,7 @@ typedef struct muon_matrix {
   int count;                       /* 0 or 1: one matrix; L: L slices                           */
   size_t stride;                   /* floats between slices; 0 = rows*cols; >= rows*cols        */
   int group;                       /* hyperparameter group, 0 = desc.hparams                     */
+  const muon_layout *layout;       /* this rank's piece; NULL = whole matrix (or dist->layout)  */
 } muon_matrix;
 
 MUON_API muon_matrix muon_default_matrix(void);
@@ -272,15 +373,32 @@ MUON_API int muon_adamw_param_count(const muon_optimizer *opt);
    All-or-nothing: on any error no parameter and no state has changed. */
 MUON_API muon_status muon_step(muon_optimizer *opt);
 
+/* Distributed planning, a collective: exchanges the matrix lists once, validates layouts
+   (pieces tile each matrix), owners and agreement between ranks, and sizes the exchange rounds.
+   muon_step calls it the first time (and after new matrices). Errors are the same on every rank. */
+MUON_API muon_status muon_plan(muon_optimizer *opt);
+MUON_API int muon_rank(const muon_optimizer *opt);
+MUON_API int muon_world_size(const muon_optimizer *opt);
+/* After planning: the owner of this rank's matrix `index` (the seeds' optimizer.assignments). */
+MUON_API muon_status muon_get_owner(const muon_optimizer *opt, int index, int *owner);
+/* After planning: the global matrices (all ranks'), and which of them this rank owns. */
+MUON_API int muon_global_count(const muon_optimizer *opt);
+MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muon_matrix_info *info, int *owner);
+MUON_API int muon_owned_count(const muon_optimizer *opt);
+
 /* Counters since creation (the distributed ones stay 0 on one device). */
 typedef struct muon_stats {
   long long steps;                 /* successful muon_step calls                                 */
   long long ns_calls;              /* Newton-Schulz runs on this rank                            */
   long long collectives;           /* communication calls issued by this rank                    */
-  long long bytes_sent, bytes_received;
+  long long bytes_sent, bytes_received;   /* U/O exchange payload, to and from other ranks        */
+  long long control_bytes;         /* planning and skip agreement (allgathers)                    */
   size_t state_bytes;              /* momentum + AdamW moments held by this rank                 */
   size_t workspace_bytes;          /* peak step workspace (NS operand + NS workspace)            */
   size_t ns_workspace_bytes;       /* peak NS workspace beyond its m x n operand                 */
+  size_t gathered_bytes;           /* peak bytes of full matrices held at once (owner side)      */
+  size_t exchange_bytes;           /* exchange buffers: send/recv + the O stash (local size)     */
+  int rounds;                      /* exchange rounds per step (0: nothing to exchange)          */
 } muon_stats;
 
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
@@ -469,6 +587,12 @@ MUON_API void muon_comm_destroy(muon_comm *comm) {
 
 /* ---------------------------------------------------------------------------------------------
    The optimizer object */
+/* A piece: the range [f0, f1) of the row-major flattening of the rectangle at (r0, c0) of size
+   h x w, in full-matrix coordinates. Every nesting of SHARD / FLAT / REPLICATE gives one. */
+typedef struct muon__piece {
+  long long r0, c0, h, w, f0, f1;
+} muon__piece;
+
 typedef struct muon__matrix {
   char name[64];
   float *param;
@@ -478,7 +602,49 @@ typedef struct muon__matrix {
   size_t size;          /* floats of param/grad/momentum held here */
   float *momentum;
   int skip;             /* this step: absent or non-finite gradient */
+  muon_layout layout;
+  muon__piece piece;
+  int global;           /* index in the plan's global list */
+  size_t stash;         /* offset of this matrix's O in the plan's stash */
 } muon__matrix;
+
+/* One rank's share of a global matrix. */
+typedef struct muon__holder {
+  int rank;
+  int local;            /* that rank's matrix index */
+  muon__piece piece;
+  int source;           /* the rank that sends this piece's U to the owner */
+} muon__holder;
+
+typedef struct muon__global {
+  char name[64];
+  long long key;
+  int rows, cols;
+  int owner;
+  int local;            /* this rank's matrix index, -1 if none */
+  int round;
+  int skip;             /* this step, agreed by all ranks */
+  int n_holders;        /* ranks with a non-empty piece, ascending */
+  int mine;             /* this rank's entry in holders, -1 if none */
+  muon__holder *holders;
+  int *holder_ranks;
+} muon__global;
+
+typedef struct muon__plan {
+  int ready;
+  muon__global *globals;
+  int n_globals;
+  int *round_start;     /* round r is globals [round_start[r], round_start[r+1]) */
+  int n_rounds;
+  int max_local;        /* most matrices any rank registered */
+  float *stash;         /* O of every local matrix, committed only when all rounds succeeded */
+  float *send, *recv;   /* alltoallv buffers */
+  float *gathered;      /* full operands X of the matrices this rank owns in a round */
+  float *ns_ws;
+  size_t stash_floats, send_floats, recv_floats, gathered_floats, ns_ws_floats;
+  size_t *counts;       /* 5 x size: send counts, displs, recv counts, displs, cursors */
+  unsigned char *flags; /* (size + 1) x (max_local + 1) step flags: everyone's, then mine */
+} muon__plan;
 
 typedef struct muon__adamw {
   char name[64];
@@ -506,6 +672,10 @@ struct muon_optimizer {
   float *work;          /* step workspace, grown before a step changes anything */
   size_t work_floats;
   muon_stats stats;
+  muon_comm comm;
+  int distributed;      /* a dist config was given */
+  muon_dist_config dist;
+  muon__plan plan;
   char error[512];
 };
 
@@ -554,6 +724,13 @@ MUON_API const char *muon_error(const muon_optimizer *opt) {
 
 static int muon__finite(float x) { return isfinite(x) != 0; }
 
+static int muon__all_finite(const float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++)
+    if (!muon__finite(x[i])) return 0;
+  return 1;
+}
+
 /* Checks one group's hyperparameters; writes the message into buf. */
 static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t size) {
   int k;
@@ -588,6 +765,162 @@ static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, char 
 }
 
 /* ---------------------------------------------------------------------------------------------
+   Layouts -> pieces. torch.chunk semantics: chunks of ceil(d/size); trailing ranks may get a
+   short or empty chunk (18 rows over 8 ranks: 3,3,3,3,3,3,0,0). */
+static muon_level muon__level(muon_placement placement, int dim, const muon_comm *group) {
+  muon_level l;
+  memset(&l, 0, sizeof l);
+  l.placement = placement;
+  l.dim = dim;
+  l.size = group ? group->size : 1;
+  l.index = group ? group->rank : 0;
+  l.length = -1;
+  return l;
+}
+MUON_API muon_level muon_shard(int dim, const muon_comm *group) { return muon__level(MUON_SHARD, dim, group); }
+MUON_API muon_level muon_flat(const muon_comm *group) { return muon__level(MUON_FLAT, 0, group); }
+MUON_API muon_level muon_replicate(const muon_comm *group) { return muon__level(MUON_REPLICATE, 0, group); }
+MUON_API muon_level muon_flat_range(const muon_comm *group, long long offset, long long length) {
+  muon_level l = muon__level(MUON_FLAT, 0, group);
+  l.offset = offset;
+  l.length = length;
+  return l;
+}
+
+static void muon__chunk(long long d, int size, int index, long long *lo, long long *hi) {
+  long long c = (d + size - 1) / size;
+  *lo = (long long)index * c < d ? (long long)index * c : d;
+  *hi = *lo + c < d ? *lo + c : d;
+}
+
+/* Same elements, same representation: whole rows become a rectangle; empty is all zeros. */
+static muon__piece muon__canonical(muon__piece p) {
+  if (p.f1 <= p.f0 || p.w <= 0 || p.h <= 0) { memset(&p, 0, sizeof p); return p; }
+  if (p.f0 % p.w == 0 && p.f1 % p.w == 0) {
+    p.r0 += p.f0 / p.w;
+    p.h = (p.f1 - p.f0) / p.w;
+    p.f0 = 0;
+    p.f1 = p.h * p.w;
+  }
+  return p;
+}
+
+static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, muon__piece *out, char *why, size_t n) {
+  muon__piece p;
+  int k, flat = 0;
+  p.r0 = 0; p.c0 = 0; p.h = rows; p.w = cols; p.f0 = 0; p.f1 = (long long)rows * cols;
+  if (L->n_levels < 0 || L->n_levels > MUON_MAX_LEVELS) { snprintf(why, n, "n_levels must be in [0, %d] (got %d)", MUON_MAX_LEVELS, L->n_levels); return MUON_ERR_SHAPE; }
+  for (k = 0; k < L->n_levels; k++) {
+    const muon_level *l = &L->levels[k];
+    long long lo, hi, len = p.f1 - p.f0;
+    if (l->size < 1 || l->index < 0 || l->index >= l->size) { snprintf(why, n, "levels[%d]: index %d outside a group of %d", k, l->index, l->size); return MUON_ERR_SHAPE; }
+    switch (l->placement) {
+    case MUON_REPLICATE: break;
+    case MUON_SHARD:
+      if (l->dim != 0 && l->dim != 1) { snprintf(why, n, "levels[%d]: SHARD dim must be 0 or 1 (got %d)", k, l->dim); return MUON_ERR_SHAPE; }
+      if (flat) {
+        if (l->dim != 0) { snprintf(why, n, "levels[%d]: after a FLAT level the piece is 1-D; only SHARD(0) applies", k); return MUON_ERR_SHAPE; }
+        muon__chunk(len, l->size, l->index, &lo, &hi);
+        p.f1 = p.f0 + hi;
+        p.f0 = p.f0 + lo;
+      } else if (l->dim == 0) {
+        muon__chunk(p.h, l->size, l->index, &lo, &hi);
+        p.r0 += lo; p.h = hi - lo; p.f0 = 0; p.f1 = p.h * p.w;
+      } else {
+        muon__chunk(p.w, l->size, l->index, &lo, &hi);
+        p.c0 += lo; p.w = hi - lo; p.f0 = 0; p.f1 = p.h * p.w;
+      }
+      break;
+    case MUON_FLAT:
+      if (l->length < 0) {
+        muon__chunk(len, l->size, l->index, &lo, &hi);
+      } else {
+        lo = l->offset;
+        hi = l->offset + l->length;
+        if (lo < 0 || hi > len) { snprintf(why, n, "levels[%d]: FLAT range [%lld, %lld) outside the piece of %lld", k, lo, hi, len); return MUON_ERR_SHAPE; }
+      }
+      p.f1 = p.f0 + hi;
+      p.f0 = p.f0 + lo;
+      flat = 1;
+      break;
+    default: snprintf(why, n, "levels[%d]: placement %d is not a muon_placement", k, (int)l->placement); return MUON_ERR_SHAPE;
+    }
+  }
+  *out = muon__canonical(p);
+  return MUON_OK;
+}
+
+/* Walks a piece row segment by row segment: element (row, col .. col+len) of the full matrix is
+   local element off .. off+len. Returns 0 when done. */
+typedef struct muon__seg {
+  long long f, row, col, len, off;
+} muon__seg;
+
+static int muon__next_seg(const muon__piece *p, muon__seg *s) {
+  long long rin, cin;
+  if (s->f >= p->f1) return 0;
+  rin = s->f / p->w;
+  cin = s->f % p->w;
+  s->row = p->r0 + rin;
+  s->col = p->c0 + cin;
+  s->len = p->w - cin < p->f1 - s->f ? p->w - cin : p->f1 - s->f;
+  s->off = s->f - p->f0;
+  s->f += s->len;
+  return 1;
+}
+
+static muon__seg muon__segs(const muon__piece *p) {
+  muon__seg s;
+  memset(&s, 0, sizeof s);
+  s.f = p->f0;
+  return s;
+}
+
+static void muon__plan_free(muon_optimizer *opt);
+
+/* ---------------------------------------------------------------------------------------------
+   Built-in configs: muon_auto_config derives each matrix's layout from the groups. */
+static void muon__push(muon_layout *l, muon_level level) {
+  if (l->n_levels < MUON_MAX_LEVELS) l->levels[l->n_levels++] = level;
+}
+
+static muon_status muon__auto_layout(void *state, int index, const struct muon_matrix *m, muon_layout *out) {
+  const muon_auto_desc *d = (const muon_auto_desc *)state;
+  int expert = d->expert_of_matrix ? d->expert_of_matrix[index] : -1;
+  int tp_dim = d->tp_dim_per_matrix ? d->tp_dim_per_matrix[index] : d->tp_dim;
+  (void)m;
+  memset(out, 0, sizeof *out);
+  if (d->ddp) muon__push(out, muon_replicate(d->ddp));
+  if (d->cp) muon__push(out, muon_replicate(d->cp));
+  if (d->replicate) muon__push(out, muon_replicate(d->replicate));
+  if (d->ep && expert < 0) muon__push(out, muon_replicate(d->ep));
+  if (d->tp) muon__push(out, tp_dim == 0 || tp_dim == 1 ? muon_shard(tp_dim, d->tp) : muon_replicate(d->tp));
+  if (d->fsdp) muon__push(out, d->fsdp_flat ? muon_flat(d->fsdp) : muon_shard(0, d->fsdp));
+  if (d->shard) muon__push(out, d->fsdp_flat ? muon_flat(d->shard) : muon_shard(0, d->shard));
+  /* Experts and stages are different matrices on different ranks even when their names match. */
+  out->key = (d->pp ? (long long)(d->pp->rank + 1) << 32 : 0) + (expert >= 0 ? expert + 1 : 0);
+  return MUON_OK;
+}
+
+MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc) {
+  muon_dist_config c;
+  memset(&c, 0, sizeof c);
+  c.layout = muon__auto_layout;
+  c.state = (void *)desc;
+  if (desc) {
+    c.round_robin = desc->round_robin;
+    c.round_bytes = desc->round_bytes;
+  }
+  return c;
+}
+
+MUON_API muon_dist_config muon_layout_config(void) {
+  muon_dist_config c;
+  memset(&c, 0, sizeof c);
+  return c;
+}
+
+/* ---------------------------------------------------------------------------------------------
    Creation, groups, registration */
 MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   muon_allocator a;
@@ -614,6 +947,24 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
     return MUON_ERR_ARG;
   }
+  if (desc->comm) {
+    const muon_comm *c = desc->comm;
+    const char *bad = NULL;
+    if (!c->vt) bad = "muon_desc.comm->vt is NULL";
+    else if (c->vt->version < 1) bad = "muon_desc.comm->vt->version must be >= 1 (MUON_COMM_VTABLE_VERSION)";
+    else if (!c->vt->alltoallv || !c->vt->allgather) bad = "muon_desc.comm->vt needs the alltoallv and allgather slots";
+    else if (c->size < 1 || c->rank < 0 || c->rank >= c->size) bad = "muon_desc.comm has rank outside [0, size)";
+    if (bad) {
+      char full[300];
+      snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
+      muon__log(&desc->logger, MUON_LOG_ERROR, full);
+      return MUON_ERR_ARG;
+    }
+  }
+  if (desc->dist && !desc->dist->gather != !desc->dist->redistribute) {
+    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
+    return MUON_ERR_ARG;
+  }
   opt = (muon_optimizer *)muon__alloc(&a, sizeof *opt);
   if (!opt) {
     muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_NOMEM: muon_create: allocating the optimizer failed");
@@ -623,6 +974,9 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->allocator = a;
   opt->logger = desc->logger;
   opt->on_nonfinite = desc->on_nonfinite;
+  opt->comm = desc->comm ? *desc->comm : muon_comm_self();
+  opt->distributed = desc->dist != NULL;
+  if (desc->dist) opt->dist = *desc->dist;
   opt->groups = (muon_hparams *)muon__alloc(&a, sizeof(muon_hparams));
   opt->adamw_groups = (muon_adamw_hparams *)muon__alloc(&a, sizeof(muon_adamw_hparams));
   if (!opt->groups || !opt->adamw_groups) {
@@ -643,6 +997,7 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   int i;
   if (!opt) return;
   a = opt->allocator;
+  muon__plan_free(opt);
   for (i = 0; i < opt->n_matrices; i++) muon__free(&a, opt->matrices[i].momentum);
   for (i = 0; i < opt->n_adamw; i++) {
     muon__free(&a, opt->adamw[i].exp_avg);
@@ -744,6 +1099,8 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   const char *name;
   int count, i, first;
   size_t size, stride;
+  muon_layout layout;
+  muon__piece piece;
   muon__matrix *grown;
   float **moms;
   if (!opt) return MUON_ERR_ARG;
@@ -758,11 +1115,23 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   if (!m->param) MUON__BAD(MUON_ERR_ARG, "muon_matrix.param is NULL");
   if (m->count < 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count must be >= 0 (got %d)", m->count);
   if (m->group < 0 || m->group >= opt->n_groups) MUON__BAD(MUON_ERR_ARG, "muon_matrix.group %d does not exist (have %d)", m->group, opt->n_groups);
-  size = (size_t)m->rows * (size_t)m->cols;
+  memset(&layout, 0, sizeof layout);
+  if (opt->distributed && opt->dist.layout) {
+    muon_status st = opt->dist.layout(opt->dist.state, first, m, &layout);
+    if (st != MUON_OK) MUON__BAD(st, "muon_dist_config.layout returned %s", muon_status_string(st));
+  } else if (m->layout) {
+    if (!opt->distributed) MUON__BAD(MUON_ERR_ARG, "muon_matrix.layout is set but muon_desc.dist is NULL (use muon_layout_config())");
+    layout = *m->layout;
+  }
+  {
+    char why[240];
+    if (muon__layout_piece(&layout, m->rows, m->cols, &piece, why, sizeof why) != MUON_OK) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: %s", why);
+  }
+  size = (size_t)(piece.f1 - piece.f0);
   count = m->count ? m->count : 1;
   stride = m->stride ? m->stride : size;
   if (count > 1 && stride < size)
-    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.stride %zu makes the %d stacked %d x %d matrices overlap (needs >= %zu)", stride, count, m->rows, m->cols, size);
+    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.stride %zu makes the %d stacked %d x %d matrices overlap (needs >= %zu, the local piece)", stride, count, m->rows, m->cols, size);
 #undef MUON__BAD
   /* Allocate everything first so a failure leaves the optimizer as it was. */
   moms = (float **)muon__alloc(&opt->allocator, (size_t)count * sizeof(float *));
@@ -789,6 +1158,9 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     x->cols = m->cols;
     x->group = m->group;
     x->size = size;
+    x->layout = layout;
+    x->piece = piece;
+    x->global = -1;
     x->momentum = moms[i];
     memset(x->momentum, 0, size * sizeof(float));
   }
@@ -796,6 +1168,7 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   muon__free(&opt->allocator, opt->matrices);
   opt->matrices = grown;
   opt->n_matrices = first + count;
+  opt->plan.ready = 0;
   opt->stats.state_bytes += (size_t)count * size * sizeof(float);
   if (index_out) *index_out = first;
   return MUON_OK;
@@ -1107,14 +1480,856 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
 }
 
 /* ---------------------------------------------------------------------------------------------
+   Little-endian serialisation, shared by the plan fingerprints and the state blob. */
+static void muon__put32(unsigned char **p, uint32_t v) {
+  int i;
+  for (i = 0; i < 4; i++) *(*p)++ = (unsigned char)(v >> (8 * i));
+}
+static void muon__put64(unsigned char **p, uint64_t v) {
+  int i;
+  for (i = 0; i < 8; i++) *(*p)++ = (unsigned char)(v >> (8 * i));
+}
+static void muon__put_floats(unsigned char **p, const float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) { uint32_t u; memcpy(&u, &x[i], 4); muon__put32(p, u); }
+}
+static void muon__put_float(unsigned char **p, float x) { muon__put_floats(p, &x, 1); }
+static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
+  int k;
+  muon__put_float(p, hp->lr); muon__put_float(p, hp->weight_decay); muon__put_float(p, hp->momentum);
+  muon__put32(p, (uint32_t)hp->nesterov); muon__put32(p, (uint32_t)hp->momentum_style);
+  muon__put32(p, (uint32_t)hp->adjust_lr); muon__put32(p, (uint32_t)hp->ns_steps);
+  for (k = 0; k < hp->ns_steps; k++) muon__put_floats(p, hp->ns_coefficients[k], 3);
+  muon__put_float(p, hp->eps); muon__put32(p, (uint32_t)hp->precision);
+  muon__put32(p, (uint32_t)hp->gemm); muon__put32(p, (uint32_t)hp->symmetric);
+}
+static uint32_t muon__get32(const unsigned char **p) {
+  uint32_t v = 0;
+  int i;
+  for (i = 0; i < 4; i++) v |= (uint32_t)(*p)[i] << (8 * i);
+  *p += 4;
+  return v;
+}
+static uint64_t muon__get64(const unsigned char **p) {
+  uint64_t v = 0;
+  int i;
+  for (i = 0; i < 8; i++) v |= (uint64_t)(*p)[i] << (8 * i);
+  *p += 8;
+  return v;
+}
+static void muon__get_floats(const unsigned char **p, float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) { uint32_t u = muon__get32(p); memcpy(&x[i], &u, 4); }
+}
+static float muon__get_float(const unsigned char **p) { float x; muon__get_floats(p, &x, 1); return x; }
+/* Reads a group written by muon__put_hparams; the ns_steps field decides how much follows, so a
+   wrong value is caught by the caller's length check before this runs. */
+static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
+  int k;
+  hp->lr = muon__get_float(p); hp->weight_decay = muon__get_float(p); hp->momentum = muon__get_float(p);
+  hp->nesterov = (int)muon__get32(p); hp->momentum_style = (muon_momentum_style)muon__get32(p);
+  hp->adjust_lr = (muon_adjust_lr)muon__get32(p); hp->ns_steps = (int)muon__get32(p);
+  for (k = 0; k < hp->ns_steps && k < MUON_NS_MAX_STEPS; k++) muon__get_floats(p, hp->ns_coefficients[k], 3);
+  hp->eps = muon__get_float(p); hp->precision = (muon_precision)muon__get32(p);
+  hp->gemm = (muon_gemm)muon__get32(p); hp->symmetric = (int)muon__get32(p);
+}
+static uint64_t muon__fnv1a(const unsigned char *p, size_t n) {
+  uint64_t h = 14695981039346656037ull;
+  size_t i;
+  for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
+  return h;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Communication wrappers: every collective goes through these, which count and explain. */
+static muon_status muon__comm_fail(muon_optimizer *opt, muon_status st, const char *op) {
+  const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+  if (st != MUON_ERR_TIMEOUT) st = MUON_ERR_COMM;
+  return muon__fail(opt, st, "%s failed on rank %d of %d: %s; nothing was applied", op, opt->comm.rank,
+                    opt->comm.size, native && *native ? native : muon_status_string(st));
+}
+
+static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *recv, size_t bytes, const char *op) {
+  muon_status st = opt->comm.vt->allgather(opt->comm.ctx, send, recv, bytes);
+  opt->stats.collectives++;
+  opt->stats.control_bytes += (long long)(bytes * (size_t)(opt->comm.size - 1));
+  return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
+}
+
+static muon_status muon__alltoallv(muon_optimizer *opt, const size_t *counts, const char *op) {
+  const muon__plan *pl = &opt->plan;
+  int P = opt->comm.size, me = opt->comm.rank, p;
+  muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, pl->send, counts, counts + P, pl->recv, counts + 2 * P, counts + 3 * P);
+  opt->stats.collectives++;
+  for (p = 0; p < P; p++)
+    if (p != me) {
+      opt->stats.bytes_sent += (long long)(counts[p] * sizeof(float));
+      opt->stats.bytes_received += (long long)(counts[2 * P + p] * sizeof(float));
+    }
+  return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Plan: who holds which piece, who owns each matrix, which rank sends each piece, and the
+   rounds. Built from one allgather of every rank's matrix list, so every rank computes the same
+   plan without further talk; failures found here are therefore the same on every rank. */
+typedef struct muon__entry {     /* one registered matrix on the wire */
+  char name[64];
+  long long key, rows, cols;
+  long long piece[6];
+  unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
+} muon__entry;
+
+static void muon__plan_free(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  const muon_allocator *a = &opt->allocator;
+  int g;
+  for (g = 0; g < pl->n_globals; g++) {
+    muon__free(a, pl->globals[g].holders);
+    muon__free(a, pl->globals[g].holder_ranks);
+  }
+  muon__free(a, pl->globals);
+  muon__free(a, pl->round_start);
+  muon__free(a, pl->stash);
+  muon__free(a, pl->send);
+  muon__free(a, pl->recv);
+  muon__free(a, pl->gathered);
+  muon__free(a, pl->ns_ws);
+  muon__free(a, pl->counts);
+  muon__free(a, pl->flags);
+  memset(pl, 0, sizeof *pl);
+}
+
+static unsigned long long muon__ns_hash(const muon_hparams *hp) {
+  unsigned char buf[4 * (8 + 3 * MUON_NS_MAX_STEPS)], *p = buf;
+  int k;
+  muon__put32(&p, (uint32_t)hp->ns_steps);
+  for (k = 0; k < hp->ns_steps; k++) muon__put_floats(&p, hp->ns_coefficients[k], 3);
+  muon__put_floats(&p, &hp->eps, 1);
+  muon__put32(&p, (uint32_t)hp->precision);
+  muon__put32(&p, (uint32_t)muon__use_cblas(hp));
+  muon__put32(&p, (uint32_t)hp->symmetric);
+  return muon__fnv1a(buf, (size_t)(p - buf));
+}
+
+static int muon__same_piece(const muon__piece *a, const muon__piece *b) {
+  return a->r0 == b->r0 && a->c0 == b->c0 && a->h == b->h && a->w == b->w && a->f0 == b->f0 && a->f1 == b->f1;
+}
+
+static size_t muon__piece_size(const muon__piece *p) { return (size_t)(p->f1 - p->f0); }
+
+typedef struct muon__interval { long long start, len; int rank; } muon__interval;
+static int muon__interval_cmp(const void *a, const void *b) {
+  const muon__interval *x = (const muon__interval *)a, *y = (const muon__interval *)b;
+  return x->start < y->start ? -1 : x->start > y->start ? 1 : x->rank - y->rank;
+}
+
+/* The distinct pieces of a matrix must cover it exactly once; replicas hold identical pieces. */
+static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi) {
+  size_t n = 0, k = 0;
+  int j, i;
+  long long next = 0;
+  muon__interval *iv;
+  muon_status st = MUON_OK;
+  for (j = 0; j < g->n_holders; j++) {
+    muon__seg s = muon__segs(&g->holders[j].piece);
+    for (i = 0; i < j && !muon__same_piece(&g->holders[i].piece, &g->holders[j].piece); i++) {}
+    if (i < j) continue;
+    while (muon__next_seg(&g->holders[j].piece, &s)) n++;
+  }
+  iv = (muon__interval *)muon__alloc(&opt->allocator, n * sizeof *iv);
+  if (!iv) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
+  for (j = 0; j < g->n_holders; j++) {
+    muon__seg s = muon__segs(&g->holders[j].piece);
+    for (i = 0; i < j && !muon__same_piece(&g->holders[i].piece, &g->holders[j].piece); i++) {}
+    if (i < j) continue;
+    while (muon__next_seg(&g->holders[j].piece, &s)) {
+      iv[k].start = s.row * g->cols + s.col;
+      iv[k].len = s.len;
+      iv[k].rank = g->holders[j].rank;
+      k++;
+    }
+  }
+  qsort(iv, n, sizeof *iv, muon__interval_cmp);
+  for (k = 0; k < n && st == MUON_OK; k++) {
+    if (iv[k].start < next)
+      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) overlap at row %lld, col %lld (ranks %d and %d hold different pieces there)",
+                      g->name, gi, g->rows, g->cols, iv[k].start / g->cols, iv[k].start % g->cols, iv[k > 0 ? k - 1 : 0].rank, iv[k].rank);
+    else if (iv[k].start > next)
+      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap at row %lld, col %lld: no rank holds it",
+                      g->name, gi, g->rows, g->cols, next / g->cols, next % g->cols);
+    next = iv[k].start + iv[k].len;
+  }
+  if (st == MUON_OK && next != (long long)g->rows * g->cols)
+    st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap at row %lld, col %lld: no rank holds it",
+                    g->name, gi, g->rows, g->cols, next / g->cols, next % g->cols);
+  muon__free(&opt->allocator, iv);
+  return st;
+}
+
+static double muon__ns_cost(int rows, int cols) { /* per iteration: 4 m^2 n + 2 m^3, m <= n */
+  double m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+  return 4 * m * m * n + 2 * m * m * m;
+}
+
+typedef struct muon__by_cost { double cost; int index; } muon__by_cost;
+static int muon__by_cost_cmp(const void *a, const void *b) {
+  const muon__by_cost *x = (const muon__by_cost *)a, *y = (const muon__by_cost *)b;
+  if (x->cost != y->cost) return x->cost > y->cost ? -1 : 1;
+  return x->index - y->index;
+}
+
+/* Greedy, largest first: each matrix goes to the least loaded of its holders. */
+static muon_status muon__assign_balanced(muon_optimizer *opt, int *owner) {
+  muon__plan *pl = &opt->plan;
+  int P = opt->comm.size, g, j;
+  muon__by_cost *order = (muon__by_cost *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof *order);
+  double *load = (double *)muon__alloc(&opt->allocator, (size_t)P * sizeof *load);
+  if (!order || !load) {
+    muon__free(&opt->allocator, order);
+    muon__free(&opt->allocator, load);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the owner assignment failed");
+  }
+  for (g = 0; g < pl->n_globals; g++) { order[g].cost = muon__ns_cost(pl->globals[g].rows, pl->globals[g].cols); order[g].index = g; }
+  for (j = 0; j < P; j++) load[j] = 0;
+  qsort(order, (size_t)pl->n_globals, sizeof *order, muon__by_cost_cmp);
+  for (g = 0; g < pl->n_globals; g++) {
+    const muon__global *x = &pl->globals[order[g].index];
+    int best = x->holders[0].rank;
+    for (j = 1; j < x->n_holders; j++)
+      if (load[x->holders[j].rank] < load[best]) best = x->holders[j].rank;
+    owner[order[g].index] = best;
+    load[best] += order[g].cost;
+  }
+  muon__free(&opt->allocator, order);
+  muon__free(&opt->allocator, load);
+  return MUON_OK;
+}
+
+static void muon__info(const muon_optimizer *opt, int g, muon_matrix_info *info) {
+  const muon__global *x = &opt->plan.globals[g];
+  info->index = g;
+  info->name = x->name;
+  info->rows = x->rows;
+  info->cols = x->cols;
+  info->local = x->local;
+  info->local_size = x->local >= 0 ? opt->matrices[x->local].size : 0;
+  info->n_holders = x->n_holders;
+  info->holders = x->holder_ranks;
+}
+
+static muon_status muon__assign(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int g, j, *owner = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
+  muon_status st = MUON_OK;
+  if (!owner) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating owners failed");
+  for (g = 0; g < pl->n_globals; g++) owner[g] = -1;
+  if (opt->dist.assign) {
+    muon_matrix_info *info = (muon_matrix_info *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof *info);
+    if (!info) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating matrix infos failed");
+    for (g = 0; st == MUON_OK && g < pl->n_globals; g++) muon__info(opt, g, &info[g]);
+    if (st == MUON_OK && (st = opt->dist.assign(opt->dist.state, info, pl->n_globals, opt->comm.size, owner)) != MUON_OK)
+      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_dist_config.assign returned %s", muon_status_string(st));
+    muon__free(&opt->allocator, info);
+  } else if (opt->dist.round_robin) {
+    for (g = 0; g < pl->n_globals; g++) owner[g] = pl->globals[g].holders[g % pl->globals[g].n_holders].rank;
+  } else {
+    st = muon__assign_balanced(opt, owner);
+  }
+  for (g = 0; st == MUON_OK && g < pl->n_globals; g++) {
+    muon__global *x = &pl->globals[g];
+    if (owner[g] < 0 || owner[g] >= opt->comm.size) {
+      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, outside [0, %d)", x->name, g, owner[g], opt->comm.size);
+      break;
+    }
+    for (j = 0; j < x->n_holders && x->holders[j].rank != owner[g]; j++) {}
+    if (j == x->n_holders) {
+      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, which holds none of it (its holders are ranks %d..%d)",
+                      x->name, g, owner[g], x->holders[0].rank, x->holders[x->n_holders - 1].rank);
+      break;
+    }
+    x->owner = owner[g];
+  }
+  muon__free(&opt->allocator, owner);
+  return st;
+}
+
+/* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
+   (in a row-major mesh: the same replica group). */
+static void muon__choose_sources(muon__global *x) {
+  int j, k, own = -1;
+  for (j = 0; j < x->n_holders; j++)
+    if (x->holders[j].rank == x->owner) own = j;
+  for (j = 0; j < x->n_holders; j++) {
+    muon__holder *h = &x->holders[j];
+    if (muon__same_piece(&h->piece, &x->holders[own].piece)) { h->source = x->owner; continue; }
+    h->source = -1;
+    for (k = 0; k < x->n_holders; k++) {
+      const muon__holder *c = &x->holders[k];
+      int dk, db;
+      if (!muon__same_piece(&c->piece, &h->piece)) continue;
+      dk = abs(c->rank - x->owner);
+      db = h->source < 0 ? 0 : abs(h->source - x->owner);
+      if (h->source < 0 || dk < db) h->source = c->rank;
+    }
+  }
+}
+
+/* Floats this rank moves in one round: out (U to owners) and back (O to holders). */
+typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, gathered; } muon__traffic;
+
+static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int skip_aware) {
+  const muon__plan *pl = &opt->plan;
+  int me = opt->comm.rank, g, j;
+  muon__traffic t;
+  memset(&t, 0, sizeof t);
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    if (skip_aware && x->skip) continue;
+    if (x->owner == me) t.gathered += (size_t)x->rows * x->cols;
+    for (j = 0; j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      size_t n = muon__piece_size(&h->piece);
+      if (h->rank == h->source && h->source != x->owner) {
+        if (h->rank == me) t.out_send += n;
+        if (x->owner == me) t.out_recv += n;
+      }
+      if (h->rank != x->owner) {
+        if (x->owner == me) t.back_send += n;
+        if (h->rank == me) t.back_recv += n;
+      }
+    }
+  }
+  return t;
+}
+
+/* Rounds: consecutive matrices while no owner gathers more than round_bytes (a matrix larger
+   than that gets a round of its own). */
+static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
+  muon__plan *pl = &opt->plan;
+  size_t budget = opt->dist.round_bytes ? opt->dist.round_bytes : (size_t)64 << 20;
+  int g, r = 0, P = opt->comm.size, p;
+  pl->round_start[0] = 0;
+  for (p = 0; p < P; p++) owned_bytes[p] = 0;
+  for (g = 0; g < pl->n_globals; g++) {
+    muon__global *x = &pl->globals[g];
+    size_t b = (size_t)x->rows * x->cols * sizeof(float);
+    if (owned_bytes[x->owner] && owned_bytes[x->owner] + b > budget) {
+      pl->round_start[++r] = g;
+      for (p = 0; p < P; p++) owned_bytes[p] = 0;
+    }
+    owned_bytes[x->owner] += b;
+    x->round = r;
+  }
+  pl->n_rounds = pl->n_globals ? r + 1 : 0;
+  pl->round_start[pl->n_rounds] = pl->n_globals;
+}
+
+static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
+  muon__plan *pl = &opt->plan;
+  int P = opt->comm.size, me = opt->comm.rank, r, i, g, total = 0;
+  int *gid;
+  muon_status st = MUON_OK;
+  for (r = 0; r < P; r++) total += count[r];
+  gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
+  pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)total * sizeof(muon__global) + 1);
+  if (!gid || !pl->globals) { muon__free(&opt->allocator, gid); return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed"); }
+  memset(pl->globals, 0, (size_t)total * sizeof(muon__global));
+  /* 1. The global list: matrices matched by (name, key), in order of first appearance. */
+  for (r = 0, total = 0; r < P && st == MUON_OK; r++)
+    for (i = 0; i < count[r] && st == MUON_OK; i++, total++) {
+      const muon__entry *e = &all[(size_t)r * stride + i];
+      for (g = 0; g < pl->n_globals; g++)
+        if (pl->globals[g].key == e->key && strcmp(pl->globals[g].name, e->name) == 0) break;
+      gid[total] = g;
+      if (g == pl->n_globals) {
+        muon__global *x = &pl->globals[pl->n_globals++];
+        memcpy(x->name, e->name, sizeof x->name);
+        x->key = e->key;
+        x->rows = (int)e->rows;
+        x->cols = (int)e->cols;
+        x->local = -1;
+        x->mine = -1;
+        x->owner = r; /* first registrant, for the messages below */
+      } else if (pl->globals[g].rows != e->rows || pl->globals[g].cols != e->cols) {
+        st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d",
+                        e->name, pl->globals[g].rows, pl->globals[g].cols, pl->globals[g].owner, e->rows, e->cols, r);
+      }
+    }
+  /* 2. Holders (non-empty pieces), ascending by rank; this rank's local index. */
+  for (g = 0; g < pl->n_globals && st == MUON_OK; g++) {
+    muon__global *x = &pl->globals[g];
+    int n = 0, t = 0;
+    unsigned long long hp = 0;
+    for (r = 0, t = 0; r < P; r++)
+      for (i = 0; i < count[r]; i++, t++)
+        if (gid[t] == g && all[(size_t)r * stride + i].piece[5] > all[(size_t)r * stride + i].piece[4]) n++;
+    x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
+    x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
+    if (!x->holders || !x->holder_ranks) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed"); break; }
+    for (r = 0, t = 0; r < P && st == MUON_OK; r++) {
+      int seen = 0;
+      for (i = 0; i < count[r]; i++, t++) {
+        const muon__entry *e = &all[(size_t)r * stride + i];
+        if (gid[t] != g) continue;
+        if (seen++) { st = muon__fail(opt, MUON_ERR_ARG, "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r, e->name); break; }
+        if (r == me) x->local = i;
+        if (e->piece[5] <= e->piece[4]) continue;
+        if (x->n_holders && e->hparams != hp) {
+          st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", e->name, x->holders[0].rank, r);
+          break;
+        }
+        hp = e->hparams;
+        if (r == me) x->mine = x->n_holders;
+        x->holders[x->n_holders].rank = r;
+        x->holders[x->n_holders].local = i;
+        x->holders[x->n_holders].piece.r0 = e->piece[0];
+        x->holders[x->n_holders].piece.c0 = e->piece[1];
+        x->holders[x->n_holders].piece.h = e->piece[2];
+        x->holders[x->n_holders].piece.w = e->piece[3];
+        x->holders[x->n_holders].piece.f0 = e->piece[4];
+        x->holders[x->n_holders].piece.f1 = e->piece[5];
+        x->holder_ranks[x->n_holders] = r;
+        x->n_holders++;
+      }
+    }
+    if (st == MUON_OK && x->n_holders == 0)
+      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name, g);
+    if (st == MUON_OK) st = muon__check_tiling(opt, x, g);
+  }
+  muon__free(&opt->allocator, gid);
+  if (st != MUON_OK) return st;
+  for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].global = -1;
+  for (g = 0; g < pl->n_globals; g++)
+    if (pl->globals[g].local >= 0) opt->matrices[pl->globals[g].local].global = g;
+  /* 3. Owners, sources, rounds. */
+  if ((st = muon__assign(opt)) != MUON_OK) return st;
+  for (g = 0; g < pl->n_globals; g++) muon__choose_sources(&pl->globals[g]);
+  pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
+  {
+    size_t *owned = (size_t *)muon__alloc(&opt->allocator, (size_t)P * sizeof(size_t));
+    if (!pl->round_start || !owned) { muon__free(&opt->allocator, owned); return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating rounds failed"); }
+    muon__make_rounds(opt, owned);
+    muon__free(&opt->allocator, owned);
+  }
+  /* 4. Buffers, sized for the largest round; nothing is allocated inside a step. */
+  for (r = 0; r < pl->n_rounds; r++) {
+    muon__traffic t = muon__round_traffic(opt, r, 0);
+    size_t s = t.out_send > t.back_send ? t.out_send : t.back_send;
+    size_t v = t.out_recv > t.back_recv ? t.out_recv : t.back_recv;
+    if (s > pl->send_floats) pl->send_floats = s;
+    if (v > pl->recv_floats) pl->recv_floats = v;
+    if (t.gathered > pl->gathered_floats) pl->gathered_floats = t.gathered;
+  }
+  for (g = 0; g < pl->n_globals; g++) {
+    const muon__global *x = &pl->globals[g];
+    int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows;
+    size_t w = muon__ns_ws_floats(m, n), full = (size_t)x->rows * x->cols;
+    if (x->owner != me) continue;
+    if (w > pl->ns_ws_floats) pl->ns_ws_floats = w;
+    if (opt->dist.gather && 2 * full > pl->gathered_floats) pl->gathered_floats = 2 * full; /* full + operand */
+  }
+  for (i = 0, pl->stash_floats = 0; i < opt->n_matrices; i++) {
+    opt->matrices[i].stash = pl->stash_floats;
+    pl->stash_floats += opt->matrices[i].size;
+  }
+  pl->stash = (float *)muon__alloc(&opt->allocator, pl->stash_floats * sizeof(float));
+  pl->send = (float *)muon__alloc(&opt->allocator, pl->send_floats * sizeof(float));
+  pl->recv = (float *)muon__alloc(&opt->allocator, pl->recv_floats * sizeof(float));
+  pl->gathered = (float *)muon__alloc(&opt->allocator, pl->gathered_floats * sizeof(float));
+  pl->ns_ws = (float *)muon__alloc(&opt->allocator, pl->ns_ws_floats * sizeof(float));
+  pl->counts = (size_t *)muon__alloc(&opt->allocator, 5 * (size_t)P * sizeof(size_t));
+  pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
+  if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->counts || !pl->flags)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
+                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->ns_ws_floats) * sizeof(float));
+  opt->stats.rounds = pl->n_rounds;
+  opt->stats.exchange_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats) * sizeof(float);
+  opt->stats.workspace_bytes = opt->stats.exchange_bytes + (pl->gathered_floats + pl->ns_ws_floats) * sizeof(float);
+  return MUON_OK;
+}
+
+/* A plan fingerprint: owners and rounds, hashed; ranks compare them to prove agreement. */
+static unsigned long long muon__plan_hash(const muon__plan *pl) {
+  unsigned long long h = 14695981039346656037ull;
+  int g;
+  for (g = 0; g < pl->n_globals; g++) {
+    h = (h ^ (unsigned long long)pl->globals[g].owner) * 1099511628211ull;
+    h = (h ^ (unsigned long long)pl->globals[g].round) * 1099511628211ull;
+    h = (h ^ (unsigned long long)pl->globals[g].rows) * 1099511628211ull;
+  }
+  return (h ^ (unsigned long long)pl->n_globals) * 1099511628211ull;
+}
+
+MUON_API muon_status muon_plan(muon_optimizer *opt) {
+  int P, me, r, i, max_local = 0, *count = NULL;
+  muon__entry *mine = NULL, *all = NULL;
+  long long hello[2], *hellos = NULL;
+  unsigned long long verdict[3], *verdicts = NULL;
+  muon_status st = MUON_OK, got;
+  if (!opt) return MUON_ERR_ARG;
+  if (!opt->distributed) { opt->plan.ready = 1; return MUON_OK; }
+  muon__plan_free(opt);
+  P = opt->comm.size;
+  me = opt->comm.rank;
+  opt->error[0] = '\0';
+  /* Round 1: how many matrices each rank has (and whether it could get this far). */
+  mine = (muon__entry *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices * sizeof *mine);
+  hellos = (long long *)muon__alloc(&opt->allocator, 2 * (size_t)P * sizeof(long long));
+  verdicts = (unsigned long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(unsigned long long));
+  if (!hellos || !verdicts) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d ranks' headers failed", P); goto done; }
+  hello[0] = opt->n_matrices;
+  hello[1] = mine ? MUON_OK : MUON_ERR_NOMEM;
+  if ((st = muon__allgather(opt, hello, hellos, sizeof hello, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
+  for (r = 0; r < P; r++) {
+    if (hellos[2 * r + 1] != MUON_OK) { st = muon__fail(opt, (muon_status)hellos[2 * r + 1], "muon_plan: rank %d could not prepare its matrix list", r); goto done; }
+    if (hellos[2 * r] > max_local) max_local = (int)hellos[2 * r];
+  }
+  /* Round 2: every rank's list, padded to the longest. */
+  count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
+  all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all);
+  if (!count || !all || !mine) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists failed"); goto done; }
+  for (r = 0; r < P; r++) count[r] = (int)hellos[2 * r];
+  {
+    muon__entry *pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad);
+    if (!pad) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix list failed"); goto done; }
+    memset(pad, 0, (size_t)max_local * sizeof *pad);
+    for (i = 0; i < opt->n_matrices; i++) {
+      const muon__matrix *x = &opt->matrices[i];
+      muon__entry *e = &pad[i];
+      if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
+      else snprintf(e->name, sizeof e->name, "#%d", i);
+      e->key = x->layout.key;
+      e->rows = x->rows;
+      e->cols = x->cols;
+      e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
+      e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
+      e->hparams = muon__ns_hash(&opt->groups[x->group]);
+    }
+    st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
+    muon__free(&opt->allocator, pad);
+    if (st != MUON_OK) goto done;
+  }
+  opt->plan.max_local = max_local;
+  /* Everything from here is computed from the same data on every rank; a custom assign may
+     still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
+  got = muon__build_plan(opt, all, count, max_local);
+  verdict[0] = (unsigned long long)got;
+  verdict[1] = got == MUON_OK ? muon__plan_hash(&opt->plan) : 0;
+  verdict[2] = 0;
+  if ((st = muon__allgather(opt, verdict, verdicts, sizeof verdict, "muon_plan: comparing plans")) != MUON_OK) goto done;
+  if (got != MUON_OK) { st = got; goto done; }
+  for (r = 0; r < P; r++) {
+    if (verdicts[3 * r] != MUON_OK) {
+      st = muon__fail(opt, (muon_status)verdicts[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r, muon_status_string((muon_status)verdicts[3 * r]));
+      goto done;
+    }
+    if (verdicts[3 * r + 1] != verdict[1]) {
+      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: ranks %d and %d computed different owners or rounds (is muon_dist_config.assign deterministic?)", me, r);
+      goto done;
+    }
+  }
+  opt->plan.ready = 1;
+done:
+  if (st != MUON_OK) muon__plan_free(opt);
+  muon__free(&opt->allocator, mine);
+  muon__free(&opt->allocator, all);
+  muon__free(&opt->allocator, count);
+  muon__free(&opt->allocator, hellos);
+  muon__free(&opt->allocator, verdicts);
+  return st;
+}
+
+MUON_API int muon_rank(const muon_optimizer *opt) { return opt ? opt->comm.rank : 0; }
+MUON_API int muon_world_size(const muon_optimizer *opt) { return opt ? opt->comm.size : 1; }
+
+MUON_API muon_status muon_get_owner(const muon_optimizer *opt, int index, int *owner) {
+  if (!opt || !owner || index < 0 || index >= opt->n_matrices) return MUON_ERR_ARG;
+  if (!opt->distributed) { *owner = opt->comm.rank; return MUON_OK; }
+  if (!opt->plan.ready || opt->matrices[index].global < 0) return MUON_ERR_STATE;
+  *owner = opt->plan.globals[opt->matrices[index].global].owner;
+  return MUON_OK;
+}
+
+MUON_API int muon_global_count(const muon_optimizer *opt) {
+  return opt && opt->distributed && opt->plan.ready ? opt->plan.n_globals : 0;
+}
+
+MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muon_matrix_info *info, int *owner) {
+  if (!opt || !opt->distributed || !opt->plan.ready || global < 0 || global >= opt->plan.n_globals) return MUON_ERR_ARG;
+  if (info) muon__info(opt, global, info);
+  if (owner) *owner = opt->plan.globals[global].owner;
+  return MUON_OK;
+}
+
+MUON_API int muon_owned_count(const muon_optimizer *opt) {
+  int g, n = 0;
+  if (!opt) return 0;
+  if (!opt->distributed) return opt->n_matrices;
+  for (g = 0; opt->plan.ready && g < opt->plan.n_globals; g++) n += opt->plan.globals[g].owner == opt->comm.rank;
+  return n;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   The distributed step. Per round: U of each piece to its owner (gather) -> Newton-Schulz on
+   the owner -> O back to every holder (redistribute). Momentum and parameters change only after
+   every round succeeded (apply), so a failed exchange leaves this rank exactly as it was. */
+
+/* U of a local piece, computed from a copy of the momentum: the buffer itself is untouched. */
+static void muon__u_piece(const muon_optimizer *opt, const muon__matrix *x, float *u) {
+  const muon_hparams *hp = &opt->groups[x->group];
+  int sgd = hp->momentum_style == MUON_MOMENTUM_SGD;
+  size_t i;
+  for (i = 0; i < x->size; i++) {
+    float b = x->momentum[i];
+    u[i] = muon__momentum_elem(&b, x->grad[i], hp->momentum, hp->nesterov, sgd);
+  }
+}
+
+/* A piece in local order <-> the NS operand X of the full matrix (rows x cols, or its transpose
+   when rows > cols, exactly as muon__to_operand lays it out). */
+static void muon__piece_to_operand(float *X, int rows, int cols, const muon__piece *p, const float *src) {
+  muon__seg s = muon__segs(p);
+  long long k;
+  while (muon__next_seg(p, &s)) {
+    if (rows <= cols) memcpy(X + s.row * cols + s.col, src + s.off, (size_t)s.len * sizeof(float));
+    else for (k = 0; k < s.len; k++) X[(s.col + k) * rows + s.row] = src[s.off + k];
+  }
+}
+
+static void muon__operand_to_piece(float *dst, const float *X, int rows, int cols, const muon__piece *p) {
+  muon__seg s = muon__segs(p);
+  long long k;
+  while (muon__next_seg(p, &s)) {
+    if (rows <= cols) memcpy(dst + s.off, X + s.row * cols + s.col, (size_t)s.len * sizeof(float));
+    else for (k = 0; k < s.len; k++) dst[s.off + k] = X[(s.col + k) * rows + s.row];
+  }
+}
+
+/* Every rank must skip the same matrices, or the exchange would disagree: one allgather of
+   per-matrix flags (0 ok, 1 absent, 2 non-finite; the last byte is this rank's AdamW verdict). */
+static muon_status muon__agree_skips(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int P = opt->comm.size, L = pl->max_local + 1, i, g, j, r;
+  unsigned char *mine = pl->flags + (size_t)P * L;
+  muon_status st;
+  memset(mine, 0, (size_t)L);
+  for (i = 0; i < opt->n_matrices; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    mine[i] = !x->size ? 0 : !x->grad ? 1 : !muon__all_finite(x->grad, x->size) ? 2 : 0;
+  }
+  for (i = 0; i < opt->n_adamw; i++) {
+    muon__adamw *p = &opt->adamw[i];
+    p->skip = p->grad == NULL;
+    if (!p->skip && !muon__all_finite(p->grad, p->size)) {
+      p->skip = 1;
+      if (opt->on_nonfinite == MUON_NONFINITE_ERROR) mine[L - 1] = (unsigned char)(1 + (i < 254 ? i : 254));
+    }
+  }
+  if ((st = muon__allgather(opt, mine, pl->flags, (size_t)L, "muon_step: agreeing on skipped matrices")) != MUON_OK) return st;
+  for (g = 0; g < pl->n_globals; g++) {
+    muon__global *x = &pl->globals[g];
+    x->skip = 0;
+    for (j = 0; j < x->n_holders; j++) {
+      unsigned char f = pl->flags[(size_t)x->holders[j].rank * L + x->holders[j].local];
+      if (f == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR)
+        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix '%s' (global %d) has NaN or Inf on rank %d; nothing was applied", x->name, g, x->holders[j].rank);
+      if (f) x->skip = 1;
+    }
+  }
+  for (r = 0; r < P; r++)
+    if (pl->flags[(size_t)r * L + L - 1])
+      return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d on rank %d has NaN or Inf; nothing was applied", pl->flags[(size_t)r * L + L - 1] - 1, r);
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    x->skip = !x->size || x->global < 0 || pl->globals[x->global].skip;
+  }
+  return MUON_OK;
+}
+
+static void muon__prefix(size_t *displs, const size_t *counts, int P) {
+  int p;
+  size_t at = 0;
+  for (p = 0; p < P; p++) { displs[p] = at; at += counts[p]; }
+}
+
+static void muon__orthogonalize(muon_optimizer *opt, const muon__global *x, float *X) {
+  const muon_hparams *hp = &opt->groups[opt->matrices[x->local].group];
+  int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows;
+  size_t ns = muon__ns_ws_floats(m, n) * sizeof(float);
+  muon__newton_schulz(X, m, n, hp, opt->plan.ns_ws);
+  opt->stats.ns_calls++;
+  if (ns > opt->stats.ns_workspace_bytes) opt->stats.ns_workspace_bytes = ns;
+}
+
+static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
+  muon__plan *pl = &opt->plan;
+  int P = opt->comm.size, me = opt->comm.rank, g, j, out_any = 0, back_any = 0;
+  size_t *cnt = pl->counts, *dsp = cnt + P, *rcnt = dsp + P, *rdsp = rcnt + P, *cur = rdsp + P, xoff;
+  muon_status st;
+
+  /* Gather: U pieces to owners. The message src -> owner holds src's pieces in round order. */
+  memset(cnt, 0, 5 * (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    for (j = 0; !x->skip && j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      if (h->rank != h->source || h->source == x->owner) continue;
+      out_any = 1;
+      if (h->rank == me) cnt[x->owner] += muon__piece_size(&h->piece);
+      if (x->owner == me) rcnt[h->rank] += muon__piece_size(&h->piece);
+    }
+  }
+  muon__prefix(dsp, cnt, P);
+  muon__prefix(rdsp, rcnt, P);
+  memcpy(cur, dsp, (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
+    if (x->skip || !h || h->source != me || x->owner == me) continue;
+    muon__u_piece(opt, &opt->matrices[x->local], pl->send + cur[x->owner]);
+    cur[x->owner] += muon__piece_size(&h->piece);
+  }
+  if (out_any && (st = muon__alltoallv(opt, cnt, "muon_step: gather (U to owners)")) != MUON_OK) return st;
+
+  /* Newton-Schulz on each matrix this rank owns: its own piece plus the received ones. */
+  memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
+  xoff = 0;
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    const muon__matrix *own;
+    float *X = pl->gathered + xoff;
+    if (x->skip || x->owner != me) continue;
+    own = &opt->matrices[x->local];
+    muon__u_piece(opt, own, pl->stash + own->stash);
+    muon__piece_to_operand(X, x->rows, x->cols, &own->piece, pl->stash + own->stash);
+    for (j = 0; j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      if (h->rank != h->source || h->source == me) continue;
+      muon__piece_to_operand(X, x->rows, x->cols, &h->piece, pl->recv + cur[h->rank]);
+      cur[h->rank] += muon__piece_size(&h->piece);
+    }
+    muon__orthogonalize(opt, x, X);
+    xoff += (size_t)x->rows * x->cols;
+  }
+  if (xoff * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = xoff * sizeof(float);
+
+  /* Redistribute: O pieces back to every holder, replicas included. */
+  memset(cnt, 0, 5 * (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    for (j = 0; !x->skip && j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      if (h->rank == x->owner) continue;
+      back_any = 1;
+      if (x->owner == me) cnt[h->rank] += muon__piece_size(&h->piece);
+      if (h->rank == me) rcnt[x->owner] += muon__piece_size(&h->piece);
+    }
+  }
+  muon__prefix(dsp, cnt, P);
+  muon__prefix(rdsp, rcnt, P);
+  memcpy(cur, dsp, (size_t)P * sizeof(size_t));
+  xoff = 0;
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    const muon__matrix *own;
+    const float *X = pl->gathered + xoff;
+    if (x->skip || x->owner != me) continue;
+    own = &opt->matrices[x->local];
+    muon__operand_to_piece(pl->stash + own->stash, X, x->rows, x->cols, &own->piece);
+    for (j = 0; j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      if (h->rank == me) continue;
+      muon__operand_to_piece(pl->send + cur[h->rank], X, x->rows, x->cols, &h->piece);
+      cur[h->rank] += muon__piece_size(&h->piece);
+    }
+    xoff += (size_t)x->rows * x->cols;
+  }
+  if (back_any && (st = muon__alltoallv(opt, cnt, "muon_step: redistribute (O to holders)")) != MUON_OK) return st;
+  memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    const muon__matrix *mine;
+    if (x->skip || x->owner == me || x->mine < 0) continue;
+    mine = &opt->matrices[x->local];
+    memcpy(pl->stash + mine->stash, pl->recv + cur[x->owner], mine->size * sizeof(float));
+    cur[x->owner] += mine->size;
+  }
+  return MUON_OK;
+}
+
+/* The escape hatch: the user's gather / redistribute, one matrix at a time, in global order. */
+static muon_status muon__custom_exchange(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int me = opt->comm.rank, g;
+  muon_status st;
+  for (g = 0; g < pl->n_globals; g++) {
+    const muon__global *x = &pl->globals[g];
+    muon_matrix_info info;
+    float *local = NULL, *full = x->owner == me ? pl->gathered : NULL;
+    if (x->skip) continue;
+    muon__info(opt, g, &info);
+    if (x->local >= 0 && opt->matrices[x->local].size) {
+      local = pl->stash + opt->matrices[x->local].stash;
+      muon__u_piece(opt, &opt->matrices[x->local], local);
+    }
+    if ((st = opt->dist.gather(opt->dist.state, &info, local, full, x->owner)) != MUON_OK)
+      return muon__fail(opt, st, "muon_dist_config.gather of matrix '%s' (global %d) returned %s; nothing was applied", x->name, g, muon_status_string(st));
+    if (full) {
+      float *X = full + (size_t)x->rows * x->cols;
+      muon__to_operand(X, full, x->rows, x->cols);
+      muon__orthogonalize(opt, x, X);
+      muon__from_operand(full, X, x->rows, x->cols);
+      if (2 * (size_t)x->rows * x->cols * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = 2 * (size_t)x->rows * x->cols * sizeof(float);
+    }
+    if ((st = opt->dist.redistribute(opt->dist.state, &info, full, local, x->owner)) != MUON_OK)
+      return muon__fail(opt, st, "muon_dist_config.redistribute of matrix '%s' (global %d) returned %s; nothing was applied", x->name, g, muon_status_string(st));
+  }
+  return MUON_OK;
+}
+
+/* Apply: momentum and parameters, from the stashed O, once nothing can fail any more. */
+static void muon__commit(muon_optimizer *opt) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    const muon_hparams *hp = &opt->groups[x->group];
+    const float *O = opt->plan.stash + x->stash;
+    float decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
+    float step = muon__adjusted_lr(hp, x->rows, x->cols);
+    int sgd = hp->momentum_style == MUON_MOMENTUM_SGD;
+    size_t k;
+    if (x->skip) continue;
+    for (k = 0; k < x->size; k++) {
+      (void)muon__momentum_elem(&x->momentum[k], x->grad[k], hp->momentum, hp->nesterov, sgd);
+      x->param[k] = muon__apply_elem(x->param[k], O[k], decay, step);
+    }
+  }
+}
+
+static void muon__step_adamw(muon_optimizer *opt, muon__adamw *p);
+
+static muon_status muon__dist_step(muon_optimizer *opt) {
+  muon_status st;
+  int r, i;
+  if (!opt->plan.ready && (st = muon_plan(opt)) != MUON_OK) return st;
+  if ((st = muon__agree_skips(opt)) != MUON_OK) return st;
+  if (opt->dist.gather) {
+    if ((st = muon__custom_exchange(opt)) != MUON_OK) return st;
+  } else {
+    for (r = 0; r < opt->plan.n_rounds; r++)
+      if ((st = muon__exchange_round(opt, r)) != MUON_OK) return st;
+  }
+  muon__commit(opt);
+  for (i = 0; i < opt->n_adamw; i++)
+    if (!opt->adamw[i].skip) muon__step_adamw(opt, &opt->adamw[i]);
+  opt->stats.steps++;
+  return MUON_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
    The step: check -> workspace -> per matrix (momentum -> NS -> apply) -> AdamW.
    Everything that can fail happens before the first parameter or state changes. */
-static int muon__all_finite(const float *x, size_t n) {
-  size_t i;
-  for (i = 0; i < n; i++)
-    if (!muon__finite(x[i])) return 0;
-  return 1;
-}
 
 /* Marks skipped matrices and AdamW params; fails on a non-finite gradient unless told to skip. */
 static muon_status muon__check_grads(muon_optimizer *opt) {
@@ -1200,6 +2415,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   size_t need = 0;
   int i;
   if (!opt) return MUON_ERR_ARG;
+  if (opt->distributed) return muon__dist_step(opt);
   if ((st = muon__check_grads(opt)) != MUON_OK) return st;
   for (i = 0; i < opt->n_matrices; i++) {
     size_t w = muon__step_ws_floats(opt->matrices[i].rows, opt->matrices[i].cols);
@@ -1250,65 +2466,6 @@ static size_t muon__state_bytes(const muon_optimizer *opt) {
 }
 
 MUON_API size_t muon_state_size(const muon_optimizer *opt) { return opt ? muon__state_bytes(opt) : 0; }
-
-static void muon__put32(unsigned char **p, uint32_t v) {
-  int i;
-  for (i = 0; i < 4; i++) *(*p)++ = (unsigned char)(v >> (8 * i));
-}
-static void muon__put64(unsigned char **p, uint64_t v) {
-  int i;
-  for (i = 0; i < 8; i++) *(*p)++ = (unsigned char)(v >> (8 * i));
-}
-static void muon__put_floats(unsigned char **p, const float *x, size_t n) {
-  size_t i;
-  for (i = 0; i < n; i++) { uint32_t u; memcpy(&u, &x[i], 4); muon__put32(p, u); }
-}
-static void muon__put_float(unsigned char **p, float x) { muon__put_floats(p, &x, 1); }
-static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
-  int k;
-  muon__put_float(p, hp->lr); muon__put_float(p, hp->weight_decay); muon__put_float(p, hp->momentum);
-  muon__put32(p, (uint32_t)hp->nesterov); muon__put32(p, (uint32_t)hp->momentum_style);
-  muon__put32(p, (uint32_t)hp->adjust_lr); muon__put32(p, (uint32_t)hp->ns_steps);
-  for (k = 0; k < hp->ns_steps; k++) muon__put_floats(p, hp->ns_coefficients[k], 3);
-  muon__put_float(p, hp->eps); muon__put32(p, (uint32_t)hp->precision);
-  muon__put32(p, (uint32_t)hp->gemm); muon__put32(p, (uint32_t)hp->symmetric);
-}
-static uint32_t muon__get32(const unsigned char **p) {
-  uint32_t v = 0;
-  int i;
-  for (i = 0; i < 4; i++) v |= (uint32_t)(*p)[i] << (8 * i);
-  *p += 4;
-  return v;
-}
-static uint64_t muon__get64(const unsigned char **p) {
-  uint64_t v = 0;
-  int i;
-  for (i = 0; i < 8; i++) v |= (uint64_t)(*p)[i] << (8 * i);
-  *p += 8;
-  return v;
-}
-static void muon__get_floats(const unsigned char **p, float *x, size_t n) {
-  size_t i;
-  for (i = 0; i < n; i++) { uint32_t u = muon__get32(p); memcpy(&x[i], &u, 4); }
-}
-static float muon__get_float(const unsigned char **p) { float x; muon__get_floats(p, &x, 1); return x; }
-/* Reads a group written by muon__put_hparams; the ns_steps field decides how much follows, so a
-   wrong value is caught by the caller's length check before this runs. */
-static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
-  int k;
-  hp->lr = muon__get_float(p); hp->weight_decay = muon__get_float(p); hp->momentum = muon__get_float(p);
-  hp->nesterov = (int)muon__get32(p); hp->momentum_style = (muon_momentum_style)muon__get32(p);
-  hp->adjust_lr = (muon_adjust_lr)muon__get32(p); hp->ns_steps = (int)muon__get32(p);
-  for (k = 0; k < hp->ns_steps && k < MUON_NS_MAX_STEPS; k++) muon__get_floats(p, hp->ns_coefficients[k], 3);
-  hp->eps = muon__get_float(p); hp->precision = (muon_precision)muon__get32(p);
-  hp->gemm = (muon_gemm)muon__get32(p); hp->symmetric = (int)muon__get32(p);
-}
-static uint64_t muon__fnv1a(const unsigned char *p, size_t n) {
-  uint64_t h = 14695981039346656037ull;
-  size_t i;
-  for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
-  return h;
-}
 
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size) {
   unsigned char *p = (unsigned char *)buf;

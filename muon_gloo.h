@@ -35,6 +35,7 @@
        MUON_GLOO_HOST                address or host name to bind (default 127.0.0.1 with a
                                      FileStore, this machine's host name with Redis)
        MUON_GLOO_TIMEOUT             seconds for every blocking call (default 300)
+       MUON_GLOO_CHECK_COUNTS=1      every alltoallv checks that the counts agree (debugging)
 
    RENDEZVOUS
        FileStore: a directory every rank can see (local disk for one machine, a shared file
@@ -66,10 +67,17 @@
        - No C++ exception crosses into C: gloo::IoException, gloo::EnforceNotMet, std::exception
          and anything else become MUON_ERR_TIMEOUT (a timeout in the text, or the deadline
          passed) or MUON_ERR_COMM, with a message naming the operation, this rank and the peer.
+       - Gloo writes to sockets without MSG_NOSIGNAL, so a write to a dead peer raises SIGPIPE,
+         which kills the survivor by default (seen with 8 ranks). muon_gloo_create sets SIGPIPE
+         to SIG_IGN when its disposition is still the default (as Python, under which Gloo
+         usually runs, does); a handler the program installed is left alone.
        - fork() after a Gloo device exists is unsafe (its event-loop thread does not survive the
          fork): fork before muon_gloo_create, as muonrun does.
-       - Mismatched alltoallv counts are undefined behaviour in Gloo (the library does not pay
-         an extra round trip to check them); muon.h's exchange plan guarantees they agree.
+       - A message longer than the receive posted for it makes Gloo throw EnforceNotMet on its
+         own event-loop thread, which aborts the process (measured); a shorter one is silently
+         accepted. muon.h's exchange plan guarantees the counts agree; set
+         MUON_GLOO_CHECK_COUNTS=1 to have every alltoallv first agree on the counts (two extra
+         small exchanges) and return MUON_ERR_MISMATCH on every rank instead.
 
    ERRORS
        muon_gloo_* return MUON_ERR_ARG for bad arguments (the message names the field),
@@ -141,6 +149,7 @@ MUON_API int muon_gloo_has_redis(void);
 #endif
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -153,6 +162,7 @@ MUON_API int muon_gloo_has_redis(void);
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gloo/common/error.h>
@@ -184,6 +194,13 @@ MUON_API int muon_gloo_has_redis(void);
 typedef std::chrono::milliseconds muon_gloo__ms;
 typedef std::chrono::steady_clock muon_gloo__clock;
 
+/* FileStore with its (protected) non-blocking check made reachable. */
+class muon_gloo__file_store : public gloo::rendezvous::FileStore {
+ public:
+  explicit muon_gloo__file_store(const std::string &path) : gloo::rendezvous::FileStore(path) {}
+  bool ready(const std::vector<std::string> &keys) { return check(keys); }
+};
+
 /* Every store access waits with the configured timeout (FileStore::get alone would wait a fixed
    30 s) and carries the group's key prefix. */
 class muon_gloo__store : public gloo::rendezvous::Store {
@@ -202,7 +219,30 @@ class muon_gloo__store : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string> &keys, const muon_gloo__ms &) override {
     std::vector<std::string> full;
     for (const std::string &k : keys) full.push_back(prefix_ + k);
-    base_->wait(full, timeout_);
+    /* FileStore and RedisStore count their timeout in whole seconds (1 s configured waits 2 s):
+       poll their check() against our own deadline instead. */
+    muon_gloo__file_store *fs = dynamic_cast<muon_gloo__file_store *>(base_.get());
+#if MUON_GLOO__HAVE_REDIS
+    gloo::rendezvous::RedisStore *rs = dynamic_cast<gloo::rendezvous::RedisStore *>(base_.get());
+#else
+    void *rs = NULL;
+#endif
+    if (!fs && !rs) {
+      base_->wait(full, timeout_);
+      return;
+    }
+    const muon_gloo__clock::time_point deadline = muon_gloo__clock::now() + timeout_;
+    for (;;) {
+#if MUON_GLOO__HAVE_REDIS
+      if (fs ? fs->ready(full) : rs->check(full)) return;
+#else
+      if (fs->ready(full)) return;
+#endif
+      if (muon_gloo__clock::now() >= deadline)
+        throw gloo::IoException("Wait timeout for key(s): " + gloo::MakeString(full) + " after " +
+                                std::to_string(timeout_.count()) + " ms");
+      std::this_thread::sleep_for(muon_gloo__ms(5));
+    }
   }
 
  private:
@@ -228,6 +268,7 @@ struct muon_gloo__comm {
   unsigned long subgroups;  /* subgroup calls made on this comm */
   uint64_t seq;             /* collective calls made on this comm: the Gloo slot */
   muon_status broken;       /* MUON_OK while usable */
+  bool check_counts;        /* MUON_GLOO_CHECK_COUNTS=1: agree on alltoallv counts first */
   std::string error;
 };
 
@@ -392,6 +433,44 @@ static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size
       sl[p] = send_counts[p] * f;
       ro[p] = recv_displs[p] * f;
       rl[p] = recv_counts[p] * f;
+    }
+    if (c->check_counts && n > 1) {
+      /* Gloo aborts the process (EnforceNotMet on its loop thread) when a message is longer
+         than the receive posted for it: agree on the counts first, then on the verdict. */
+      std::vector<uint64_t> mine(n), theirs(n);
+      std::vector<size_t> off(n), len(n, sizeof(uint64_t));
+      for (size_t p = 0; p < n; p++) {
+        mine[p] = send_counts[p];
+        off[p] = p * sizeof(uint64_t);
+      }
+      muon_status st = muon_gloo__exchange(c, "alltoallv count check", (const char *)mine.data(),
+                                           off.data(), len.data(), (char *)theirs.data(),
+                                           off.data(), len.data());
+      if (st != MUON_OK) return st;
+      int bad = -1;
+      for (size_t p = 0; p < n && bad < 0; p++)
+        if (theirs[p] != recv_counts[p]) bad = (int)p;
+      std::vector<char> ok(n, bad < 0 ? 1 : 0), oks(n, 0);
+      std::vector<size_t> boff(n), blen(n, 1);
+      for (size_t p = 0; p < n; p++) boff[p] = p;
+      st = muon_gloo__exchange(c, "alltoallv count check", ok.data(), boff.data(), blen.data(),
+                               oks.data(), boff.data(), blen.data());
+      if (st != MUON_OK) return st;
+      int who = -1;
+      for (size_t p = 0; p < n && who < 0; p++)
+        if (!oks[p]) who = (int)p;
+      if (bad >= 0) {
+        c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d of %d): peer rank %d sends %llu "
+                                  "floats but recv_counts[%d] = %zu", c->rank, c->size, bad,
+                                  (unsigned long long)theirs[(size_t)bad], bad,
+                                  recv_counts[bad]);
+        return MUON_ERR_MISMATCH;
+      }
+      if (who >= 0) {
+        c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d of %d): rank %d found counts "
+                                  "that disagree (see its error)", c->rank, c->size, who);
+        return MUON_ERR_MISMATCH;
+      }
     }
     return muon_gloo__exchange(c, "alltoallv", (const char *)send, so.data(), sl.data(),
                                (char *)recv, ro.data(), rl.data());
@@ -624,7 +703,7 @@ MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out
       if (store_dir) {
         sh->where = std::string("FileStore ") + store_dir;
         try {
-          sh->store = std::make_shared<gloo::rendezvous::FileStore>(store_dir);
+          sh->store = std::make_shared<muon_gloo__file_store>(store_dir);
         } catch (...) {
           muon_gloo__msg(err, err_size, "muon_gloo_create: FileStore directory '%s' cannot be "
                          "used (it must exist and be fresh for this run): %s", store_dir,
@@ -682,6 +761,20 @@ MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out
         return MUON_ERR_BACKEND;
 #endif
       }
+      /* Gloo writes to its sockets without MSG_NOSIGNAL: a write to a dead peer raises SIGPIPE,
+         whose default action kills the survivor (measured, 8 ranks, --die). Python ignores
+         SIGPIPE, C does not: ignore it unless the program chose a disposition itself. */
+      {
+        struct sigaction old;
+        if (sigaction(SIGPIPE, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
+            old.sa_handler == SIG_DFL) {
+          struct sigaction ign;
+          memset(&ign, 0, sizeof ign);
+          ign.sa_handler = SIG_IGN;
+          sigemptyset(&ign.sa_mask);
+          sigaction(SIGPIPE, &ign, NULL);
+        }
+      }
       try {
         gloo::transport::tcp::attr attr;
         attr.hostname = host;
@@ -704,6 +797,7 @@ MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out
     c->subgroups = 0;
     c->seq = 0;
     c->broken = MUON_OK;
+    c->check_counts = getenv("MUON_GLOO_CHECK_COUNTS") && atoi(getenv("MUON_GLOO_CHECK_COUNTS"));
     muon_status st = muon_gloo__connect(c, "muon_gloo_create", err, err_size);
     if (st != MUON_OK) {
       delete c;
@@ -780,6 +874,8 @@ MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int
     c->subgroups = 0;
     c->seq = 0;
     c->broken = MUON_OK;
+    c->check_counts = pc->check_counts || (getenv("MUON_GLOO_CHECK_COUNTS") &&
+                                            atoi(getenv("MUON_GLOO_CHECK_COUNTS")));
     muon_status st = muon_gloo__connect(c, "muon_gloo_subgroup", err, err_size);
     if (st != MUON_OK) {
       delete c;

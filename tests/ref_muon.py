@@ -59,6 +59,8 @@ Step cases (golden.list), lines in this order:
     arr adamw_grad E N                 gradient of every present AdamW entry
     arr matrix_ref E N                 reference params of every matrix entry after this step
     arr adamw_ref E N                  reference params of every AdamW entry after this step
+    arr matrix_mom E N                 reference momentum buffers of every matrix entry after this
+                                       step, laid out like the params (padding: zeros)
     end
 
 Newton-Schulz cases (ns.list):
@@ -252,9 +254,10 @@ class StepCase:
         self.matrices.append(dict(rows=rows, cols=cols, count=count, stride=stride, s=s, n=n, group=group,
                                   p=flat, p0=flat.copy(), B=[np.zeros((rows, cols)) for _ in range(n)]))
 
-    def adamw(self, size, group=0):
+    def adamw(self, size, group=0, grad_scale=1.0):
         p = f32(self.rng.standard_normal(size) * self.param_scale)
-        self.adamws.append(dict(size=size, group=group, p=p, p0=p.copy(), m=np.zeros(size), v=np.zeros(size), step=0))
+        self.adamws.append(dict(size=size, group=group, p=p, p0=p.copy(), m=np.zeros(size), v=np.zeros(size), step=0,
+                                grad_scale=grad_scale))
 
     def write(self, path):
         w = Writer(path)
@@ -302,7 +305,8 @@ class StepCase:
             for e, a in enumerate(self.adamws):
                 if e in absent_a:
                     continue
-                g = f32(self.rng.standard_normal(a["size"]) * float(np.exp(self.rng.uniform(-2.0, 1.0))))
+                g = f32(self.rng.standard_normal(a["size"]) * a["grad_scale"] *
+                        float(np.exp(self.rng.uniform(-2.0, 1.0))))
                 w.arr("adamw_grad", e, g)
                 a["p"], a["m"], a["v"], a["step"] = adamw_update(a["p"], g, a["m"], a["v"], a["step"],
                                                                  self.adamw_groups[a["group"]])
@@ -310,6 +314,11 @@ class StepCase:
                 w.arr("matrix_ref", e, m["p"])
             for e, a in enumerate(self.adamws):
                 w.arr("adamw_ref", e, a["p"])
+            for e, m in enumerate(self.matrices):
+                mom = np.zeros(m["p"].size)
+                for k in range(m["n"]):
+                    mom[k * m["s"]:k * m["s"] + m["rows"] * m["cols"]] = m["B"][k].ravel()
+                w.arr("matrix_mom", e, mom)
             w.line("end")
         w.close()
 
@@ -447,6 +456,12 @@ def step_cases():
     c.matrix(20, 20)
     c.adamw(100)
     c.adamw(3)
+    C.append(c)
+
+    c = StepCase("AdamW tiny gradients (~1e-8: eps 1e-8 matters) + Muon 16x24", 52, 4, [MuonGroup(lr=0.02)],
+                 [AdamWGroup(lr=0.01)])
+    c.matrix(16, 24)
+    c.adamw(40, grad_scale=1e-8)
     C.append(c)
 
     c = StepCase("absent grad: matrix 1 skipped at step 2 (no decay, no momentum change)", 60, 4,

@@ -19,8 +19,10 @@
      on the other side and NS spreads it. Cases without such a flip agree to ~3e-6. Note that bf16
      vs fp32 NS differ by only ~1.5e-2 too, so this bound alone cannot tell them apart: test_ns.c
      checks that bf16-mode NS outputs are bf16 values.
+   - the momentum buffers (muon_get_momentum, every slice) within 1e-5 of max |ref B|: lerp and
+     SGD-style momentum give the same params (NS does not see the scale of U), only B differs;
    - padding between stacked slices: bitwise untouched; a matrix or AdamW parameter whose gradient
-     is absent for a step: bitwise untouched that step (no decay either).
+     is absent for a step: bitwise untouched that step (no decay either), momentum too.
 
    On failure it prints the first mismatching elements. Builds as C99 and as C++. */
 #define MUON_IMPLEMENTATION
@@ -41,14 +43,16 @@
 #define MAX_EVENTS 16
 
 /* Worst errors over all cases, for the closing report. */
-static double worst_fp32_param, worst_fp32_update, worst_bf16_update, worst_adamw_param, worst_adamw_update;
+static double worst_fp32_param, worst_fp32_update, worst_bf16_update, worst_adamw_param, worst_adamw_update,
+    worst_momentum;
 
 typedef struct mat_entry {
   int rows, cols, count, stride, group; /* as in the case file                              */
   int slices, s;                        /* max(count, 1), effective stride                  */
   size_t len;                           /* floats in the flat buffer                        */
   float *p, *g, *before;                /* param, grad (owned), param before the step       */
-  double *p0, *ref;                     /* initial param, reference after the current step  */
+  double *p0, *ref, *mom;               /* initial param, reference param and momentum      */
+  float *mom_before;                    /* the library's momentum before the step           */
   int index;                            /* muon_add_matrix's index_out (first slice)        */
 } mat_entry;
 
@@ -122,7 +126,7 @@ static void free_case(golden_case *c) {
   int i;
   for (i = 0; i < c->nmat; i++) {
     free(c->mat[i].p); free(c->mat[i].g); free(c->mat[i].before);
-    free(c->mat[i].p0); free(c->mat[i].ref);
+    free(c->mat[i].p0); free(c->mat[i].ref); free(c->mat[i].mom); free(c->mat[i].mom_before);
   }
   for (i = 0; i < c->nadamw; i++) {
     free(c->adamw[i].p); free(c->adamw[i].g); free(c->adamw[i].before);
@@ -282,6 +286,47 @@ static void compare_adamw(golden_case *c, int e, int step) {
     print_mismatches(a->p, a->ref, a->size, (int)a->size, FP32_PARAM_TOL * max_abs_d(a->ref, a->size));
 }
 
+/* Copies the library's momentum of every slice of m into dst (laid out like the params). */
+static int snapshot_momentum(const muon_optimizer *opt, const mat_entry *m, float *dst, int step) {
+  size_t n = (size_t)m->rows * (size_t)m->cols, size = 0;
+  int k;
+  for (k = 0; k < m->slices; k++) {
+    const float *buf = NULL;
+    muon_status st = muon_get_momentum(opt, m->index + k, &buf, &size);
+    CHECK(st == MUON_OK && buf && size == n, "step %d: muon_get_momentum(%d): %s, size %lu (expected %lu)", step,
+          m->index + k, muon_status_string(st), (unsigned long)size, (unsigned long)n);
+    if (st != MUON_OK || !buf || size != n) return 0;
+    memcpy(dst + (size_t)k * (size_t)m->s, buf, n * sizeof(float));
+  }
+  return 1;
+}
+
+/* The momentum buffer against the reference's B (SGD-style and lerp momentum give the same
+   params, since NS does not see the scale of U: only the buffer tells them apart). */
+static void compare_momentum(golden_case *c, const muon_optimizer *opt, int e, int step) {
+  mat_entry *m = &c->mat[e];
+  size_t n = (size_t)m->rows * (size_t)m->cols;
+  float *now = (float *)xcalloc(m->len, sizeof(float));
+  int k;
+  if (snapshot_momentum(opt, m, now, step)) {
+    if (is_absent(c->absent_mat, c->nabsent_mat, e)) {
+      CHECK(memcmp(now, m->mom_before, m->len * sizeof(float)) == 0,
+            "step %d: matrix %d had no gradient but its momentum changed", step, e);
+    } else {
+      for (k = 0; k < m->slices; k++) {
+        const float *b = now + (size_t)k * (size_t)m->s;
+        const double *ref = m->mom + (size_t)k * (size_t)m->s;
+        double rel = test_rel_err(b, ref, n, NULL);
+        if (rel > worst_momentum) worst_momentum = rel;
+        CHECK(count_nonfinite(b, n) == 0 && rel <= FP32_PARAM_TOL,
+              "step %d: matrix %d slice %d: momentum rel err %.3g > %.3g", step, e, k, rel, FP32_PARAM_TOL);
+        if (rel > FP32_PARAM_TOL) print_mismatches(b, ref, n, m->cols, FP32_PARAM_TOL * max_abs_d(ref, n));
+      }
+    }
+  }
+  free(now);
+}
+
 /* ---------------------------------------------------------------------------------------------
    Building the optimizer */
 
@@ -381,11 +426,17 @@ static void run_step(golden_case *c, muon_optimizer *opt, int step) {
     st = muon_set_adamw_grad(opt, c->adamw[c->absent_adamw[i]].index, NULL);
     CHECK(st == MUON_OK, "step %d: muon_set_adamw_grad(NULL): %s", step, muon_error(opt));
   }
-  for (i = 0; i < c->nmat; i++) memcpy(c->mat[i].before, c->mat[i].p, c->mat[i].len * sizeof(float));
+  for (i = 0; i < c->nmat; i++) {
+    memcpy(c->mat[i].before, c->mat[i].p, c->mat[i].len * sizeof(float));
+    snapshot_momentum(opt, &c->mat[i], c->mat[i].mom_before, step);
+  }
   for (i = 0; i < c->nadamw; i++) memcpy(c->adamw[i].before, c->adamw[i].p, c->adamw[i].size * sizeof(float));
   st = muon_step(opt);
   CHECK(st == MUON_OK, "step %d: muon_step: %s (%s)", step, muon_status_string(st), muon_error(opt));
-  for (i = 0; i < c->nmat; i++) compare_matrix(c, i, step);
+  for (i = 0; i < c->nmat; i++) {
+    compare_matrix(c, i, step);
+    compare_momentum(c, opt, i, step);
+  }
   for (i = 0; i < c->nadamw; i++) compare_adamw(c, i, step);
   /* the gradient comes back for the next step */
   for (i = 0; i < c->nabsent_mat; i++) {
@@ -481,6 +532,8 @@ static void run_case(const char *path) {
           m->before = (float *)xcalloc(m->len, sizeof(float));
           m->p0 = (double *)xcalloc(m->len, sizeof(double));
           m->ref = (double *)xcalloc(m->len, sizeof(double));
+          m->mom = (double *)xcalloc(m->len, sizeof(double));
+          m->mom_before = (float *)xcalloc(m->len, sizeof(float));
           c.nmat++;
         }
       }
@@ -516,6 +569,8 @@ static void run_case(const char *path) {
           ok = read_arr_float(f, n, m->len, m->g, kind);
         } else if (strcmp(kind, "matrix_ref") == 0) {
           ok = read_arr(f, n, m->len, m->ref, kind);
+        } else if (strcmp(kind, "matrix_mom") == 0) {
+          ok = read_arr(f, n, m->len, m->mom, kind);
         } else {
           ok = 0;
         }
@@ -599,7 +654,8 @@ int main(int argc, char **argv) {
   TEST_CASE("golden: case list is not empty");
   CHECK(ncases > 0, "no cases in %s/golden.list", argv[1]);
   printf("  [golden] worst over all cases: fp32 Muon param rel %.2e, update rel %.2e; bf16 update rel %.2e; "
-         "AdamW param rel %.2e, update rel %.2e\n",
-         worst_fp32_param, worst_fp32_update, worst_bf16_update, worst_adamw_param, worst_adamw_update);
+         "AdamW param rel %.2e, update rel %.2e; momentum rel %.2e\n",
+         worst_fp32_param, worst_fp32_update, worst_bf16_update, worst_adamw_param, worst_adamw_update,
+         worst_momentum);
   return test_summary();
 }

@@ -1,0 +1,305 @@
+/* common.h - what every distributed example shares, so each example shows only its strategy.
+
+   - ex_init: the Gloo world from the environment muonrun (or torchrun / mpirun) sets.
+   - ex_mesh: the group along one dimension of a row-major device mesh.
+   - ex_run: a synthetic model trained for a few steps with the given config, next to a
+     single-device run of the same data in the same program, and the bitwise check.
+
+   The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
+   gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
+   of it without talking; the Muon update is not, which is what muon distributes.
+
+   Each rank's piece of a full matrix is computed here independently of muon's own piece logic
+   (by slicing an index array level by level), so the check also tests the layouts. */
+#ifndef MUON_EXAMPLES_COMMON_H
+#define MUON_EXAMPLES_COMMON_H
+
+#include "muon.h"
+#include "muon_gloo.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct ex_world {
+  muon_comm world;
+  int rank, size;
+  int steps;          /* --steps N (default 5) */
+  int quiet;          /* --quiet: only the check line */
+} ex_world;
+
+/* One matrix (or a stack of `count`) of the model, as every rank sees it. */
+typedef struct ex_spec {
+  const char *name;
+  int rows, cols;
+  int count;          /* 0/1: one matrix; L: L stacked slices in one buffer */
+  int absent;         /* 1: this rank does not hold it (another expert or stage) */
+  int tp_dim;         /* for muon_auto_config: 0, 1, or -1 replicated over tp */
+  int expert;         /* for muon_auto_config: expert id, -1 dense */
+  muon_layout layout; /* for muon_layout_config (ex_run's `layouts` = 1) */
+} ex_spec;
+
+static inline void ex_die(const ex_world *w, const char *what, const char *why) {
+  fprintf(stderr, "rank %d: %s: %s\n", w ? w->rank : -1, what, why);
+  exit(1);
+}
+
+static inline ex_world ex_init(int argc, char **argv) {
+  ex_world w;
+  muon_gloo_desc gd = muon_gloo_default_desc();
+  char err[512];
+  int i;
+  memset(&w, 0, sizeof w);
+  w.steps = 5;
+  for (i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--steps") && i + 1 < argc) w.steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--quiet")) w.quiet = 1;
+  }
+  if (muon_gloo_create(&gd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_gloo_create", err);
+  w.rank = w.world.rank;
+  w.size = w.world.size;
+  return w;
+}
+
+/* The group along mesh dimension `dim` of a row-major mesh dims[0..ndims) over the world. */
+static inline muon_comm ex_mesh(ex_world *w, const int *dims, int ndims, int dim) {
+  muon_comm c;
+  char err[512];
+  if (muon_gloo_mesh_subgroup(&w->world, dims, ndims, dim, &c, err, sizeof err) != MUON_OK) ex_die(w, "muon_gloo_mesh_subgroup", err);
+  return c;
+}
+
+static inline void ex_need(const ex_world *w, int ok, const char *what) {
+  if (!ok) {
+    if (w->rank == 0) fprintf(stderr, "this example needs %s (got %d ranks)\n", what, w->size);
+    exit(2);
+  }
+}
+
+/* Deterministic values from (name, slice, step, element): the same on every rank. */
+static unsigned ex_hash(const char *s, unsigned h) {
+  while (*s) h = (h ^ (unsigned char)*s++) * 16777619u;
+  return h;
+}
+static float ex_value(unsigned seed, long long i) {
+  unsigned x = seed ^ (unsigned)(i * 2654435761u);
+  x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+  return (float)(x & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+}
+
+/* This rank's elements of a rows x cols matrix, as full-matrix flat indices in local order:
+   an index array sliced level by level (torch.chunk: chunks of ceil(d/size)). */
+static long long ex_chunk(long long d, int size, int index, long long *lo) {
+  long long c = (d + size - 1) / size, a = index * c < d ? index * c : d, b = a + c < d ? a + c : d;
+  *lo = a;
+  return b - a;
+}
+static size_t ex_piece(const muon_layout *l, int rows, int cols, long long *idx) {
+  long long h = rows, wd = cols, n = (long long)rows * cols, lo, k, r, c;
+  int flat = 0, i;
+  for (k = 0; k < n; k++) idx[k] = k;
+  for (i = 0; l && i < l->n_levels; i++) {
+    const muon_level *v = &l->levels[i];
+    if (v->placement == MUON_REPLICATE) continue;
+    if (v->placement == MUON_FLAT || flat) {
+      long long len = v->placement == MUON_FLAT && v->length >= 0 ? v->length : ex_chunk(n, v->size, v->index, &lo);
+      if (v->placement == MUON_FLAT && v->length >= 0) lo = v->offset;
+      memmove(idx, idx + lo, (size_t)len * sizeof *idx);
+      n = len;
+      flat = 1;
+    } else if (v->dim == 0) {
+      long long hh = ex_chunk(h, v->size, v->index, &lo);
+      memmove(idx, idx + lo * wd, (size_t)(hh * wd) * sizeof *idx);
+      h = hh;
+      n = h * wd;
+    } else {
+      long long ww = ex_chunk(wd, v->size, v->index, &lo);
+      for (r = 0; r < h; r++)
+        for (c = 0; c < ww; c++) idx[r * ww + c] = idx[r * wd + lo + c];
+      wd = ww;
+      n = h * wd;
+    }
+  }
+  return (size_t)n;
+}
+
+/* Replicas hold the same piece; the loss counts each element once. */
+static int ex_replication(const muon_layout *l) {
+  int i, n = 1;
+  for (i = 0; l && i < l->n_levels; i++)
+    if (l->levels[i].placement == MUON_REPLICATE) n *= l->levels[i].size;
+  return n;
+}
+
+typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank */
+  const ex_spec *spec;
+  char name[48];
+  float *full_w, *full_t, *full_g;   /* the single-device run */
+  long long *idx;                    /* this rank's elements */
+  size_t n;
+  float *w, *g;                      /* this rank's piece (inside the stacked buffer) */
+  int repl;
+} ex_slice;
+
+/* Trains both runs for w->steps steps; returns 0 when the distributed parameters equal the
+   single-device ones bit for bit, and prints the check line on rank 0. `auto_desc` (may be
+   NULL) gets tp_dim_per_matrix / expert_of_matrix filled from the specs and is turned into the
+   config; otherwise `cfg` is used, with each spec's layout when `layouts` is set. */
+static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, int n_specs, muon_auto_desc *auto_desc,
+                  const muon_dist_config *cfg_in, int layouts) {
+  muon_desc desc = muon_default_desc(), ref_desc;
+  muon_dist_config cfg = auto_desc ? muon_auto_config(auto_desc) : *cfg_in;
+  muon_optimizer *opt, *ref;
+  muon_stats st;
+  ex_slice *sl;
+  int n_local = 0, i, k, s, t, n_sl = 0, *tp_dims, *experts, local;
+  double maxdiff = 0, loss;
+  long long bad = 0, sums[2], *all_sums;
+  for (i = 0; i < n_specs; i++) n_sl += specs[i].count > 1 ? specs[i].count : 1;
+  sl = (ex_slice *)calloc((size_t)n_sl, sizeof *sl);
+  tp_dims = (int *)calloc((size_t)n_sl + 1, sizeof(int));
+  experts = (int *)calloc((size_t)n_sl + 1, sizeof(int));
+  all_sums = (long long *)calloc(2 * (size_t)w->size, sizeof(long long));
+  desc.hparams.lr = 0.02f;
+  desc.comm = &w->world;
+  desc.dist = &cfg;
+  ref_desc = desc;
+  ref_desc.comm = NULL;
+  ref_desc.dist = NULL;
+  if (muon_create(&opt, &desc) != MUON_OK || muon_create(&ref, &ref_desc) != MUON_OK) ex_die(w, "muon_create", "failed");
+  /* Local indices, for the per-matrix arrays of muon_auto_config. */
+  for (i = 0, local = 0; i < n_specs; i++) {
+    int count = specs[i].count > 1 ? specs[i].count : 1;
+    if (specs[i].absent) continue;
+    for (k = 0; k < count; k++, local++) { tp_dims[local] = specs[i].tp_dim; experts[local] = specs[i].expert; }
+  }
+  if (auto_desc) {
+    auto_desc->tp_dim_per_matrix = tp_dims;
+    auto_desc->expert_of_matrix = experts;
+  }
+  /* Every rank builds the full matrices of what it holds: the single-device run. */
+  for (i = 0, s = 0, local = 0; i < n_specs; i++) {
+    const ex_spec *sp = &specs[i];
+    int count = sp->count > 1 ? sp->count : 1;
+    size_t full = (size_t)sp->rows * sp->cols, piece = 0, stride;
+    muon_layout lay;
+    muon_matrix m = muon_default_matrix();
+    float *wbuf, *gbuf;
+    if (sp->absent) continue;
+    memset(&lay, 0, sizeof lay);
+    if (layouts) lay = sp->layout;
+    else if (cfg.layout) cfg.layout(cfg.state, local, &m, &lay);
+    for (k = 0; k < count; k++) {
+      ex_slice *x = &sl[s + k];
+      unsigned seed = ex_hash(sp->name, 2166136261u + (unsigned)k * 7919u + (unsigned)sp->expert * 104729u);
+      muon_matrix r = muon_default_matrix();
+      size_t e;
+      x->spec = sp;
+      snprintf(x->name, sizeof x->name, count > 1 ? "%s[%d]" : "%s", sp->name, k);
+      x->full_w = (float *)malloc(full * sizeof(float));
+      x->full_t = (float *)malloc(full * sizeof(float));
+      x->full_g = (float *)malloc(full * sizeof(float));
+      x->idx = (long long *)malloc(full * sizeof(long long));
+      for (e = 0; e < full; e++) {
+        x->full_w[e] = ex_value(seed, (long long)e) / sqrtf((float)sp->cols);
+        x->full_t[e] = ex_value(seed ^ 0x5bd1e995u, (long long)e) / sqrtf((float)sp->cols);
+      }
+      x->n = ex_piece(&lay, sp->rows, sp->cols, x->idx);
+      x->repl = ex_replication(&lay);
+      piece = x->n;
+      r.name = x->name; r.param = x->full_w; r.grad = x->full_g; r.rows = sp->rows; r.cols = sp->cols;
+      if (muon_add_matrix(ref, &r, NULL) != MUON_OK) ex_die(w, "muon_add_matrix (reference)", muon_error(ref));
+    }
+    /* The distributed run: this rank's pieces, stacked slices one after another. */
+    stride = piece;
+    wbuf = (float *)malloc((stride * count + 1) * sizeof(float));
+    gbuf = (float *)malloc((stride * count + 1) * sizeof(float));
+    for (k = 0; k < count; k++) {
+      ex_slice *x = &sl[s + k];
+      size_t e;
+      x->w = wbuf + k * stride;
+      x->g = gbuf + k * stride;
+      for (e = 0; e < x->n; e++) x->w[e] = x->full_w[x->idx[e]];
+    }
+    m.name = sp->name; m.param = wbuf; m.grad = gbuf; m.rows = sp->rows; m.cols = sp->cols;
+    m.count = sp->count;
+    m.layout = layouts ? &sp->layout : NULL;
+    if (muon_add_matrix(opt, &m, NULL) != MUON_OK) ex_die(w, "muon_add_matrix", muon_error(opt));
+    s += count;
+    local += count;
+  }
+  n_local = s;
+  if (muon_plan(opt) != MUON_OK) ex_die(w, "muon_plan", muon_error(opt));
+  if (!w->quiet && w->rank == 0) printf("%s: %d ranks, %d global matrices, %d exchange rounds\n", title, w->size, muon_global_count(opt), (muon_get_stats(opt, &st), st.rounds));
+
+  for (t = 0; t < w->steps; t++) {
+    double mine = 0;
+    for (s = 0; s < n_local; s++) {
+      ex_slice *x = &sl[s];
+      size_t e, full = (size_t)x->spec->rows * x->spec->cols;
+      unsigned seed = ex_hash(x->name, 977u * (unsigned)(t + 1)) ^ (unsigned)x->spec->expert;
+      for (e = 0; e < full; e++) x->full_g[e] = (x->full_w[e] - x->full_t[e]) + 0.1f * ex_value(seed, (long long)e);
+      for (e = 0; e < x->n; e++) {
+        float d = x->w[e] - x->full_t[x->idx[e]];
+        x->g[e] = d + 0.1f * ex_value(seed, x->idx[e]);
+        mine += 0.5 * d * d / x->repl;
+      }
+    }
+    if (muon_step(opt) != MUON_OK) ex_die(w, "muon_step", muon_error(opt));
+    if (muon_step(ref) != MUON_OK) ex_die(w, "muon_step (reference)", muon_error(ref));
+    /* The loss, summed over ranks (fixed point so the allgather stays integral). */
+    sums[0] = (long long)(mine * 1e6);
+    sums[1] = 0;
+    if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "loss");
+    for (k = 0, loss = 0; k < w->size; k++) loss += (double)all_sums[2 * k] / 1e6;
+    if (!w->quiet && w->rank == 0) printf("step %d  loss %.4f\n", t, loss);
+  }
+  /* The check: every local piece against the same elements of the single-device result. */
+  for (s = 0; s < n_local; s++) {
+    size_t e;
+    for (e = 0; e < sl[s].n; e++) {
+      float a = sl[s].w[e], b = sl[s].full_w[sl[s].idx[e]];
+      if (memcmp(&a, &b, sizeof a) != 0) bad++;
+      if (fabs((double)a - b) > maxdiff) maxdiff = fabs((double)a - b);
+    }
+  }
+  muon_get_stats(opt, &st);
+  if (!w->quiet)
+    printf("rank %d: owns %d of %d matrices, NS calls %lld, sent %lld B, received %lld B, collectives %lld\n",
+           w->rank, muon_owned_count(opt), muon_global_count(opt), st.ns_calls, st.bytes_sent, st.bytes_received, st.collectives);
+  sums[0] = bad;
+  sums[1] = (long long)(maxdiff * 1e9);
+  if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "check");
+  for (k = 0, bad = 0, maxdiff = 0; k < w->size; k++) {
+    bad += all_sums[2 * k];
+    if (all_sums[2 * k + 1] / 1e9 > maxdiff) maxdiff = all_sums[2 * k + 1] / 1e9;
+  }
+  if (w->rank == 0) {
+    if (!bad) printf("check: bitwise equal to single device (max |diff| = 0)\n");
+    else printf("check: %lld elements differ from single device (max |diff| = %g)\n", bad, maxdiff);
+  }
+  for (s = 0; s < n_local; s++) {
+    free(sl[s].full_w); free(sl[s].full_t); free(sl[s].full_g); free(sl[s].idx);
+  }
+  for (i = 0, s = 0; i < n_specs; i++) {
+    if (specs[i].absent) continue;
+    free(sl[s].w);
+    free(sl[s].g);
+    s += specs[i].count > 1 ? specs[i].count : 1;
+  }
+  free(sl); free(tp_dims); free(experts); free(all_sums);
+  muon_destroy(opt);
+  muon_destroy(ref);
+  return bad ? 1 : 0;
+}
+
+/* Every example ends here: frees the groups and the world, exits with the check's verdict. */
+static inline int ex_finish(ex_world *w, muon_comm *groups, int n, int rc) {
+  int i;
+  for (i = 0; i < n; i++) muon_comm_destroy(&groups[i]);
+  muon_comm_destroy(&w->world);
+  return rc;
+}
+
+#endif

@@ -1,0 +1,648 @@
+/* test_gloo.c - the Gloo communicator (muon_gloo.h) on N local processes.
+
+   Build (the Gloo implementation is C++, compiled once from tests/test_gloo_main.cpp):
+     g++ -std=c++17 -Wall -Wextra -Werror -O2 -I. -c tests/test_gloo_main.cpp -o build/gloo_impl.o
+     gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -I. -Itests tests/test_gloo.c \
+         build/gloo_impl.o -o build/test_gloo -lgloo -lstdc++ -pthread -lm
+   Run:
+     build/muonrun -n 4 build/test_gloo            collectives, subgroups, meshes, store traps
+     build/muonrun -n 3 build/test_gloo --die      rank 1 exits mid-run; the others must get
+                                                   MUON_ERR_COMM quickly, never hang or crash
+     build/muonrun -n 3 build/test_gloo --stall    rank 1 sleeps past the 2 s timeout; the others
+                                                   must return within the timeout + slack
+   Optional: MUON_TEST_REDIS=host:port also rendezvous through Redis.
+   Rank 0 prints the summary (failures of every rank included when the world still works);
+   every rank exits non-zero when one of its checks failed. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "muon.h"
+#include "muon_gloo.h"
+#include "test.h"
+
+/* Local stand-ins, so this test does not need muon.h's implementation (MUON_IMPLEMENTATION):
+   the status names come straight from the X-macro, and destroy is what muon_comm_destroy does. */
+#define TEST__STATUS_NAME(name, text) #name,
+static const char *test_status_name(muon_status s) {
+  static const char *const names[] = {MUON_STATUS_LIST(TEST__STATUS_NAME) "?"};
+  return (unsigned)s < (unsigned)MUON_STATUS_COUNT ? names[s] : "?";
+}
+static void test_comm_destroy(muon_comm *c) {
+  if (c->vt && c->vt->destroy) c->vt->destroy(c->ctx);
+  c->vt = NULL;
+  c->ctx = NULL;
+  c->rank = c->size = 0;
+}
+static const char *test_comm_error(const muon_comm *c) {
+  const char *e = c->vt && c->vt->error ? c->vt->error(c->ctx) : NULL;
+  return e ? e : "";
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)s;
+  ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+  nanosleep(&ts, NULL);
+}
+
+/* Which cases failed on this rank, to be OR-ed across ranks at the end. */
+static int case_index = -1;
+static uint64_t case_failed_mask;
+static void begin(const char *name) {
+  if (case_index >= 0 && test__in_case && test__case_failed) case_failed_mask |= (uint64_t)1 << case_index;
+  case_index++;
+  TEST_CASE(name);
+}
+
+static uint32_t mix(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  return h;
+}
+
+/* Floats sent from src to dst in round `it` (< 0: a dense round): zeros often, a whole zero row (sender) and a whole
+   zero column (receiver) every round, large messages in round 3. */
+static size_t count_of(int src, int dst, int it, int size) {
+  uint32_t h = mix((uint32_t)src, (uint32_t)dst, (uint32_t)it);
+  if (it < 0) return 3 + (size_t)((src + dst) % 2); /* dense: every pair talks (fault modes) */
+  if (src == it % size) return 0;
+  if (size > 1 && dst == (it + 1) % size) return 0;
+  if (it == 3) return 50000 + h % 1000;
+  if (h % 3 == 0) return 0;
+  return h % 9;
+}
+
+/* Exact in a float: below 2^24. */
+static float value_of(int src, int dst, int it, size_t k) {
+  return (float)(((uint32_t)src * 8191u + (uint32_t)dst * 127u + (uint32_t)it * 1031u +
+                  (uint32_t)k * 3u) % 16000000u);
+}
+
+/* One alltoallv round over comm c whose members have world ranks members[]. Sender packs peers in
+   reverse order, receiver in a rotated order, both with one-float gaps that must stay untouched.
+   Returns the number of wrong floats (or -1 when the call failed). */
+static long alltoallv_round(muon_comm *c, const int *members, int it, muon_status *st_out) {
+  const int n = c->size, me = c->rank;
+  size_t *sc = (size_t *)calloc((size_t)n, sizeof(size_t)), *sd = (size_t *)calloc((size_t)n, sizeof(size_t));
+  size_t *rc = (size_t *)calloc((size_t)n, sizeof(size_t)), *rd = (size_t *)calloc((size_t)n, sizeof(size_t));
+  size_t stotal = 0, rtotal = 0, k;
+  float *send, *recv;
+  long bad = 0;
+  int p, j;
+  muon_status st;
+  /* counts are a function of world ranks so every group sees fresh patterns */
+  for (j = 0; j < n; j++) {
+    p = n - 1 - j;
+    sc[p] = count_of(members[me], members[p], it, n);
+    sd[p] = stotal + 1;
+    stotal += sc[p] + 1;
+  }
+  for (j = 0; j < n; j++) {
+    p = (me + j) % n;
+    rc[p] = count_of(members[p], members[me], it, n);
+    rd[p] = rtotal + 1;
+    rtotal += rc[p] + 1;
+  }
+  send = (float *)malloc((stotal + 1) * sizeof(float));
+  recv = (float *)malloc((rtotal + 1) * sizeof(float));
+  for (k = 0; k <= stotal; k++) send[k] = -2.0f;
+  for (k = 0; k <= rtotal; k++) recv[k] = -1.0f;
+  for (p = 0; p < n; p++)
+    for (k = 0; k < sc[p]; k++) send[sd[p] + k] = value_of(members[me], members[p], it, k);
+  st = c->vt->alltoallv(c->ctx, send, sc, sd, recv, rc, rd);
+  if (st_out) *st_out = st;
+  if (st != MUON_OK) {
+    bad = -1;
+  } else {
+    for (k = 0; k <= rtotal; k++) {
+      int owner = -1;
+      for (p = 0; p < n; p++)
+        if (k >= rd[p] && k < rd[p] + rc[p]) owner = p;
+      if (owner < 0) {
+        if (recv[k] != -1.0f) bad++;
+      } else if (recv[k] != value_of(members[owner], members[me], it, k - rd[owner])) {
+        if (bad < 3)
+          printf("  alltoallv: recv[%zu] from group rank %d = %g, want %g\n", k, owner,
+                 (double)recv[k], (double)value_of(members[owner], members[me], it, k - rd[owner]));
+        bad++;
+      }
+    }
+  }
+  free(sc); free(sd); free(rc); free(rd); free(send); free(recv);
+  return bad;
+}
+
+/* World ranks of c's members, in group order, by an allgather of each one's world rank. */
+static int members_of(muon_comm *c, int world_rank, int *out) {
+  return c->vt->allgather(c->ctx, &world_rank, out, sizeof(int)) == MUON_OK;
+}
+
+static int fresh_dir(char *buf, size_t n) {
+  const char *t = getenv("TMPDIR");
+  snprintf(buf, n, "%s/muon-test-XXXXXX", t && *t ? t : "/tmp");
+  return mkdtemp(buf) != NULL;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d)) != NULL) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path) unlink(path);
+    }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+/* ---- fault modes ---------------------------------------------------------------------------- */
+
+/* --die: rank 1 leaves (exit status 0, so muonrun does not stop the others first) after a good
+   round; the survivors' next alltoallv must fail with MUON_ERR_COMM quickly, later calls at once. */
+static int run_die(muon_comm *w) {
+  const int me = w->rank;
+  int *members = (int *)malloc((size_t)w->size * sizeof(int));
+  muon_status st = MUON_OK;
+  double t0, dt;
+  long bad;
+  int i;
+  for (i = 0; i < w->size; i++) members[i] = i;
+  begin("die: a good round first");
+  CHECK(alltoallv_round(w, members, 0, NULL) == 0, "first round failed: %s", test_comm_error(w));
+  CHECK(w->vt->barrier(w->ctx) == MUON_OK, "barrier: %s", test_comm_error(w));
+  if (me == 1) {
+    fflush(stdout);
+    _exit(0); /* no destroy: like a crash, the kernel closes the sockets */
+  }
+  begin("die: survivors get MUON_ERR_COMM quickly");
+  t0 = now_s();
+  bad = alltoallv_round(w, members, -1, &st);
+  dt = now_s() - t0;
+  CHECK(bad == -1 && st == MUON_ERR_COMM, "alltoallv after rank 1 died: %s (%s)",
+        test_status_name(st), test_comm_error(w));
+  CHECK(dt < 2.0, "took %.3f s to notice a dead peer", dt);
+  CHECK(strstr(test_comm_error(w), "alltoallv") != NULL, "message does not name the op: %s",
+        test_comm_error(w));
+  printf("rank %d: dead peer noticed after %.1f ms: %s: %s\n", me, dt * 1e3, test_status_name(st),
+         test_comm_error(w));
+  begin("die: the broken comm answers at once, with the same status");
+  t0 = now_s();
+  st = w->vt->allgather(w->ctx, &me, members, sizeof(int));
+  CHECK(st == MUON_ERR_COMM, "allgather on a broken comm: %s", test_status_name(st));
+  st = w->vt->barrier(w->ctx);
+  CHECK(st == MUON_ERR_COMM, "barrier on a broken comm: %s", test_status_name(st));
+  CHECK(now_s() - t0 < 0.05, "a broken comm took %.3f s to answer", now_s() - t0);
+  free(members);
+  return 0;
+}
+
+/* --stall: rank 1 sleeps 4 s before the round; the others, with a 2 s timeout, must return
+   MUON_ERR_TIMEOUT (or MUON_ERR_COMM) within ~2 s + slack; rank 1 then fails at once. */
+static int run_stall(muon_comm *w, double timeout) {
+  const int me = w->rank;
+  int *members = (int *)malloc((size_t)w->size * sizeof(int));
+  muon_status st = MUON_OK;
+  double t0, dt;
+  long bad;
+  int i;
+  for (i = 0; i < w->size; i++) members[i] = i;
+  begin("stall: a good round first");
+  CHECK(alltoallv_round(w, members, 0, NULL) == 0, "first round failed: %s", test_comm_error(w));
+  if (me == 1) sleep_s(2 * timeout);
+  begin("stall: the others time out within the timeout + slack");
+  t0 = now_s();
+  bad = alltoallv_round(w, members, -1, &st);
+  dt = now_s() - t0;
+  if (me != 1) {
+    CHECK(bad == -1 && (st == MUON_ERR_TIMEOUT || st == MUON_ERR_COMM),
+          "alltoallv with a stalled peer: %s (%s)", test_status_name(st), test_comm_error(w));
+    CHECK(dt < timeout + 1.5, "took %.3f s with a %.1f s timeout", dt, timeout);
+    printf("rank %d: stalled peer: returned after %.3f s (timeout %.1f s): %s: %s\n", me, dt,
+           timeout, test_status_name(st), test_comm_error(w));
+  } else {
+    CHECK(bad == -1 && (st == MUON_ERR_TIMEOUT || st == MUON_ERR_COMM),
+          "the late rank's alltoallv: %s (%s)", test_status_name(st), test_comm_error(w));
+    CHECK(dt < timeout + 1.5, "the late rank took %.3f s", dt);
+    printf("rank %d (the late one): returned after %.3f s: %s: %s\n", me, dt,
+           test_status_name(st), test_comm_error(w));
+  }
+  free(members);
+  return 0;
+}
+
+/* ---- the normal run --------------------------------------------------------------------------- */
+
+static void run_normal(muon_comm *w) {
+  const int me = w->rank, n = w->size;
+  int *members = (int *)malloc((size_t)n * sizeof(int)), *got = (int *)malloc((size_t)n * sizeof(int));
+  char err[512];
+  int i, it;
+  muon_status st;
+
+  begin("world: vtable, rank and size");
+  CHECK(w->vt && w->vt->version == MUON_COMM_VTABLE_VERSION, "vtable version");
+  CHECK(w->vt->alltoallv && w->vt->allgather && w->vt->barrier && w->vt->error && w->vt->destroy,
+        "a slot is NULL");
+  CHECK(n == atoi(getenv("MUON_WORLD_SIZE")) && me == atoi(getenv("MUON_RANK")), "rank %d size %d",
+        me, n);
+  for (i = 0; i < n; i++) members[i] = i;
+
+  begin("world: alltoallv, random counts with zeros, an all-zero sender and receiver");
+  for (it = 0; it < 12; it++) {
+    long bad = alltoallv_round(w, members, it, &st);
+    CHECK(bad == 0, "round %d: %ld wrong floats, status %s: %s", it, bad, test_status_name(st),
+          test_comm_error(w));
+  }
+
+  begin("world: alltoallv with every count zero");
+  {
+    size_t *z = (size_t *)calloc((size_t)n, sizeof(size_t));
+    float dummy = 7.0f;
+    st = w->vt->alltoallv(w->ctx, &dummy, z, z, &dummy, z, z);
+    CHECK(st == MUON_OK && dummy == 7.0f, "all-zero alltoallv: %s", test_status_name(st));
+    st = w->vt->alltoallv(w->ctx, NULL, z, z, NULL, z, z);
+    CHECK(st == MUON_OK, "all-zero alltoallv with NULL buffers: %s", test_status_name(st));
+    free(z);
+  }
+
+  begin("world: allgather");
+  {
+    unsigned char mine[13], *all = (unsigned char *)malloc((size_t)n * 13);
+    int bad = 0, k;
+    for (k = 0; k < 13; k++) mine[k] = (unsigned char)(me * 17 + k);
+    st = w->vt->allgather(w->ctx, mine, all, 13);
+    CHECK(st == MUON_OK, "allgather: %s", test_comm_error(w));
+    for (i = 0; i < n; i++)
+      for (k = 0; k < 13; k++) bad += all[i * 13 + k] != (unsigned char)(i * 17 + k);
+    CHECK(bad == 0, "%d wrong bytes", bad);
+    st = w->vt->allgather(w->ctx, NULL, NULL, 0);
+    CHECK(st == MUON_OK, "allgather of 0 bytes: %s", test_status_name(st));
+    free(all);
+  }
+
+  begin("world: barrier waits for the slowest rank");
+  {
+    double t0 = now_s(), dt;
+    if (me == n - 1) sleep_s(0.3);
+    st = w->vt->barrier(w->ctx);
+    dt = now_s() - t0;
+    CHECK(st == MUON_OK, "barrier: %s", test_comm_error(w));
+    CHECK(n == 1 || dt > 0.25, "left the barrier after %.3f s, before the last rank came", dt);
+  }
+
+  begin("subgroup: evens and odds made at the same call index");
+  {
+    int par[1024], np = 0;
+    muon_comm g;
+    for (i = me % 2; i < n; i += 2) par[np++] = i;
+    st = muon_gloo_subgroup(w, par, np, &g, err, sizeof err);
+    CHECK(st == MUON_OK, "subgroup: %s", err);
+    if (st == MUON_OK) {
+      CHECK(g.size == np && g.rank == me / 2, "rank %d size %d", g.rank, g.size);
+      CHECK(members_of(&g, me, got), "allgather: %s", test_comm_error(&g));
+      for (i = 0; i < np; i++) CHECK(got[i] == par[i], "member %d is %d, want %d", i, got[i], par[i]);
+      for (it = 0; it < 6; it++)
+        CHECK(alltoallv_round(&g, par, it, &st) == 0, "round %d: %s", it, test_comm_error(&g));
+      test_comm_destroy(&g);
+    }
+  }
+
+  begin("subgroup: reversed rank list renumbers the ranks");
+  {
+    int *rev = (int *)malloc((size_t)n * sizeof(int));
+    muon_comm g;
+    for (i = 0; i < n; i++) rev[i] = n - 1 - i;
+    st = muon_gloo_subgroup(w, rev, n, &g, err, sizeof err);
+    CHECK(st == MUON_OK, "subgroup: %s", err);
+    if (st == MUON_OK) {
+      CHECK(g.rank == n - 1 - me && g.size == n, "rank %d size %d", g.rank, g.size);
+      CHECK(members_of(&g, me, got), "allgather: %s", test_comm_error(&g));
+      for (i = 0; i < n; i++) CHECK(got[i] == rev[i], "member %d is %d, want %d", i, got[i], rev[i]);
+      CHECK(alltoallv_round(&g, rev, 5, &st) == 0, "alltoallv: %s", test_comm_error(&g));
+      test_comm_destroy(&g);
+    }
+    free(rev);
+  }
+
+  begin("subgroup: a group of one needs nobody");
+  {
+    muon_comm g;
+    st = muon_gloo_subgroup(w, &me, 1, &g, err, sizeof err);
+    CHECK(st == MUON_OK && g.size == 1 && g.rank == 0, "subgroup {me}: %s", err);
+    if (st == MUON_OK) {
+      CHECK(alltoallv_round(&g, &me, 2, &st) == 0, "alltoallv: %s", test_comm_error(&g));
+      CHECK(g.vt->barrier(g.ctx) == MUON_OK, "barrier");
+      test_comm_destroy(&g);
+    }
+  }
+
+  begin("subgroup: bad arguments are MUON_ERR_ARG, not a crash");
+  {
+    muon_comm g, self = {NULL, NULL, 0, 1};
+    int other = (me + 1) % n, dup[2] = {me, me}, dims[2] = {n, 2};
+    if (n > 1) {
+      st = muon_gloo_subgroup(w, &other, 1, &g, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "not in"), "group without this rank: %s %s",
+            test_status_name(st), err);
+    }
+    st = muon_gloo_subgroup(w, dup, 2, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG, "duplicate rank: %s %s", test_status_name(st), err);
+    st = muon_gloo_subgroup(w, members, 0, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG, "n = 0: %s", test_status_name(st));
+    st = muon_gloo_subgroup(&self, members, 1, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "not a Gloo"), "non-Gloo parent: %s", err);
+    st = muon_gloo_mesh_subgroup(w, dims, 2, 0, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "mesh"), "mesh of the wrong size: %s", err);
+    CHECK(g.vt == NULL && g.ctx == NULL, "out not cleared on failure");
+  }
+
+  if (n % 2 == 0 && n >= 4) {
+    int dims[2], tpm[1024], dpm[1024];
+    muon_comm tp, dp;
+    muon_status s1, s2;
+    dims[0] = 2;
+    dims[1] = n / 2;
+    begin("mesh: {2, n/2}: dim 1 = consecutive ranks (tp), dim 0 = strided ranks (dp)");
+    s1 = muon_gloo_mesh_subgroup(w, dims, 2, 1, &tp, err, sizeof err);
+    CHECK(s1 == MUON_OK, "tp: %s", err);
+    s2 = muon_gloo_mesh_subgroup(w, dims, 2, 0, &dp, err, sizeof err);
+    CHECK(s2 == MUON_OK, "dp: %s", err);
+    if (s1 == MUON_OK && s2 == MUON_OK) {
+      CHECK(tp.size == n / 2 && tp.rank == me % (n / 2), "tp rank %d size %d", tp.rank, tp.size);
+      CHECK(dp.size == 2 && dp.rank == me / (n / 2), "dp rank %d size %d", dp.rank, dp.size);
+      CHECK(members_of(&tp, me, tpm) && members_of(&dp, me, dpm), "allgather");
+      for (i = 0; i < tp.size; i++)
+        CHECK(tpm[i] == (me / (n / 2)) * (n / 2) + i, "tp member %d is %d", i, tpm[i]);
+      for (i = 0; i < dp.size; i++)
+        CHECK(dpm[i] == me % (n / 2) + i * (n / 2), "dp member %d is %d", i, dpm[i]);
+
+      begin("mesh: tp, dp and world used interleaved");
+      for (it = 0; it < 8; it++) {
+        unsigned char b = (unsigned char)(it * 3 + me), all[2];
+        CHECK(alltoallv_round(&tp, tpm, it, &st) == 0, "tp round %d: %s", it, test_comm_error(&tp));
+        CHECK(dp.vt->allgather(dp.ctx, &b, all, 1) == MUON_OK, "dp allgather: %s",
+              test_comm_error(&dp));
+        CHECK(all[0] == (unsigned char)(it * 3 + dpm[0]) && all[1] == (unsigned char)(it * 3 + dpm[1]),
+              "dp allgather round %d: %d %d", it, all[0], all[1]);
+        CHECK(alltoallv_round(&dp, dpm, it + 1, &st) == 0, "dp round %d: %s", it,
+              test_comm_error(&dp));
+        CHECK(alltoallv_round(w, members, it + 2, &st) == 0, "world round %d: %s", it,
+              test_comm_error(w));
+        CHECK(tp.vt->barrier(tp.ctx) == MUON_OK, "tp barrier");
+      }
+
+      begin("mesh: a subgroup of a subgroup (tp split again)");
+      if (tp.size % 2 == 0) {
+        int half[2] = {tp.rank & ~1, tp.rank | 1}, hm[2];
+        muon_comm h;
+        st = muon_gloo_subgroup(&tp, half, 2, &h, err, sizeof err);
+        CHECK(st == MUON_OK, "subgroup of tp: %s", err);
+        if (st == MUON_OK) {
+          CHECK(members_of(&h, me, hm) && hm[0] == tpm[half[0]] && hm[1] == tpm[half[1]],
+                "members %d %d", hm[0], hm[1]);
+          CHECK(alltoallv_round(&h, hm, 4, &st) == 0, "alltoallv: %s", test_comm_error(&h));
+          test_comm_destroy(&h);
+        }
+      }
+      test_comm_destroy(&tp);
+      test_comm_destroy(&dp);
+    }
+  }
+
+  if (n == 8) {
+    int dims[3] = {2, 2, 2}, d, c3[3], m[2], want;
+    muon_comm g;
+    begin("mesh: 2x2x2, each dimension");
+    c3[0] = me / 4; c3[1] = (me / 2) % 2; c3[2] = me % 2;
+    for (d = 0; d < 3; d++) {
+      st = muon_gloo_mesh_subgroup(w, dims, 3, d, &g, err, sizeof err);
+      CHECK(st == MUON_OK, "dim %d: %s", d, err);
+      if (st != MUON_OK) continue;
+      CHECK(g.rank == c3[d] && g.size == 2, "dim %d: rank %d", d, g.rank);
+      CHECK(members_of(&g, me, m), "allgather");
+      for (i = 0; i < 2; i++) {
+        int cc[3];
+        cc[0] = c3[0]; cc[1] = c3[1]; cc[2] = c3[2];
+        cc[d] = i;
+        want = cc[0] * 4 + cc[1] * 2 + cc[2];
+        CHECK(m[i] == want, "dim %d member %d is %d, want %d", d, i, m[i], want);
+      }
+      test_comm_destroy(&g);
+    }
+  }
+
+  begin("MUON_GLOO_CHECK_COUNTS=1: disagreeing counts are MUON_ERR_MISMATCH on every rank");
+  if (n > 1) {
+    muon_comm g;
+    setenv("MUON_GLOO_CHECK_COUNTS", "1", 1);
+    st = muon_gloo_subgroup(w, members, n, &g, err, sizeof err);
+    unsetenv("MUON_GLOO_CHECK_COUNTS");
+    CHECK(st == MUON_OK, "subgroup: %s", err);
+    if (st == MUON_OK) {
+      size_t *sc = (size_t *)calloc((size_t)n, sizeof(size_t)), *rc = (size_t *)calloc((size_t)n, sizeof(size_t));
+      size_t *dz = (size_t *)calloc((size_t)n, sizeof(size_t));
+      float buf[4] = {1, 2, 3, 4}, out[4];
+      if (me == 0) sc[1] = 4; /* rank 1 expects 2: Gloo alone would abort rank 1 */
+      if (me == 1) rc[0] = 2;
+      st = g.vt->alltoallv(g.ctx, buf, sc, dz, out, rc, dz);
+      CHECK(st == MUON_ERR_MISMATCH, "mismatched counts: %s (%s)", test_status_name(st),
+            test_comm_error(&g));
+      if (me == 1) printf("rank 1: %s\n", test_comm_error(&g));
+      CHECK(alltoallv_round(&g, members, 9, &st) == 0, "the comm still works after: %s",
+            test_comm_error(&g));
+      free(sc); free(rc); free(dz);
+      test_comm_destroy(&g);
+    }
+  }
+
+  begin("one rank: explicit size 1 needs no store and copies locally");
+  {
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm one;
+    int zero = 0;
+    d.rank = 0;
+    d.size = 1;
+    d.store_dir = NULL;
+    st = muon_gloo_create(&d, &one, err, sizeof err);
+    CHECK(st == MUON_OK && one.size == 1, "create: %s", err);
+    if (st == MUON_OK) {
+      CHECK(alltoallv_round(&one, &zero, 1, &st) == 0, "alltoallv: %s", test_comm_error(&one));
+      test_comm_destroy(&one);
+    }
+  }
+
+  begin("store trap: keys of an earlier run are refused with a clear message");
+  if (n > 1 && me == 0) {
+    /* rank 0's world key is already in MUON_STORE: a second world there must fail at once */
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm x;
+    double t0 = now_s();
+    d.rank = 0;
+    d.size = 2;
+    d.timeout_s = 5;
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st != MUON_OK && strstr(err, "earlier run"), "reused store: %s: %s",
+          test_status_name(st), err);
+    CHECK(now_s() - t0 < 1.0, "took %.3f s", now_s() - t0);
+    if (st == MUON_OK) test_comm_destroy(&x);
+  }
+
+  begin("store trap: a missing peer at rendezvous times out after the configured 1 s, not 30 s");
+  {
+    char dir[4096];
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm x;
+    double t0, dt;
+    CHECK(fresh_dir(dir, sizeof dir), "mkdtemp");
+    d.rank = 0;
+    d.size = 2;
+    d.store_dir = dir;
+    d.timeout_s = 1;
+    t0 = now_s();
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    dt = now_s() - t0;
+    CHECK(st == MUON_ERR_TIMEOUT, "alone at rendezvous: %s: %s", test_status_name(st), err);
+    CHECK(dt < 3.5, "took %.3f s", dt);
+    if (me == 0) printf("rendezvous timeout (1 s configured) after %.3f s: %s\n", dt, err);
+    if (st == MUON_OK) test_comm_destroy(&x);
+    remove_dir(dir);
+  }
+
+  begin("create: bad desc fields are MUON_ERR_ARG naming the field");
+  {
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm x;
+    d.rank = 3;
+    d.size = 2;
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "rank 3"), "rank >= size: %s", err);
+    d = muon_gloo_default_desc();
+    d.timeout_s = -1;
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "timeout_s"), "negative timeout: %s", err);
+    d = muon_gloo_default_desc();
+    d.store_dir = "/nonexistent/muon";
+    d.rank = 0;
+    d.size = 2;
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_BACKEND && strstr(err, "/nonexistent/muon"), "missing dir: %s", err);
+    st = muon_gloo_create(NULL, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG, "NULL desc");
+  }
+
+  if (getenv("MUON_TEST_REDIS") && *getenv("MUON_TEST_REDIS")) {
+    begin("redis: a world through RedisStore");
+    if (!muon_gloo_has_redis()) {
+      CHECK(0, "MUON_TEST_REDIS is set but this build has no RedisStore");
+    } else {
+      /* the run's store directory name is unique per run: use it as the key prefix */
+      char spec[512];
+      const char *store = getenv("MUON_STORE"), *base = strrchr(store, '/');
+      muon_gloo_desc d = muon_gloo_default_desc();
+      muon_comm r;
+      snprintf(spec, sizeof spec, "%s/%s", getenv("MUON_TEST_REDIS"), base ? base + 1 : store);
+      d.redis = spec;
+      d.hostname = "127.0.0.1";
+      d.timeout_s = 10;
+      st = muon_gloo_create(&d, &r, err, sizeof err);
+      CHECK(st == MUON_OK, "redis create: %s", err);
+      if (st == MUON_OK) {
+        CHECK(members_of(&r, me, got), "allgather: %s", test_comm_error(&r));
+        for (i = 0; i < n; i++) CHECK(got[i] == i, "member %d is %d", i, got[i]);
+        CHECK(alltoallv_round(&r, members, 7, &st) == 0, "alltoallv: %s", test_comm_error(&r));
+        test_comm_destroy(&r);
+      }
+    }
+  }
+  free(members);
+  free(got);
+}
+
+int main(int argc, char **argv) {
+  muon_gloo_desc d = muon_gloo_default_desc();
+  muon_comm world;
+  char err[512];
+  muon_status st;
+  int die = 0, stall = 0, i, me, n, fail;
+  double t0 = now_s(), stall_timeout = 2.0;
+  for (i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--die")) die = 1;
+    else if (!strcmp(argv[i], "--stall")) stall = 1;
+    else {
+      fprintf(stderr, "usage: muonrun -n N %s [--die | --stall]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (!getenv("MUON_RANK") || !getenv("MUON_WORLD_SIZE")) {
+    fprintf(stderr, "%s: start me with muonrun -n N\n", argv[0]);
+    return 2;
+  }
+  d.timeout_s = stall ? stall_timeout : die ? 10 : 30;
+
+  begin("create the world");
+  st = muon_gloo_create(&d, &world, err, sizeof err);
+  CHECK(st == MUON_OK, "muon_gloo_create: %s: %s", test_status_name(st), err);
+  if (st != MUON_OK) return test_summary();
+  me = world.rank;
+
+  if ((die || stall) && world.size < 2) {
+    if (me == 0) printf("fault modes need 2 or more ranks; nothing to do\n");
+  } else if (die) {
+    run_die(&world);
+  } else if (stall) {
+    run_stall(&world, stall_timeout);
+  } else {
+    run_normal(&world);
+  }
+
+  /* close the last case, then rank 0 counts every rank's failed cases (while the world works) */
+  if (test__in_case && test__case_failed) case_failed_mask |= (uint64_t)1 << case_index;
+  test__end_case();
+  n = world.size;
+  if (!die && !stall) {
+    uint64_t *masks = (uint64_t *)malloc((size_t)n * sizeof(uint64_t));
+    st = world.vt->allgather(world.ctx, &case_failed_mask, masks, sizeof(uint64_t));
+    if (st != MUON_OK) {
+      printf("FAIL final allgather of the results: %s\n", test_comm_error(&world));
+      test__failed++;
+    } else if (me == 0) {
+      uint64_t all = 0;
+      int k;
+      for (i = 0; i < n; i++) all |= masks[i];
+      for (k = 0; k <= case_index; k++)
+        if ((all >> k & 1) && !(case_failed_mask >> k & 1)) {
+          /* passed here, failed on another rank: a failure in the summary */
+          test__passed--;
+          test__failed++;
+          printf("FAIL case %d failed on another rank (see its output)\n", k);
+        }
+    }
+    free(masks);
+  }
+  if (me == 0) {
+    printf("rank 0: %d ranks, %.2f s%s\n", n, now_s() - t0,
+           die ? " (--die)" : stall ? " (--stall)" : "");
+    fail = test_summary();
+  } else {
+    fail = test__failed ? 1 : 0;
+  }
+  fflush(stdout);
+  /* nobody exits (and makes muonrun stop the others) before rank 0 has printed */
+  if (!die && !stall) world.vt->barrier(world.ctx);
+  test_comm_destroy(&world);
+  return fail;
+}
