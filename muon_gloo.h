@@ -50,8 +50,9 @@
        Every slot of the returned muon_comm is a collective: all ranks of the group call it, in
        the same order. alltoallv counts must agree pairwise (what r sends to p is what p expects
        from r). Each call uses its own Gloo slot, so a message can never be matched by a later
-       call. Data to oneself is copied locally. A communicator is used by one thread at a time;
-       different communicators (world and its subgroups) may be used from different threads.
+       call. Data to oneself is copied locally. A communicator is used by one thread at a time.
+       The world and its subgroups share one TCP device (one Gloo event-loop thread); the tests
+       use them from one thread, interleaved.
 
    GLOO TRAPS HANDLED HERE (measured on Debian's libgloo 0.0~git20220518)
        - send/recv to oneself crashes Gloo: the self part is always a local memmove, and a group
