@@ -268,8 +268,8 @@ typedef struct muon_dist_config {
      exchange over desc.comm, driven by the layouts. */
   muon_status (*gather)(void *state, const muon_matrix_info *m, const float *local, float *full, int owner);
   muon_status (*redistribute)(void *state, const muon_matrix_info *m, const float *full, float *local, int owner);
-  /* Optional: the layout of this rank's matrix `index` (called by muon_add_matrix). NULL:
-     muon_matrix.layout, or the whole matrix. */
+  /* Optional: the layout of this rank's matrix `index`, called by muon_add_matrix for a matrix
+     without its own muon_matrix.layout. NULL: the whole matrix. */
   muon_status (*layout)(void *state, int index, const struct muon_matrix *m, muon_layout *out);
   void *state;
   int round_robin;                 /* default owners: round-robin over holders (debugging)      */
@@ -328,7 +328,7 @@ typedef struct muon_matrix {
   int count;                       /* 0 or 1: one matrix; L: L slices                           */
   size_t stride;                   /* floats between slices; 0 = rows*cols; >= rows*cols        */
   int group;                       /* hyperparameter group, 0 = desc.hparams                     */
-  const muon_layout *layout;       /* this rank's piece; NULL = whole matrix (or dist->layout)  */
+  const muon_layout *layout;       /* this rank's piece (copied); NULL: dist->layout, or whole  */
 } muon_matrix;
 
 MUON_API muon_matrix muon_default_matrix(void);
@@ -1116,12 +1116,12 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   if (m->count < 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count must be >= 0 (got %d)", m->count);
   if (m->group < 0 || m->group >= opt->n_groups) MUON__BAD(MUON_ERR_ARG, "muon_matrix.group %d does not exist (have %d)", m->group, opt->n_groups);
   memset(&layout, 0, sizeof layout);
-  if (opt->distributed && opt->dist.layout) {
-    muon_status st = opt->dist.layout(opt->dist.state, first, m, &layout);
-    if (st != MUON_OK) MUON__BAD(st, "muon_dist_config.layout returned %s", muon_status_string(st));
-  } else if (m->layout) {
+  if (m->layout) {            /* the matrix's own layout is the most specific: it wins */
     if (!opt->distributed) MUON__BAD(MUON_ERR_ARG, "muon_matrix.layout is set but muon_desc.dist is NULL (use muon_layout_config())");
     layout = *m->layout;
+  } else if (opt->distributed && opt->dist.layout) {
+    muon_status st = opt->dist.layout(opt->dist.state, first, m, &layout);
+    if (st != MUON_OK) MUON__BAD(st, "muon_dist_config.layout returned %s", muon_status_string(st));
   }
   {
     char why[240];

@@ -1,0 +1,675 @@
+/* test_dist.c - distributed muon over Gloo, multi-process. Run under muonrun:
+
+     muonrun -n N build/test_dist           layouts round trip, stats, owners, memory, validation
+     build/test_dist --fault kill|stall N   forks N ranks itself (muonrun would stop the
+                                            survivors); one dies / stalls mid-step
+
+   The bitwise comparison of every strategy against one device is done by the examples, which
+   tests/run.sh runs at several world sizes. */
+#define MUON_IMPLEMENTATION
+#include "../examples/common.h"
+#include "test.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static ex_world W;
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+static muon_optimizer *make(const muon_dist_config *cfg, muon_hparams *hp) {
+  muon_desc d = muon_default_desc();
+  muon_optimizer *opt = NULL;
+  if (hp) d.hparams = *hp;
+  d.comm = &W.world;
+  d.dist = cfg;
+  if (muon_create(&opt, &d) != MUON_OK) return NULL;
+  return opt;
+}
+
+/* Sum of a long long over all ranks. */
+static long long sum_all(long long v) {
+  long long all[64], s = 0;
+  int r;
+  W.world.vt->allgather(W.world.ctx, &v, all, sizeof v);
+  for (r = 0; r < W.size; r++) s += all[r];
+  return s;
+}
+static long long min_all(long long v) {
+  long long all[64], s = v;
+  int r;
+  W.world.vt->allgather(W.world.ctx, &v, all, sizeof v);
+  for (r = 0; r < W.size; r++) if (all[r] < s) s = all[r];
+  return s;
+}
+
+typedef struct tmat {      /* a matrix of a test model: full values and this rank's piece */
+  char name[32];
+  int rows, cols;
+  muon_layout layout;
+  long long *idx;
+  size_t n;
+  float *w, *g, *w0;
+} tmat;
+
+static void tmat_init(tmat *t, const char *name, int rows, int cols, const muon_layout *l, float gscale) {
+  size_t e;
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->rows = rows;
+  t->cols = cols;
+  if (l) t->layout = *l;
+  t->idx = (long long *)malloc((size_t)rows * cols * sizeof(long long));
+  t->n = ex_piece(l, rows, cols, t->idx);
+  t->w = (float *)malloc((t->n + 1) * sizeof(float));
+  t->g = (float *)malloc((t->n + 1) * sizeof(float));
+  t->w0 = (float *)malloc((t->n + 1) * sizeof(float));
+  for (e = 0; e < t->n; e++) {
+    t->w[e] = t->w0[e] = ex_value(ex_hash(name, 1), t->idx[e]);
+    t->g[e] = gscale * (0.25f + 0.5f * (ex_value(ex_hash(name, 2), t->idx[e]) + 1.0f) * 0.5f); /* never 0 */
+  }
+}
+static void tmat_free(tmat *t) { free(t->idx); free(t->w); free(t->g); free(t->w0); }
+
+static muon_status tmat_add(muon_optimizer *opt, tmat *t) {
+  muon_matrix m = muon_default_matrix();
+  m.name = t->name; m.param = t->w; m.grad = t->g; m.rows = t->rows; m.cols = t->cols; m.layout = &t->layout;
+  return muon_add_matrix(opt, &m, NULL);
+}
+
+/* ---- gather then redistribute returns every piece unchanged, for every layout ---------------
+   With momentum 0, lr 1, no decay, no lr adjustment, one NS iteration with (a, b, c) = (1, 0, 0)
+   and eps 1 > |U|, Newton-Schulz is exactly the identity and W_new = W - G: any element that the
+   exchange put in the wrong place shows up bit for bit. */
+static void test_roundtrip(void) {
+  muon_hparams hp = muon_default_hparams();
+  muon_dist_config cfg = muon_layout_config();
+  int dims2[2], d, P = W.size, li, ok = 1;
+  muon_comm a, b;
+  muon_layout L[8];
+  const char *what[8] = { "replicate", "shard0", "shard1", "flat", "shard0+shard1", "shard1+flat", "replicate+shard0", "flat ranges" };
+  tmat t[8];
+  muon_optimizer *opt;
+  hp.momentum = 0; hp.nesterov = 0; hp.lr = 1; hp.weight_decay = 0; hp.adjust_lr = MUON_ADJUST_LR_NONE;
+  hp.ns_steps = 1; hp.ns_coefficients[0][0] = 1; hp.ns_coefficients[0][1] = 0; hp.ns_coefficients[0][2] = 0; hp.eps = 1;
+  for (d = 2; d * d <= P && P % d; d++) {}
+  dims2[0] = P % d == 0 ? d : 1;
+  dims2[1] = P / dims2[0];
+  a = ex_mesh(&W, dims2, 2, 0);
+  b = ex_mesh(&W, dims2, 2, 1);
+  memset(L, 0, sizeof L);
+  L[0].n_levels = 1; L[0].levels[0] = muon_replicate(&W.world);
+  L[1].n_levels = 1; L[1].levels[0] = muon_shard(0, &W.world);
+  L[2].n_levels = 1; L[2].levels[0] = muon_shard(1, &W.world);
+  L[3].n_levels = 1; L[3].levels[0] = muon_flat(&W.world);
+  L[4].n_levels = 2; L[4].levels[0] = muon_shard(0, &a); L[4].levels[1] = muon_shard(1, &b);
+  L[5].n_levels = 2; L[5].levels[0] = muon_shard(1, &a); L[5].levels[1] = muon_flat(&b);
+  L[6].n_levels = 2; L[6].levels[0] = muon_replicate(&a); L[6].levels[1] = muon_shard(0, &b);
+  /* Uneven explicit ranges: rank r holds (r+1) * k elements of a 23 x 19 matrix. */
+  {
+    long long total = 23 * 19, unit = 2 * total / ((long long)P * (P + 1)), off = 0;
+    int r;
+    for (r = 0; r < W.rank; r++) off += (r + 1) * unit;
+    L[7].n_levels = 1;
+    L[7].levels[0] = muon_flat_range(&W.world, off, W.rank == P - 1 ? total - off : (W.rank + 1) * unit);
+  }
+  TEST_CASE("gather then redistribute returns every rank's piece unchanged, for every layout");
+  opt = make(&cfg, &hp);
+  if (!opt) { CHECK(0, "create"); return; }
+  for (li = 0; li < 8; li++) {
+    char name[32];
+    snprintf(name, sizeof name, "rt_%s", what[li]);
+    /* Tall, wide and square shapes, with sizes that do not divide. */
+    if (li == 7) tmat_init(&t[li], name, 23, 19, &L[li], 1e-3f);
+    else tmat_init(&t[li], name, li % 3 == 0 ? 23 : li % 3 == 1 ? 17 : 29, li % 3 == 1 ? 41 : 29, &L[li], 1e-3f);
+    CHECK(tmat_add(opt, &t[li]) == MUON_OK, "add %s: %s", what[li], muon_error(opt));
+  }
+  CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  for (li = 0; li < 8; li++) {
+    size_t e;
+    for (e = 0; e < t[li].n; e++) {
+      float want = t[li].w0[e] - t[li].g[e];
+      if (memcmp(&want, &t[li].w[e], sizeof want) != 0) {
+        if (ok) printf("  rank %d layout %s element %zu: got %.9g want %.9g\n", W.rank, what[li], e, (double)t[li].w[e], (double)want);
+        ok = 0;
+      }
+    }
+    tmat_free(&t[li]);
+  }
+  CHECK(ok, "some piece came back changed");
+  muon_destroy(opt);
+  muon_comm_destroy(&a);
+  muon_comm_destroy(&b);
+}
+
+/* ---- stats: zero redundancy, bytes = the formula, collectives = 1 + 2 * rounds -------------- */
+static void test_stats(void) {
+  muon_auto_desc ad;
+  muon_dist_config cfg;
+  muon_stats s0, s1;
+  muon_optimizer *opt;
+  tmat t[16];
+  int P = W.size, i, g, n;
+  long long want_sent = 0;
+  memset(&ad, 0, sizeof ad);
+  ad.fsdp = &W.world;
+  cfg = muon_auto_config(&ad);
+  TEST_CASE("balanced FSDP: NS calls sum to the matrix count, bytes = 2(P-1)/P^2 * S * 4");
+  opt = make(&cfg, NULL);
+  n = P;  /* P equal matrices of 8P x 16, rows divisible: every rank owns exactly one */
+  for (i = 0; i < n; i++) {
+    char name[16];
+    muon_layout l;
+    memset(&l, 0, sizeof l);
+    l.n_levels = 1;
+    l.levels[0] = muon_shard(0, &W.world);
+    snprintf(name, sizeof name, "bal%d", i);
+    tmat_init(&t[i], name, 8 * P, 16, &l, 1.0f);
+    tmat_add(opt, &t[i]);
+  }
+  CHECK(muon_step(opt) == MUON_OK, "step 1: %s", muon_error(opt));
+  muon_get_stats(opt, &s0);
+  CHECK(muon_step(opt) == MUON_OK, "step 2: %s", muon_error(opt));
+  muon_get_stats(opt, &s1);
+  {
+    long long S = (long long)n * 8 * P * 16, formula = 2LL * (P - 1) * S * 4 / ((long long)P * P);
+    long long sent = s1.bytes_sent - s0.bytes_sent, recv = s1.bytes_received - s0.bytes_received;
+    long long ns = sum_all(s1.ns_calls - s0.ns_calls);
+    CHECK(ns == n, "NS calls over all ranks %lld, want %d (one per matrix)", ns, n);
+    CHECK(sent == formula && recv == formula, "rank %d sent %lld received %lld bytes, formula %lld", W.rank, sent, recv, formula);
+    CHECK(muon_owned_count(opt) == 1, "rank %d owns %d matrices, want 1", W.rank, muon_owned_count(opt));
+    CHECK(s1.collectives - s0.collectives == (P > 1 ? 1 + 2 * s1.rounds : 1), "collectives per step %lld with %d rounds", s1.collectives - s0.collectives, s1.rounds);
+  }
+  for (i = 0; i < n; i++) tmat_free(&t[i]);
+  muon_destroy(opt);
+
+  TEST_CASE("uneven FSDP and HSDP-like replicas: bytes per rank = the exact per-layout count");
+  opt = make(&cfg, NULL);
+  {
+    int rows[5] = { 18, 7, 33, 64, 5 }, cols[5] = { 24, 40, 16, 8, 31 };
+    for (i = 0; i < 5; i++) {
+      char name[16];
+      muon_layout l;
+      memset(&l, 0, sizeof l);
+      l.n_levels = 1;
+      l.levels[0] = muon_shard(i % 2, &W.world);
+      snprintf(name, sizeof name, "unev%d", i);
+      tmat_init(&t[i], name, rows[i], cols[i], &l, 1.0f);
+      t[i].layout = l;
+      tmat_add(opt, &t[i]);
+    }
+    CHECK(muon_step(opt) == MUON_OK, "step 1: %s", muon_error(opt));
+    muon_get_stats(opt, &s0);
+    CHECK(muon_step(opt) == MUON_OK, "step 2: %s", muon_error(opt));
+    muon_get_stats(opt, &s1);
+    /* Independently: a rank sends its piece of each matrix it does not own, and for each matrix
+       it owns, every other rank's piece (pieces from ex_piece, owners from muon). */
+    for (g = 0; g < muon_global_count(opt); g++) {
+      muon_matrix_info info;
+      int owner, r, li;
+      muon_global_info(opt, g, &info, &owner);
+      for (li = 0; li < 5 && strcmp(t[li].name, info.name); li++) {}
+      for (r = 0; r < P; r++) {
+        muon_layout l = t[li].layout;
+        long long *idx = (long long *)malloc((size_t)info.rows * info.cols * sizeof(long long));
+        size_t pn;
+        l.levels[0].index = r;
+        pn = ex_piece(&l, info.rows, info.cols, idx);
+        free(idx);
+        if (r == W.rank && owner != W.rank) want_sent += (long long)pn * 4;
+        if (owner == W.rank && r != W.rank) want_sent += (long long)pn * 4;
+      }
+    }
+    CHECK(s1.bytes_sent - s0.bytes_sent == want_sent, "rank %d sent %lld bytes, the layouts say %lld", W.rank, s1.bytes_sent - s0.bytes_sent, want_sent);
+    CHECK(sum_all(s1.ns_calls - s0.ns_calls) == 5, "NS calls over all ranks != 5");
+  }
+  for (i = 0; i < 5; i++) tmat_free(&t[i]);
+  muon_destroy(opt);
+
+  TEST_CASE("DDP replicas: no U is sent (the owner has it), O goes to every replica");
+  {
+    muon_auto_desc dd;
+    muon_dist_config dcfg;
+    memset(&dd, 0, sizeof dd);
+    dd.ddp = &W.world;
+    dcfg = muon_auto_config(&dd);
+    opt = make(&dcfg, NULL);
+    for (i = 0; i < 3; i++) {
+      char name[16];
+      muon_layout l;
+      memset(&l, 0, sizeof l);
+      l.n_levels = 1;
+      l.levels[0] = muon_replicate(&W.world);
+      snprintf(name, sizeof name, "rep%d", i);
+      tmat_init(&t[i], name, 32, 16, &l, 1.0f);
+      tmat_add(opt, &t[i]);
+    }
+    CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+    muon_get_stats(opt, &s1);
+    CHECK(s1.bytes_received == (long long)(3 - muon_owned_count(opt)) * 32 * 16 * 4 * (P > 1),
+          "rank %d received %lld bytes, owns %d", W.rank, s1.bytes_received, muon_owned_count(opt));
+    CHECK(s1.bytes_sent == (long long)muon_owned_count(opt) * 32 * 16 * 4 * (P - 1), "rank %d sent %lld bytes", W.rank, s1.bytes_sent);
+    CHECK(sum_all(s1.ns_calls) == 3, "NS calls over all ranks != 3");
+    for (i = 0; i < 3; i++) tmat_free(&t[i]);
+    muon_destroy(opt);
+  }
+}
+
+/* ---- owners ---------------------------------------------------------------------------------- */
+static void test_owners(void) {
+  muon_auto_desc ad;
+  muon_dist_config cfg;
+  muon_optimizer *opt;
+  tmat t[6];
+  int sizes[6][2] = { { 16, 16 }, { 96, 64 }, { 8, 8 }, { 128, 64 }, { 12, 20 }, { 24, 24 } }, i, g, o1 = -1, o2 = -1;
+  memset(&ad, 0, sizeof ad);
+  ad.fsdp = &W.world;
+  cfg = muon_auto_config(&ad);
+  TEST_CASE("owners: the two largest matrices land on different ranks; owners agree with muon_get_owner");
+  opt = make(&cfg, NULL);
+  for (i = 0; i < 6; i++) {
+    char name[16];
+    muon_layout l;
+    memset(&l, 0, sizeof l);
+    l.n_levels = 1;
+    l.levels[0] = muon_shard(0, &W.world);
+    snprintf(name, sizeof name, "own%d", i);
+    tmat_init(&t[i], name, sizes[i][0], sizes[i][1], &l, 1.0f);
+    tmat_add(opt, &t[i]);
+  }
+  CHECK(muon_plan(opt) == MUON_OK, "plan: %s", muon_error(opt));
+  for (g = 0; g < muon_global_count(opt); g++) {
+    muon_matrix_info info;
+    int owner, o;
+    muon_global_info(opt, g, &info, &owner);
+    if (!strcmp(info.name, "own3")) o1 = owner;
+    if (!strcmp(info.name, "own1")) o2 = owner;
+    if (info.local >= 0) CHECK(muon_get_owner(opt, info.local, &o) == MUON_OK && o == owner, "muon_get_owner disagrees");
+  }
+  if (W.size > 1) CHECK(o1 != o2 && o1 >= 0 && o2 >= 0, "largest on %d, second on %d", o1, o2);
+  CHECK(sum_all(muon_owned_count(opt)) == 6, "owned counts do not sum to 6");
+  CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  for (i = 0; i < 6; i++) tmat_free(&t[i]);
+  muon_destroy(opt);
+}
+
+/* ---- memory: rounds bound what a rank gathers; the result does not depend on the rounds ------ */
+static void test_memory(void) {
+  muon_auto_desc ad;
+  muon_dist_config cfg;
+  muon_optimizer *small, *big;
+  muon_stats s;
+  tmat a[8], b[8];
+  int i, same = 1;
+  size_t e;
+  memset(&ad, 0, sizeof ad);
+  ad.fsdp = &W.world;
+  ad.round_bytes = 2 * 64 * 64 * 4;   /* two matrices per owner per round */
+  cfg = muon_auto_config(&ad);
+  TEST_CASE("memory: a rank gathers at most round_bytes at once; rounds change no bit");
+  small = make(&cfg, NULL);
+  ad.round_bytes = 0;
+  {
+    muon_auto_desc ad2 = ad;
+    muon_dist_config cfg2 = muon_auto_config(&ad2);
+    big = make(&cfg2, NULL);
+    for (i = 0; i < 8; i++) {
+      char name[16];
+      muon_layout l;
+      memset(&l, 0, sizeof l);
+      l.n_levels = 1;
+      l.levels[0] = muon_shard(0, &W.world);
+      snprintf(name, sizeof name, "mem%d", i);
+      tmat_init(&a[i], name, 64, 64, &l, 1.0f);
+      tmat_init(&b[i], name, 64, 64, &l, 1.0f);
+      tmat_add(small, &a[i]);
+      tmat_add(big, &b[i]);
+    }
+    CHECK(muon_step(small) == MUON_OK && muon_step(small) == MUON_OK, "small: %s", muon_error(small));
+    CHECK(muon_step(big) == MUON_OK && muon_step(big) == MUON_OK, "big: %s", muon_error(big));
+  }
+  muon_get_stats(small, &s);
+  CHECK(s.gathered_bytes <= 2 * 64 * 64 * 4, "rank %d gathered %zu bytes at once, budget %d", W.rank, s.gathered_bytes, 2 * 64 * 64 * 4);
+  if (W.size < 4) CHECK(s.rounds > 1, "only %d rounds", s.rounds);
+  CHECK(s.gathered_bytes < 8 * 64 * 64 * 4, "a rank materialised the whole model");
+  CHECK(s.ns_workspace_bytes <= (2 * 64 * 64 + 2 * 64 * 64) * 4, "NS workspace %zu", s.ns_workspace_bytes);
+  CHECK(s.workspace_bytes <= s.exchange_bytes + s.gathered_bytes + s.ns_workspace_bytes + 64 * 64 * 8 * 4,
+        "workspace %zu not accounted for", s.workspace_bytes);
+  if (W.rank == 0) printf("  memory: gathered %zu B, NS workspace %zu B, exchange %zu B, local shard %zu B, %d rounds\n",
+                          s.gathered_bytes, s.ns_workspace_bytes, s.exchange_bytes, (size_t)(8 * a[0].n * 4), s.rounds);
+  for (i = 0; i < 8; i++) {
+    for (e = 0; e < a[i].n; e++) same &= memcmp(&a[i].w[e], &b[i].w[e], 4) == 0;
+    tmat_free(&a[i]);
+    tmat_free(&b[i]);
+  }
+  CHECK(same, "results differ between round budgets");
+  muon_destroy(small);
+  muon_destroy(big);
+}
+
+/* ---- validation: every violation is the same error on every rank, never a hang -------------- */
+static int wrong_assign_out(void *s, const muon_matrix_info *m, int n, int P, int *owner) {
+  int i;
+  (void)s; (void)m;
+  for (i = 0; i < n; i++) owner[i] = P;
+  return MUON_OK;
+}
+static muon_status assign_out(void *s, const muon_matrix_info *m, int n, int P, int *owner) {
+  return (muon_status)wrong_assign_out(s, m, n, P, owner);
+}
+static muon_status assign_not_holder(void *s, const muon_matrix_info *m, int n, int P, int *owner) {
+  int i;
+  (void)s; (void)P;
+  for (i = 0; i < n; i++) owner[i] = m[i].n_holders < P ? (m[i].holders[0] + 1) % P : 0;  /* the expert: wrong */
+  return MUON_OK;
+}
+static muon_status assign_by_rank(void *s, const muon_matrix_info *m, int n, int P, int *owner) {
+  int i;
+  (void)m; (void)P;
+  for (i = 0; i < n; i++) owner[i] = (*(int *)s + i) % P;   /* differs on every rank */
+  return MUON_OK;
+}
+
+static void expect_plan_error(const char *what, muon_optimizer *opt, muon_status want, const char *needle) {
+  muon_status st = muon_plan(opt);
+  long long agree = min_all(st == want);
+  CHECK(st == want, "%s: rank %d got %s, want %s (%s)", what, W.rank, muon_status_string(st), muon_status_string(want), muon_error(opt));
+  CHECK(agree == 1, "%s: not every rank got %s", what, muon_status_string(want));
+  if (needle) CHECK(strstr(muon_error(opt), needle) != NULL, "%s: message '%s' lacks '%s'", what, muon_error(opt), needle);
+  CHECK(muon_step(opt) == want || muon_step(opt) != MUON_OK, "%s: muon_step went ahead", what);
+}
+
+static void test_validation(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_optimizer *opt;
+  tmat t, u;
+  muon_layout l;
+  int P = W.size, r;
+  memset(&l, 0, sizeof l);
+  l.n_levels = 1;
+  l.levels[0] = muon_shard(0, &W.world);
+  if (P < 2) return;
+
+  TEST_CASE("validation: shapes differ between ranks -> MUON_ERR_MISMATCH everywhere");
+  opt = make(&cfg, NULL);
+  tmat_init(&t, "shape", W.rank == 1 ? 32 : 16, 16, &l, 1.0f);
+  tmat_add(opt, &t);
+  expect_plan_error("shapes", opt, MUON_ERR_MISMATCH, "rank");
+  tmat_free(&t);
+  muon_destroy(opt);
+
+  TEST_CASE("validation: FLAT ranges that overlap -> MUON_ERR_SHAPE everywhere");
+  {
+    muon_layout f;
+    memset(&f, 0, sizeof f);
+    f.n_levels = 1;
+    f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 150 < 20 * 20 - W.rank * 100 ? 150 : 20 * 20 - W.rank * 100);
+    opt = make(&cfg, NULL);
+    tmat_init(&t, "overlap", 20, 20, &f, 1.0f);
+    tmat_add(opt, &t);
+    expect_plan_error("overlap", opt, MUON_ERR_SHAPE, "overlap");
+    tmat_free(&t);
+    muon_destroy(opt);
+  }
+  TEST_CASE("validation: FLAT ranges with a gap -> MUON_ERR_SHAPE everywhere");
+  {
+    muon_layout f;
+    memset(&f, 0, sizeof f);
+    f.n_levels = 1;
+    f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 50);
+    opt = make(&cfg, NULL);
+    tmat_init(&t, "gap", 20, 20, &f, 1.0f);
+    tmat_add(opt, &t);
+    expect_plan_error("gap", opt, MUON_ERR_SHAPE, "gap");
+    tmat_free(&t);
+    muon_destroy(opt);
+  }
+  TEST_CASE("validation: a matrix only one rank registered leaves the others' rows uncovered");
+  opt = make(&cfg, NULL);
+  tmat_init(&t, "common", 16, 16, &l, 1.0f);
+  tmat_add(opt, &t);
+  tmat_init(&u, "stray", 16, 16, &l, 1.0f);
+  if (W.rank == 1) tmat_add(opt, &u);
+  expect_plan_error("stray", opt, MUON_ERR_SHAPE, "stray");
+  tmat_free(&t);
+  tmat_free(&u);
+  muon_destroy(opt);
+
+  TEST_CASE("validation: different Newton-Schulz settings on different ranks -> MUON_ERR_MISMATCH");
+  {
+    muon_hparams hp = muon_default_hparams();
+    if (W.rank == 1) hp.ns_steps = 6;
+    opt = make(&cfg, &hp);
+    tmat_init(&t, "hp", 16, 16, &l, 1.0f);
+    tmat_add(opt, &t);
+    expect_plan_error("hparams", opt, MUON_ERR_MISMATCH, "Newton-Schulz");
+    tmat_free(&t);
+    muon_destroy(opt);
+  }
+  TEST_CASE("validation: the same name twice on one rank -> MUON_ERR_ARG everywhere");
+  opt = make(&cfg, NULL);
+  tmat_init(&t, "twice", 16, 16, &l, 1.0f);
+  tmat_init(&u, "twice", 16, 16, &l, 1.0f);
+  tmat_add(opt, &t);
+  tmat_add(opt, &u);
+  expect_plan_error("duplicate", opt, MUON_ERR_ARG, "twice");
+  tmat_free(&t);
+  tmat_free(&u);
+  muon_destroy(opt);
+
+  {
+    struct { const char *what; muon_status (*fn)(void *, const muon_matrix_info *, int, int, int *); const char *needle; } cases[3] = {
+      { "an owner outside [0, world) -> MUON_ERR_ASSIGN", assign_out, "outside" },
+      { "an owner that holds none of the matrix -> MUON_ERR_ASSIGN", assign_not_holder, "holds none" },
+      { "ranks that disagree on owners -> MUON_ERR_ASSIGN", assign_by_rank, "different owners" },
+    };
+    int rank = W.rank;
+    for (r = 0; r < 3; r++) {
+      muon_dist_config c = muon_layout_config();
+      muon_layout only0;
+      char name[120];
+      snprintf(name, sizeof name, "validation: %s", cases[r].what);
+      TEST_CASE(name);
+      c.assign = cases[r].fn;
+      c.state = &rank;
+      memset(&only0, 0, sizeof only0);   /* held by rank 0 only: an expert */
+      only0.key = 7;
+      opt = make(&c, NULL);
+      tmat_init(&t, "full", 16, 16, &l, 1.0f);
+      tmat_add(opt, &t);
+      tmat_init(&u, "expert", 8, 8, NULL, 1.0f);
+      u.layout = only0;
+      if (W.rank == 0) tmat_add(opt, &u);
+      expect_plan_error(cases[r].what, opt, MUON_ERR_ASSIGN, r == 2 ? NULL : cases[r].needle);
+      tmat_free(&t);
+      tmat_free(&u);
+      muon_destroy(opt);
+    }
+  }
+}
+
+/* ---- non-finite gradients: agreed by all ranks ----------------------------------------------- */
+static void test_nonfinite(void) {
+  muon_auto_desc ad;
+  muon_dist_config cfg;
+  muon_optimizer *opt;
+  muon_desc d = muon_default_desc();
+  tmat t[2];
+  muon_layout l;
+  int i, unchanged = 1;
+  size_t e;
+  memset(&ad, 0, sizeof ad);
+  ad.fsdp = &W.world;
+  cfg = muon_auto_config(&ad);
+  memset(&l, 0, sizeof l);
+  l.n_levels = 1;
+  l.levels[0] = muon_shard(0, &W.world);
+  TEST_CASE("a NaN gradient on one rank is MUON_ERR_NONFINITE on every rank, nothing applied");
+  opt = make(&cfg, NULL);
+  for (i = 0; i < 2; i++) { tmat_init(&t[i], i ? "nf1" : "nf0", 16, 24, &l, 1.0f); tmat_add(opt, &t[i]); }
+  if (W.rank == W.size - 1) t[1].g[0] = NAN;
+  CHECK(muon_step(opt) == MUON_ERR_NONFINITE, "rank %d: %s", W.rank, muon_error(opt));
+  for (i = 0; i < 2; i++)
+    for (e = 0; e < t[i].n; e++) unchanged &= t[i].w[e] == t[i].w0[e];
+  CHECK(unchanged, "parameters changed");
+  for (i = 0; i < 2; i++) tmat_free(&t[i]);
+  muon_destroy(opt);
+
+  TEST_CASE("MUON_NONFINITE_SKIP: the matrix is skipped on every rank, the others step");
+  d.comm = &W.world;
+  d.dist = &cfg;
+  d.on_nonfinite = MUON_NONFINITE_SKIP;
+  muon_create(&opt, &d);
+  for (i = 0; i < 2; i++) { tmat_init(&t[i], i ? "sk1" : "sk0", 16, 24, &l, 1.0f); tmat_add(opt, &t[i]); }
+  if (W.rank == W.size - 1) t[1].g[0] = INFINITY;
+  CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  for (e = 0, unchanged = 1; e < t[1].n; e++) unchanged &= t[1].w[e] == t[1].w0[e];
+  CHECK(unchanged, "the skipped matrix changed on rank %d", W.rank);
+  for (e = 0, unchanged = 1; e < t[0].n; e++) unchanged &= t[0].w[e] == t[0].w0[e];
+  CHECK(!unchanged || t[0].n == 0, "the healthy matrix did not change");
+  for (i = 0; i < 2; i++) tmat_free(&t[i]);
+  muon_destroy(opt);
+}
+
+/* ---- faults: a wrapper communicator that kills or stalls one rank inside a step --------------- */
+typedef struct fault_comm { muon_comm inner; int victim, mode, calls; } fault_comm;
+static muon_status fault_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
+                                   const size_t *rc, const size_t *rd) {
+  fault_comm *f = (fault_comm *)ctx;
+  if (f->inner.rank == f->victim && ++f->calls == 2) {  /* the redistribute of the first round */
+    if (f->mode == 0) raise(SIGKILL);
+    sleep(5);
+  }
+  return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd);
+}
+static muon_status fault_allgather(void *ctx, const void *s, void *r, size_t n) {
+  fault_comm *f = (fault_comm *)ctx;
+  return f->inner.vt->allgather(f->inner.ctx, s, r, n);
+}
+static const char *fault_error(void *ctx) {
+  fault_comm *f = (fault_comm *)ctx;
+  return f->inner.vt->error ? f->inner.vt->error(f->inner.ctx) : "";
+}
+static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL };
+
+static int fault_rank(int mode) {
+  ex_world w;
+  fault_comm fc;
+  muon_comm c;
+  muon_auto_desc ad;
+  muon_dist_config cfg;
+  muon_desc d = muon_default_desc();
+  muon_optimizer *opt;
+  tmat t[3];
+  muon_layout l;
+  float *mom0[3];
+  int i, ok = 1;
+  size_t e;
+  double t0, dt;
+  struct timespec ts;
+  char *argv0[1] = { NULL };
+  w = ex_init(0, argv0);
+  W = w;
+  fc.inner = w.world;
+  fc.victim = 1;
+  fc.mode = mode;
+  fc.calls = 0;
+  c.vt = &fault_vt; c.ctx = &fc; c.rank = w.rank; c.size = w.size;
+  memset(&ad, 0, sizeof ad);
+  ad.fsdp = &c;
+  cfg = muon_auto_config(&ad);
+  d.comm = &c;
+  d.dist = &cfg;
+  if (muon_create(&opt, &d) != MUON_OK) return 1;
+  memset(&l, 0, sizeof l);
+  l.n_levels = 1;
+  l.levels[0] = muon_shard(0, &c);
+  for (i = 0; i < 3; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "f%d", i);
+    tmat_init(&t[i], name, 24, 16, &l, 1.0f);
+    tmat_add(opt, &t[i]);
+  }
+  if (muon_plan(opt) != MUON_OK) { printf("rank %d: plan: %s\n", w.rank, muon_error(opt)); return 1; }
+  for (i = 0; i < 3; i++) {
+    const float *m;
+    size_t n;
+    muon_get_momentum(opt, i, &m, &n);
+    mom0[i] = (float *)malloc((n + 1) * sizeof(float));
+    memcpy(mom0[i], m, n * sizeof(float));
+  }
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+  {
+    muon_status st = muon_step(opt);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0;
+    if (st != MUON_ERR_COMM && st != MUON_ERR_TIMEOUT) { printf("rank %d: step returned %s\n", w.rank, muon_status_string(st)); ok = 0; }
+    printf("rank %d: %s after %.3f s: %s\n", w.rank, muon_status_string(st), dt, muon_error(opt));
+    if (dt > 4.0 && w.rank != 1) { printf("rank %d: took %.2f s, timeout is 2 s\n", w.rank, dt); ok = 0; }
+  }
+  for (i = 0; i < 3; i++) {
+    const float *m;
+    size_t n;
+    muon_get_momentum(opt, i, &m, &n);
+    for (e = 0; e < t[i].n; e++) if (t[i].w[e] != t[i].w0[e]) ok = 0;
+    if (memcmp(m, mom0[i], n * sizeof(float))) ok = 0;
+  }
+  printf("rank %d: parameters and momentum %s\n", w.rank, ok ? "unchanged" : "CHANGED");
+  fflush(stdout);
+  _exit(ok ? 0 : 1);   /* skip Gloo teardown: its peers are gone */
+}
+
+static int run_fault(const char *mode, int n) {
+  char dir[] = "/tmp/muon-fault-XXXXXX", buf[32];
+  pid_t pids[16];
+  int r, status, survivors_ok = 1, victim_ok = 0, m = !strcmp(mode, "kill") ? 0 : 1;
+  char name[120];
+  snprintf(name, sizeof name, "fault: rank 1 %s mid-step; the others return an error within the timeout, unchanged",
+           m == 0 ? "is killed (SIGKILL)" : "stalls past the 2 s timeout");
+  TEST_CASE(name);
+  if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return test_summary(); }
+  for (r = 0; r < n && r < 16; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) {
+      snprintf(buf, sizeof buf, "%d", r); setenv("MUON_RANK", buf, 1);
+      snprintf(buf, sizeof buf, "%d", n); setenv("MUON_WORLD_SIZE", buf, 1);
+      setenv("MUON_STORE", dir, 1);
+      setenv("MUON_GLOO_TIMEOUT", "2", 1);
+      _exit(fault_rank(m));
+    }
+  }
+  for (r = 0; r < n; r++) {
+    waitpid(pids[r], &status, 0);
+    if (r == 1 && m == 0) victim_ok = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    else if (r == 1) victim_ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) survivors_ok = 0;
+  }
+  CHECK(victim_ok, "rank 1 did not %s as planned", m == 0 ? "die" : "stall and recover");
+  CHECK(survivors_ok, "a survivor failed its checks");
+  {
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) printf("  could not remove %s\n", dir);
+  }
+  return test_summary();
+}
+
+int main(int argc, char **argv) {
+  int rc;
+  signal(SIGPIPE, SIG_IGN);
+  if (argc >= 4 && !strcmp(argv[1], "--fault")) return run_fault(argv[2], atoi(argv[3]));
+  W = ex_init(argc, argv);
+  test_roundtrip();
+  test_stats();
+  test_owners();
+  test_memory();
+  test_validation();
+  test_nonfinite();
+  if (W.rank == 0) rc = test_summary();
+  else { test__end_case(); rc = test__failed ? 1 : 0; }
+  muon_comm_destroy(&W.world);
+  return rc;
+}
