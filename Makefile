@@ -1,4 +1,4 @@
-# muon - build, test, bench. `make test` and `make demo` install what they need (apt-get).
+# muon - build, test, bench. `make demo` and `make test` install what they need (apt-get).
 CC       ?= gcc
 CXX      ?= g++
 PYTHON   ?= /usr/bin/python3
@@ -8,19 +8,23 @@ CWARN    := -std=c99 -Wall -Wextra -Wpedantic -Werror
 CXXWARN  := -std=c++17 -Wall -Wextra -Werror
 OPT      ?= -O2 -march=native
 SAN      := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
-BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
-INC      := -I. -Itests
+BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
+GLOO_LIBS   := -lgloo -lstdc++ -pthread -lm
+INC      := -I. -Itests -Iexamples
+HEADERS  := muon.h muon_gloo.h
+DEPS     := libopenblas-dev python3-numpy libgloo-dev
 
-DEPS_CORE := libopenblas-dev python3-numpy
-HEADERS   := muon.h
+# One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
+STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable
+EXAMPLES   := single muonrun $(STRATEGIES)
 
-.PHONY: all test demo bench examples install uninstall clean deps-core check-headers
+.PHONY: all test demo bench examples install uninstall clean deps check-headers
 
 all: examples
 
-deps-core:
-	@tools/install-deps.sh $(DEPS_CORE)
+deps:
+	@tools/install-deps.sh $(DEPS)
 
 $(BUILD):
 	@mkdir -p $(BUILD)
@@ -28,7 +32,7 @@ $(BUILD):
 # ---- every public header alone, as C99 and as C++17, declarations and implementation --------
 check-headers: | $(BUILD)
 	@for h in $(HEADERS); do \
-	  printf '#include "%s"\n' $$h > $(BUILD)/hdr.c; \
+	  printf '#include "muon.h"\n#include "%s"\n' $$h > $(BUILD)/hdr.c; \
 	  $(CC) $(CWARN) -fsyntax-only -I. $(BUILD)/hdr.c && \
 	  $(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(BUILD)/hdr.c || exit 1; \
 	done
@@ -38,45 +42,69 @@ check-headers: | $(BUILD)
 	@$(CC) $(CWARN) -fsyntax-only -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $(BUILD)/impl.c
 	@echo "headers: C99 and C++17 clean"
 
+# ---- building blocks ------------------------------------------------------------------------
+$(BUILD)/muonrun: tools/muonrun.c | $(BUILD)
+	$(CC) $(CWARN) -O2 -D_POSIX_C_SOURCE=200809L $< -o $@
+$(BUILD)/muon_gloo.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
+	$(CXX) $(CXXWARN) -O2 -I. -c $< -o $@
+$(BUILD)/muon_gloo_san.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
+	$(CXX) $(CXXWARN) $(SAN) -I. -c $< -o $@
+
+# ---- examples -------------------------------------------------------------------------------
+examples: deps $(addprefix $(BUILD)/,$(EXAMPLES))
+$(BUILD)/single: examples/single.c muon.h | $(BUILD)
+	$(CC) $(CWARN) $(OPT) -I. $< -o $@ -lm
+$(addprefix $(BUILD)/,$(STRATEGIES)): $(BUILD)/%: examples/%.c examples/common.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+
+# The flagship: TP x FSDP (2 x 2) on 4 local Gloo processes, checked bitwise against one device.
+demo: deps $(BUILD)/muonrun $(BUILD)/tp_fsdp
+	$(BUILD)/muonrun -n 4 $(BUILD)/tp_fsdp --steps 10
+
 # ---- tests ----------------------------------------------------------------------------------
-TESTS_C := test_api test_golden test_ns
-$(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
+SINGLE := test_api test_golden test_ns
+$(addprefix $(BUILD)/,$(SINGLE)): $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm
-$(BUILD)/%_cxx: tests/%.c muon.h tests/test.h | $(BUILD)
+$(addprefix $(BUILD)/,$(addsuffix _cxx,$(SINGLE))): $(BUILD)/%_cxx: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CXX) $(CXXWARN) $(OPT) $(INC) -x c++ $< -o $@
-$(BUILD)/%_san: tests/%.c muon.h tests/test.h | $(BUILD)
+$(addprefix $(BUILD)/,$(addsuffix _san,$(SINGLE))): $(BUILD)/%_san: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm
 $(BUILD)/test_ns_cblas: tests/test_ns.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm
-
+$(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_dist: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_dist_san: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
+	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	$(PYTHON) tests/ref_muon.py $(BUILD)/golden
 	@touch $@
 
-TEST_BINS := $(addprefix $(BUILD)/,$(TESTS_C) $(addsuffix _cxx,$(TESTS_C)) $(addsuffix _san,$(TESTS_C)) test_ns_cblas)
+TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) \
+             test_ns_cblas test_gloo test_dist test_dist_san muonrun $(STRATEGIES))
+RUN := $(BUILD)/muonrun --timeout 120
 
-test: deps-core check-headers $(TEST_BINS) $(BUILD)/golden/.done
+test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	@tests/run.sh \
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_golden $(BUILD)/golden" "$(BUILD)/test_golden_cxx $(BUILD)/golden" \
 	  "$(BUILD)/test_golden_san $(BUILD)/golden" \
-	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_san $(BUILD)/golden" \
-	  "$(BUILD)/test_ns_cxx $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden"
-
-# ---- examples and demo ----------------------------------------------------------------------
-EXAMPLES := single
-examples: $(addprefix $(BUILD)/,$(EXAMPLES))
-$(BUILD)/single: examples/single.c muon.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) -I. $< -o $@ -lm
-
-demo: deps-core $(BUILD)/single
-	$(BUILD)/single
+	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
+	  "$(BUILD)/test_ns_san $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
+	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
+	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
+	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
+	  "$(RUN) -n 1 $(BUILD)/test_dist" "$(RUN) -n 2 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist" \
+	  "$(RUN) -n 4 $(BUILD)/test_dist" "$(RUN) -n 8 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist_san" \
+	  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
+	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)"
 
 # ---- bench ----------------------------------------------------------------------------------
 $(BUILD)/bench_ns: bench/bench_ns.c muon.h | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< -o $@ $(BLAS_LIBS) -lm
 
-bench: deps-core $(BUILD)/bench_ns
+bench: deps $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 

@@ -9,7 +9,7 @@ for cmd in "$@"; do
   sh -c "$cmd" >"$log" 2>&1
   rc=$?
   cat "$log"
-  line=$(grep -E '^([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+  line=$(grep -E '^(\[[0-9]+\] )?([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 | sed -E 's/^\[[0-9]+\] //')
   if [ -n "$line" ]; then
     p=$(echo "$line" | sed -E 's/^([A-Za-z_-]+: )?([0-9]+) passed.*/\2/')
     f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')

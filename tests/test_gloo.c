@@ -1,9 +1,9 @@
 /* test_gloo.c - the Gloo communicator (muon_gloo.h) on N local processes.
 
-   Build (the Gloo implementation is C++, compiled once from tests/test_gloo_main.cpp):
-     g++ -std=c++17 -Wall -Wextra -Werror -O2 -I. -c tests/test_gloo_main.cpp -o build/gloo_impl.o
+   Build (the Gloo implementation is C++, compiled once from examples/muon_gloo.cpp):
+     g++ -std=c++17 -Wall -Wextra -Werror -O2 -I. -c examples/muon_gloo.cpp -o build/muon_gloo.o
      gcc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -I. -Itests tests/test_gloo.c \
-         build/gloo_impl.o -o build/test_gloo -lgloo -lstdc++ -pthread -lm
+         build/muon_gloo.o -o build/test_gloo -lgloo -lstdc++ -pthread -lm
    Run:
      build/muonrun -n 4 build/test_gloo            collectives, subgroups, meshes, store traps
      build/muonrun -n 3 build/test_gloo --die      rank 1 exits mid-run; the others must get
