@@ -384,7 +384,9 @@ MUON_API muon_status muon_get_owner(const muon_optimizer *opt, int index, int *o
 /* After planning: the global matrices (all ranks'), and which of them this rank owns. */
 MUON_API int muon_global_count(const muon_optimizer *opt);
 MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muon_matrix_info *info, int *owner);
-MUON_API int muon_owned_count(const muon_optimizer *opt);
+/* The global indices of the matrices this rank owns (at most cap written; out may be NULL);
+   returns how many it owns. */
+MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap);
 
 /* Counters since creation (the distributed ones stay 0 on one device). */
 typedef struct muon_stats {
@@ -2062,11 +2064,14 @@ MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muo
   return MUON_OK;
 }
 
-MUON_API int muon_owned_count(const muon_optimizer *opt) {
+MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap) {
   int g, n = 0;
-  if (!opt) return 0;
-  if (!opt->distributed) return opt->n_matrices;
-  for (g = 0; opt->plan.ready && g < opt->plan.n_globals; g++) n += opt->plan.globals[g].owner == opt->comm.rank;
+  if (!opt || !opt->distributed || !opt->plan.ready) return 0;
+  for (g = 0; g < opt->plan.n_globals; g++)
+    if (opt->plan.globals[g].owner == opt->comm.rank) {
+      if (out && n < cap) out[n] = g;
+      n++;
+    }
   return n;
 }
 

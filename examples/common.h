@@ -267,7 +267,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   muon_get_stats(opt, &st);
   if (!w->quiet)
     printf("rank %d: owns %d of %d matrices, NS calls %lld, sent %lld B, received %lld B, collectives %lld\n",
-           w->rank, muon_owned_count(opt), muon_global_count(opt), st.ns_calls, st.bytes_sent, st.bytes_received, st.collectives);
+           w->rank, muon_owned(opt, NULL, 0), muon_global_count(opt), st.ns_calls, st.bytes_sent, st.bytes_received, st.collectives);
   sums[0] = bad;
   sums[1] = (long long)(maxdiff * 1e9);
   if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "check");
