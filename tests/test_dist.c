@@ -533,6 +533,39 @@ static void test_nonfinite(void) {
   muon_destroy(opt);
 }
 
+/* ---- no matrices at all, or only on some ranks ----------------------------------------------- */
+static void test_empty(void) {
+  muon_auto_desc ad;
+  muon_dist_config cfg;
+  muon_optimizer *opt;
+  muon_stats s;
+  tmat t;
+  memset(&ad, 0, sizeof ad);
+  ad.fsdp = &W.world;
+  cfg = muon_auto_config(&ad);
+  TEST_CASE("an optimizer with no matrices steps without error on every rank");
+  opt = make(&cfg, NULL);
+  CHECK(muon_step(opt) == MUON_OK && muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  CHECK(muon_get_stats(opt, &s) == MUON_OK && s.steps == 2 && s.ns_calls == 0 && s.bytes_sent == 0, "stats");
+  muon_destroy(opt);
+  TEST_CASE("a matrix held by rank 0 alone (an expert) is orthogonalised there, others idle");
+  opt = make(&cfg, NULL);
+  tmat_init(&t, "solo", 12, 20, NULL, 1.0f);
+  if (W.rank == 0) {
+    muon_matrix m = muon_default_matrix();
+    muon_layout whole;
+    memset(&whole, 0, sizeof whole);
+    m.name = t.name; m.param = t.w; m.grad = t.g; m.rows = 12; m.cols = 20; m.layout = &whole;
+    CHECK(muon_add_matrix(opt, &m, NULL) == MUON_OK, "add: %s", muon_error(opt));
+  }
+  CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  CHECK(muon_owned(opt, NULL, 0) == (W.rank == 0), "rank %d owns %d", W.rank, muon_owned(opt, NULL, 0));
+  CHECK(sum_all(muon_get_stats(opt, &s) == MUON_OK ? s.ns_calls : -1) == 1, "NS calls != 1");
+  if (W.rank == 0) CHECK(t.w[0] != t.w0[0], "the matrix did not change");
+  tmat_free(&t);
+  muon_destroy(opt);
+}
+
 /* ---- faults: a wrapper communicator that kills or stalls one rank inside a step --------------- */
 typedef struct fault_comm { muon_comm inner; int victim, mode, calls; } fault_comm;
 static muon_status fault_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
@@ -668,6 +701,7 @@ int main(int argc, char **argv) {
   test_memory();
   test_validation();
   test_nonfinite();
+  test_empty();
   if (W.rank == 0) rc = test_summary();
   else { test__end_case(); rc = test__failed ? 1 : 0; }
   muon_comm_destroy(&W.world);
