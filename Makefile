@@ -101,12 +101,20 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)"
 
 # ---- bench ----------------------------------------------------------------------------------
+# Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and
+# numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight.
 $(BUILD)/bench_ns: bench/bench_ns.c muon.h | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< -o $@ $(BLAS_LIBS) -lm
+$(BUILD)/bench_dist: bench/bench_dist.c muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
+	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS)
 
-bench: deps $(BUILD)/bench_ns
+BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
+bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/muonrun
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
+	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
+	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist
+	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --layers 1
 
 # ---- install --------------------------------------------------------------------------------
 install:
