@@ -1294,52 +1294,381 @@ static float muon__adjusted_lr(const muon_hparams *hp, int rows, int cols) {
 }
 
 /* ---------------------------------------------------------------------------------------------
-   CPU GEMM. Row-major. muon__sgemm_naive is the oracle the fast kernels are tested against. */
-/* MUON__GEMM_BEGIN */
-#define MUON__GEMM_PACK_FLOATS 0
+   CPU GEMM: plain C99 loops the compiler vectorises (GotoBLAS/BLIS loop nest: pack A into MR-row
+   and op(B) into NR-column micro-panels, a register-blocked MR x NR micro-kernel). No intrinsics
+   and no alignment-dependent paths: each C element is summed in order over k inside each KC
+   chunk, so the bits depend only on (M, N, K), whether the packed path runs, and whether the
+   target has FMA. muon__sgemm_naive is the oracle the fast kernels are tested against.
+   Unpacked:  acc = sum_k a_k b_k;  C = alpha acc + beta C.
+   Packed:    K in KC chunks; chunk 0 does C = alpha acc + beta C, later ones C = alpha acc + C. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MUON__RESTRICT __restrict
+#else
+#define MUON__RESTRICT
+#endif
 
-/* C[M x N] = alpha * A[M x K] * op(B) + beta * C; op(B) = B (K x N) or, transb, B^T (B is N x K). */
+
+/* Fused multiply-add where the hardware has it (deterministic: always fused
+   for a given build), otherwise a plain multiply + add. */
+#if defined(__FP_FAST_FMAF) || defined(__FMA__)
+#define MUON__FMA(a, b, c) fmaf((a), (b), (c))
+#else
+#define MUON__FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* gcc's default tuning for most AVX-512 CPUs prefers 256-bit vectors; the micro-kernel is
+   register-blocked for 32 512-bit registers, so ask for 512-bit vectors on that one function.
+   This is only an optimisation hint (no intrinsics); other compilers/targets ignore it. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__) && !defined(MUON__NO_WIDE_KERNEL)
+#define MUON__WIDE_KERNEL 1
+#define MUON__KERNEL_ATTR __attribute__((target("prefer-vector-width=512")))
+#else
+#define MUON__KERNEL_ATTR
+#endif
+
+/* Register tile (micro-kernel) and cache blocking.
+   MR/NR only change speed, never results: every C element is always summed sequentially over k
+   inside each KC chunk.  KC is the only blocking parameter that affects the rounding. */
+#ifndef MUON__MR
+#if defined(MUON__WIDE_KERNEL)
+#define MUON__MR 12 /* 12 x 32 tile = 24 zmm accumulators */
+#define MUON__NR 32
+#elif defined(__AVX__)
+#define MUON__MR 4 /* 4 x 24 tile = 12 ymm accumulators (16 ymm registers) */
+#define MUON__NR 24
+#else
+#define MUON__MR 8 /* SSE2 / generic: 8 x 8 tile */
+#define MUON__NR 8
+#endif
+#endif
+#define MUON__KC 256 /* k-chunk: fixed for all targets (it defines the summation order) */
+#define MUON__MC 96  /* rows of A packed per block (multiple of MR) */
+#define MUON__NC 288 /* minimum columns of op(B) packed per block (multiple of NR); grows with the buffer */
+
+/* Minimum pack floats for the packed (fast) path; a smaller pack buffer selects the unpacked path.
+   = MC*KC + KC*NC = 96 K floats (384 KiB).  A bigger buffer is used for wider B blocks (faster, same bits). */
+#define MUON__GEMM_PACK_FLOATS ((size_t)MUON__MC * MUON__KC + (size_t)MUON__KC * MUON__NC)
+
+/* Unpacked-path register tile. */
+#define MUON__UMR 4
+#define MUON__UNR 32
+
+#define MUON__MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* ----------------------------- oracle ----------------------------------- */
+
 MUON__UNUSED static void muon__sgemm_naive(int transb, int M, int N, int K, float alpha, const float *A, int lda,
-                              const float *B, int ldb, float beta, float *C, int ldc) {
-  int i, j, k;
-  for (i = 0; i < M; i++)
-    for (j = 0; j < N; j++) {
-      double s = 0;
-      for (k = 0; k < K; k++) s += (double)A[i * lda + k] * (transb ? B[j * ldb + k] : B[k * ldb + j]);
-      C[i * ldc + j] = (float)(alpha * s + (beta == 0 ? 0.0 : (double)beta * C[i * ldc + j]));
+                              const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int i, j, p;
+    for (i = 0; i < M; i++) {
+        for (j = 0; j < N; j++) {
+            double s = 0.0;
+            for (p = 0; p < K; p++) {
+                double b = transb ? (double)B[(size_t)j * ldb + p] : (double)B[(size_t)p * ldb + j];
+                s += (double)A[(size_t)i * lda + p] * b;
+            }
+            s *= (double)alpha;
+            if (beta != 0.0f) s += (double)beta * (double)C[(size_t)i * ldc + j];
+            C[(size_t)i * ldc + j] = (float)s;
+        }
     }
 }
 
-static void muon__sgemm(int transb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                        int ldb, float beta, float *C, int ldc, float *pack, size_t pack_floats) {
-  int i, j, k;
-  (void)pack; (void)pack_floats;
-  for (i = 0; i < M; i++) {
-    float *c = C + (size_t)i * ldc;
-    for (j = 0; j < N; j++) c[j] = beta == 0 ? 0.0f : beta * c[j];
-    for (k = 0; k < K; k++) {
-      float a = alpha * A[(size_t)i * lda + k];
-      if (transb) for (j = 0; j < N; j++) c[j] += a * B[(size_t)j * ldb + k];
-      else { const float *b = B + (size_t)k * ldb; for (j = 0; j < N; j++) c[j] += a * b[j]; }
+/* ------------------------------ helpers --------------------------------- */
+
+/* C[m x n] = beta * C  (beta == 0: write zeros, C never read). */
+static void muon__scale_c(int m, int n, float beta, float *C, int ldc)
+{
+    int i, j;
+    for (i = 0; i < m; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (beta == 0.0f) {
+            for (j = 0; j < n; j++) c[j] = 0.0f;
+        } else {
+            for (j = 0; j < n; j++) c[j] = beta * c[j];
+        }
     }
-  }
 }
 
-/* C[N x N] = alpha * A[N x K] * A^T + beta * C; the lower triangle is computed, then mirrored. */
-static void muon__ssyrk(int N, int K, float alpha, const float *A, int lda, float beta, float *C, int ldc,
-                        float *pack, size_t pack_floats) {
-  int i, j, k;
-  (void)pack; (void)pack_floats;
-  for (i = 0; i < N; i++)
-    for (j = 0; j <= i; j++) {
-      float s = 0;
-      for (k = 0; k < K; k++) s += A[(size_t)i * lda + k] * A[(size_t)j * lda + k];
-      C[(size_t)i * ldc + j] = alpha * s + (beta == 0 ? 0.0f : beta * C[(size_t)i * ldc + j]);
+/* Copy the strictly-lower triangle of C[N x N] onto the upper triangle. */
+static void muon__mirror_lower(int N, float *C, int ldc)
+{
+    int ib, jb, i, j;
+    const int BS = 64;
+    for (ib = 0; ib < N; ib += BS) {
+        int ie = MUON__MIN(ib + BS, N);
+        for (jb = ib; jb < N; jb += BS) {
+            int je = MUON__MIN(jb + BS, N);
+            for (i = ib; i < ie; i++) {
+                float *dst = C + (size_t)i * ldc;
+                for (j = (jb > i + 1 ? jb : i + 1); j < je; j++) dst[j] = C[(size_t)j * ldc + i];
+            }
+        }
     }
-  for (i = 0; i < N; i++)
-    for (j = i + 1; j < N; j++) C[(size_t)i * ldc + j] = C[(size_t)j * ldc + i];
 }
-/* MUON__GEMM_END */
+
+/* Store an m x n accumulator tile (row stride ld_acc) into C.
+   first && beta == 0  -> C = alpha*acc            (C not read)
+   first               -> C = alpha*acc + beta*C
+   !first              -> C = alpha*acc + C                                       */
+static void muon__store_tile(const float *MUON__RESTRICT acc, int ld_acc, int m, int n, float *MUON__RESTRICT C,
+                             int ldc, float alpha, float beta, int first)
+{
+    int i, j;
+    if (first && beta == 0.0f) {
+        for (i = 0; i < m; i++) {
+            float *c = C + (size_t)i * ldc;
+            const float *a = acc + (size_t)i * ld_acc;
+            for (j = 0; j < n; j++) c[j] = alpha * a[j];
+        }
+    } else {
+        float bt = first ? beta : 1.0f;
+        for (i = 0; i < m; i++) {
+            float *c = C + (size_t)i * ldc;
+            const float *a = acc + (size_t)i * ld_acc;
+            for (j = 0; j < n; j++) c[j] = MUON__FMA(bt, c[j], alpha * a[j]);
+        }
+    }
+}
+
+/* ---------------------------- packed path ------------------------------- */
+
+/* Pack rows [0,mc) x cols [0,kc) of A into MR-row micro-panels: ap[p*MR + i], zero padded. */
+static void muon__pack_a(int mc, int kc, const float *MUON__RESTRICT A, int lda, float *MUON__RESTRICT ap)
+{
+    int ir, i, p;
+    for (ir = 0; ir < mc; ir += MUON__MR) {
+        int mr = MUON__MIN(MUON__MR, mc - ir);
+        const float *a = A + (size_t)ir * lda;
+        if (mr == MUON__MR) {
+            for (p = 0; p < kc; p++)
+                for (i = 0; i < MUON__MR; i++) ap[(size_t)p * MUON__MR + i] = a[(size_t)i * lda + p];
+        } else {
+            for (p = 0; p < kc; p++) {
+                for (i = 0; i < mr; i++) ap[(size_t)p * MUON__MR + i] = a[(size_t)i * lda + p];
+                for (; i < MUON__MR; i++) ap[(size_t)p * MUON__MR + i] = 0.0f;
+            }
+        }
+        ap += (size_t)MUON__MR * kc;
+    }
+}
+
+/* Pack op(B)[0,kc) x [0,nc) into NR-column micro-panels: bp[p*NR + j], zero padded.
+   transb == 0: op(B)[p][j] = B[p*ldb + j];  transb == 1: op(B)[p][j] = B[j*ldb + p]. */
+static void muon__pack_b(int transb, int kc, int nc, const float *MUON__RESTRICT B, int ldb,
+                         float *MUON__RESTRICT bp)
+{
+    int jr, j, p;
+    for (jr = 0; jr < nc; jr += MUON__NR) {
+        int nr = MUON__MIN(MUON__NR, nc - jr);
+        if (!transb && nr == MUON__NR) {
+            for (p = 0; p < kc; p++) {
+                const float *b = B + (size_t)p * ldb + jr;
+                float *d = bp + (size_t)p * MUON__NR;
+                for (j = 0; j < MUON__NR; j++) d[j] = b[j];
+            }
+        } else if (!transb) {
+            for (p = 0; p < kc; p++) {
+                const float *b = B + (size_t)p * ldb + jr;
+                float *d = bp + (size_t)p * MUON__NR;
+                for (j = 0; j < nr; j++) d[j] = b[j];
+                for (; j < MUON__NR; j++) d[j] = 0.0f;
+            }
+        } else {
+            for (j = 0; j < nr; j++) {
+                const float *b = B + (size_t)(jr + j) * ldb;
+                for (p = 0; p < kc; p++) bp[(size_t)p * MUON__NR + j] = b[p];
+            }
+            for (; j < MUON__NR; j++)
+                for (p = 0; p < kc; p++) bp[(size_t)p * MUON__NR + j] = 0.0f;
+        }
+        bp += (size_t)MUON__NR * kc;
+    }
+}
+
+/* Micro-kernel: acc[MR][NR] = sum_p ap[p*MR+i] * bp[p*NR+j], then store m x n of it into C. */
+MUON__KERNEL_ATTR static void muon__kernel(int kc, const float *MUON__RESTRICT ap, const float *MUON__RESTRICT bp,
+                         float *MUON__RESTRICT C, int ldc, int m, int n, float alpha, float beta, int first)
+{
+    float acc[MUON__MR][MUON__NR];
+    int i, j, p;
+    for (i = 0; i < MUON__MR; i++)
+        for (j = 0; j < MUON__NR; j++) acc[i][j] = 0.0f;
+    for (p = 0; p < kc; p++) {
+        const float *b = bp + (size_t)p * MUON__NR;
+        const float *a = ap + (size_t)p * MUON__MR;
+        for (i = 0; i < MUON__MR; i++) {
+            const float ai = a[i];
+            for (j = 0; j < MUON__NR; j++) acc[i][j] = MUON__FMA(ai, b[j], acc[i][j]);
+        }
+    }
+    muon__store_tile(&acc[0][0], MUON__NR, m, n, C, ldc, alpha, beta, first);
+}
+
+/* lower != 0: only micro-tiles touching the diagonal or below are computed (syrk; M == N). */
+static void muon__gemm_packed(int transb, int M, int N, int K, float alpha, const float *A, int lda,
+                              const float *B, int ldb, float beta, float *C, int ldc, float *pack,
+                              size_t pack_floats, int lower)
+{
+    float *apack = pack;
+    float *bpack = pack + (size_t)MUON__MC * MUON__KC;
+    /* widest B block the buffer holds (multiple of NR, >= MUON__NC); never changes the results */
+    size_t ncmax_z = (pack_floats - (size_t)MUON__MC * MUON__KC) / MUON__KC / MUON__NR * MUON__NR;
+    int ncmax = ncmax_z >= (size_t)N ? N : (int)ncmax_z;
+    int jc, pc, ic, jr, ir;
+    for (jc = 0; jc < N; jc += ncmax) {
+        int nc = MUON__MIN(ncmax, N - jc);
+        for (pc = 0; pc < K; pc += MUON__KC) {
+            int kc = MUON__MIN(MUON__KC, K - pc);
+            int first = (pc == 0);
+            const float *bsrc = transb ? B + (size_t)jc * ldb + pc : B + (size_t)pc * ldb + jc;
+            muon__pack_b(transb, kc, nc, bsrc, ldb, bpack);
+            for (ic = 0; ic < M; ic += MUON__MC) {
+                int mc = MUON__MIN(MUON__MC, M - ic);
+                if (lower && ic + mc <= jc) continue; /* whole block strictly above the diagonal */
+                muon__pack_a(mc, kc, A + (size_t)ic * lda + pc, lda, apack);
+                for (jr = 0; jr < nc; jr += MUON__NR) {
+                    int nr = MUON__MIN(MUON__NR, nc - jr);
+                    const float *bp = bpack + (size_t)jr * kc;
+                    for (ir = 0; ir < mc; ir += MUON__MR) {
+                        int mr = MUON__MIN(MUON__MR, mc - ir);
+                        if (lower && ic + ir + mr - 1 < jc + jr) continue; /* tile strictly above diagonal */
+                        muon__kernel(kc, apack + (size_t)ir * kc, bp, C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                     mr, nr, alpha, beta, first);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* --------------------------- unpacked path ------------------------------ */
+
+/* transb == 0, no scratch: UMR x UNR register tile read straight from A and B. */
+static void muon__gemm_nopack_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                                 int ldb, float beta, float *C, int ldc)
+{
+    int i0, j0, i, j, p;
+    float acc[MUON__UMR][MUON__UNR];
+    for (j0 = 0; j0 < N; j0 += MUON__UNR) {
+        int nr = MUON__MIN(MUON__UNR, N - j0);
+        for (i0 = 0; i0 < M; i0 += MUON__UMR) {
+            int mr = MUON__MIN(MUON__UMR, M - i0);
+            const float *a = A + (size_t)i0 * lda;
+            const float *b = B + j0;
+            for (i = 0; i < MUON__UMR; i++)
+                for (j = 0; j < MUON__UNR; j++) acc[i][j] = 0.0f;
+            if (mr == MUON__UMR && nr == MUON__UNR) {
+                for (p = 0; p < K; p++) {
+                    const float *bb = b + (size_t)p * ldb;
+                    for (i = 0; i < MUON__UMR; i++) {
+                        const float ai = a[(size_t)i * lda + p];
+                        for (j = 0; j < MUON__UNR; j++) acc[i][j] = MUON__FMA(ai, bb[j], acc[i][j]);
+                    }
+                }
+            } else {
+                for (p = 0; p < K; p++) {
+                    const float *bb = b + (size_t)p * ldb;
+                    for (i = 0; i < mr; i++) {
+                        const float ai = a[(size_t)i * lda + p];
+                        for (j = 0; j < nr; j++) acc[i][j] = MUON__FMA(ai, bb[j], acc[i][j]);
+                    }
+                }
+            }
+            muon__store_tile(&acc[0][0], MUON__UNR, mr, nr, C + (size_t)i0 * ldc + j0, ldc, alpha, beta, 1);
+        }
+    }
+}
+
+/* transb == 1, no scratch: 4x4 tile of dot products (sequential over p).
+   lower != 0: skip tiles strictly above the diagonal (syrk). */
+static void muon__gemm_nopack_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                                 int ldb, float beta, float *C, int ldc, int lower)
+{
+    int i0, j0, i, j, p;
+    float acc[4][4];
+    for (i0 = 0; i0 < M; i0 += 4) {
+        int mr = MUON__MIN(4, M - i0);
+        for (j0 = 0; j0 < N; j0 += 4) {
+            int nr = MUON__MIN(4, N - j0);
+            if (lower && i0 + mr - 1 < j0) break;
+            for (i = 0; i < 4; i++)
+                for (j = 0; j < 4; j++) acc[i][j] = 0.0f;
+            if (mr == 4 && nr == 4) {
+                const float *a0 = A + (size_t)i0 * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+                const float *b0 = B + (size_t)j0 * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+                float c00 = 0, c01 = 0, c02 = 0, c03 = 0, c10 = 0, c11 = 0, c12 = 0, c13 = 0;
+                float c20 = 0, c21 = 0, c22 = 0, c23 = 0, c30 = 0, c31 = 0, c32 = 0, c33 = 0;
+                for (p = 0; p < K; p++) {
+                    float x0 = a0[p], x1 = a1[p], x2 = a2[p], x3 = a3[p];
+                    float y0 = b0[p], y1 = b1[p], y2 = b2[p], y3 = b3[p];
+                    c00 = MUON__FMA(x0, y0, c00); c01 = MUON__FMA(x0, y1, c01);
+                    c02 = MUON__FMA(x0, y2, c02); c03 = MUON__FMA(x0, y3, c03);
+                    c10 = MUON__FMA(x1, y0, c10); c11 = MUON__FMA(x1, y1, c11);
+                    c12 = MUON__FMA(x1, y2, c12); c13 = MUON__FMA(x1, y3, c13);
+                    c20 = MUON__FMA(x2, y0, c20); c21 = MUON__FMA(x2, y1, c21);
+                    c22 = MUON__FMA(x2, y2, c22); c23 = MUON__FMA(x2, y3, c23);
+                    c30 = MUON__FMA(x3, y0, c30); c31 = MUON__FMA(x3, y1, c31);
+                    c32 = MUON__FMA(x3, y2, c32); c33 = MUON__FMA(x3, y3, c33);
+                }
+                acc[0][0] = c00; acc[0][1] = c01; acc[0][2] = c02; acc[0][3] = c03;
+                acc[1][0] = c10; acc[1][1] = c11; acc[1][2] = c12; acc[1][3] = c13;
+                acc[2][0] = c20; acc[2][1] = c21; acc[2][2] = c22; acc[2][3] = c23;
+                acc[3][0] = c30; acc[3][1] = c31; acc[3][2] = c32; acc[3][3] = c33;
+            } else {
+                for (i = 0; i < mr; i++)
+                    for (j = 0; j < nr; j++) {
+                        const float *a = A + (size_t)(i0 + i) * lda, *b = B + (size_t)(j0 + j) * ldb;
+                        float s = 0.0f;
+                        for (p = 0; p < K; p++) s = MUON__FMA(a[p], b[p], s);
+                        acc[i][j] = s;
+                    }
+            }
+            muon__store_tile(&acc[0][0], 4, mr, nr, C + (size_t)i0 * ldc + j0, ldc, alpha, beta, 1);
+        }
+    }
+}
+
+/* ------------------------------ public ---------------------------------- */
+
+/* C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major.  See header comment. */
+MUON__UNUSED static void muon__sgemm(int transb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc, float *pack, size_t pack_floats)
+{
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        muon__scale_c(M, N, beta, C, ldc);
+        return;
+    }
+    if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
+        muon__gemm_packed(transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats, 0);
+    } else if (!transb) {
+        muon__gemm_nopack_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+        muon__gemm_nopack_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
+    }
+}
+
+/* C[N x N] = alpha * A[N x K] * A^T + beta * C.  Only the lower triangle of C is read (beta != 0);
+   the lower triangle is computed and mirrored, so the full C is symmetric on return.
+   The lower-triangle results are bit-identical to muon__sgemm(1, N, N, K, alpha, A, lda, A, lda, ...)
+   with the same pack_floats. */
+MUON__UNUSED static void muon__ssyrk(int N, int K, float alpha, const float *A, int lda, float beta, float *C, int ldc,
+                        float *pack, size_t pack_floats)
+{
+    if (N <= 0) return;
+    if (K <= 0) {
+        int i;
+        for (i = 0; i < N; i++) muon__scale_c(1, i + 1, beta, C + (size_t)i * ldc, ldc);
+    } else if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
+        muon__gemm_packed(1, N, N, K, alpha, A, lda, A, lda, beta, C, ldc, pack, pack_floats, 1);
+    } else {
+        muon__gemm_nopack_nt(N, N, K, alpha, A, lda, A, lda, beta, C, ldc, 1);
+    }
+    muon__mirror_lower(N, C, ldc);
+}
+
 
 /* ---------------------------------------------------------------------------------------------
    Newton-Schulz. X is (m, n), m <= n, row-major, orthogonalised in place:
@@ -1360,11 +1689,9 @@ static void muon__gram(const muon__gemm_ctx *g, int N, int K, float alpha, const
                        float *C, int ldc) {
 #ifdef MUON_USE_CBLAS
   if (g->cblas) {
-    int i, j;
     if (g->symmetric) {
       cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, N, K, alpha, A, lda, beta, C, ldc);
-      for (i = 0; i < N; i++)
-        for (j = i + 1; j < N; j++) C[(size_t)i * ldc + j] = C[(size_t)j * ldc + i];
+      muon__mirror_lower(N, C, ldc);
     } else {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, K, alpha, A, lda, A, lda, beta, C, ldc);
     }
