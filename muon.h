@@ -22,6 +22,19 @@
        for (step...) { forward_backward(); if (muon_step(opt) != MUON_OK) puts(muon_error(opt)); }
        muon_destroy(opt);
 
+   DISTRIBUTED (see muon_gloo.h for a communicator, examples/ for every parallelism strategy):
+   each rank registers the matrices it holds with param/grad pointing at its LOCAL piece, and
+   describes the piece by a layout (muon_shard / muon_flat / muon_replicate levels), directly
+   (muon_layout_config) or from its groups (muon_auto_config):
+
+       muon_auto_desc ad = {0};
+       ad.fsdp = &fsdp_comm; ad.tp = &tp_comm; ad.tp_dim = 0;
+       muon_dist_config cfg = muon_auto_config(&ad);
+       desc.comm = &world_comm; desc.dist = &cfg;
+
+   Every matrix is then orthogonalised once in the world, by one owner rank: per round one
+   alltoallv sends the pieces of U to the owners and one sends the pieces of O back.
+
    A step, per matrix W (rows x cols) with gradient G and momentum B (torch.optim.Muon):
        B = mu*B + (1-mu)*G                     (or B = mu*B + G with MUON_MOMENTUM_SGD)
        U = nesterov ? (1-mu)*G + mu*B : B
@@ -33,6 +46,13 @@
                            built-in portable blocked GEMM, no dependencies
        MUON_API            linkage of public functions (default: extern)
        MUON_NS_MAX_STEPS   capacity of the per-iteration coefficient table (default 16)
+       MUON_MAX_LEVELS     most levels in a layout (default 8)
+
+   SPEED
+       The built-in GEMM is plain C written for the auto-vectoriser: build with -O3 -march=native
+       (measured here: ~0.75x single-thread OpenBLAS sgemm at 1024^2 with AVX-512, ~0.15x at plain
+       -O2). Results are deterministic for a given binary; builds for CPUs with and without FMA
+       differ in the last bits, so keep one binary across the ranks of a job.
 
    BACKENDS
        Computation: the CPU, in this header. Communication: this header ships the single-rank
@@ -285,7 +305,8 @@ typedef struct muon_auto_desc {
   const muon_comm *fsdp;           /* FSDP / ZeRO group                                         */
   int fsdp_flat;                   /* 1: FLAT ranges over fsdp (FSDP1, llm.c ZeRO-1)            */
   const muon_comm *tp;
-  int tp_dim;                      /* 0 row-parallel, 1 column-parallel, -1 replicated          */
+  int tp_dim;                      /* 0: split rows (Megatron column-parallel [out, in] weights),
+                                      1: split columns (row-parallel), -1: replicated over tp   */
   const int *tp_dim_per_matrix;    /* optional, per local matrix index; overrides tp_dim        */
   const muon_comm *ddp, *cp;       /* replicas                                                  */
   const muon_comm *shard, *replicate; /* HSDP                                                   */
