@@ -95,6 +95,7 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
+	  "tests/run_redis.sh $(BUILD)" \
 	  "$(RUN) -n 1 $(BUILD)/test_dist" "$(RUN) -n 2 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist" \
 	  "$(RUN) -n 4 $(BUILD)/test_dist" "$(RUN) -n 8 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist_san" \
 	  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
