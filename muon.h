@@ -421,7 +421,8 @@ typedef struct muon_stats {
   size_t ns_workspace_bytes;       /* peak NS workspace beyond its m x n operand                 */
   size_t gathered_bytes;           /* peak bytes of full matrices held at once (owner side)      */
   size_t exchange_bytes;           /* exchange buffers: send/recv + the O stash (local size)     */
-  int rounds;                      /* exchange rounds per step (0: nothing to exchange)          */
+  int rounds;                      /* exchange rounds per step (0 without matrices; a round with
+                                      nothing to move, as on one rank, issues no alltoallv)      */
 } muon_stats;
 
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
@@ -2125,17 +2126,17 @@ static void muon__choose_sources(muon__global *x) {
   }
 }
 
-/* Floats this rank moves in one round: out (U to owners) and back (O to holders). */
+/* Floats this rank moves in one round when no matrix is skipped: out (U to owners) and back
+   (O to holders); sizes the buffers. */
 typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, gathered; } muon__traffic;
 
-static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int skip_aware) {
+static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r) {
   const muon__plan *pl = &opt->plan;
   int me = opt->comm.rank, g, j;
   muon__traffic t;
   memset(&t, 0, sizeof t);
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
-    if (skip_aware && x->skip) continue;
     if (x->owner == me) t.gathered += (size_t)x->rows * x->cols;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
@@ -2264,7 +2265,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   }
   /* 4. Buffers, sized for the largest round; nothing is allocated inside a step. */
   for (r = 0; r < pl->n_rounds; r++) {
-    muon__traffic t = muon__round_traffic(opt, r, 0);
+    muon__traffic t = muon__round_traffic(opt, r);
     size_t s = t.out_send > t.back_send ? t.out_send : t.back_send;
     size_t v = t.out_recv > t.back_recv ? t.out_recv : t.back_recv;
     if (s > pl->send_floats) pl->send_floats = s;
