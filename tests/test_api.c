@@ -307,6 +307,7 @@ static void test_alloc_failure(void) {
     muon_destroy(opt);
     if (fa.live != 0) { clean = 0; printf("  site %d: %ld blocks leaked\n", k, fa.live); }
   }
+  printf("  allocation failure injected at %d sites in turn\n", failures);
   CHECK(failures >= 8, "only %d allocation sites were exercised", failures);
   CHECK(clean, "some failure was not a clean MUON_ERR_NOMEM without leaks");
   remove("build/alloc_state.bin");
