@@ -2865,6 +2865,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   const unsigned char *p = (const unsigned char *)buf, *end;
   const unsigned char *body, *adamw_groups;
   uint32_t version, nm, na, ng, nag;
+  int read;
   uint64_t steps, sum;
   muon_hparams *groups;
   size_t need;
@@ -2910,9 +2911,10 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: group %d: %s", i, msg);
     }
   }
+  read = i;   /* groups parsed; fewer than ng means the blob ended inside them */
   for (i = 0; i < opt->n_matrices; i++) need += 16 + 4 * opt->matrices[i].size;
   for (i = 0; i < opt->n_adamw; i++) need += 16 + 8 * opt->adamw[i].size;
-  if (i < (int)ng || size != need) {
+  if (read < (int)ng || size != need) {
     muon__free(&opt->allocator, groups);
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state is %zu bytes, this optimizer's is %zu (truncated, or shapes differ)", size, need);
   }

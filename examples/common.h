@@ -246,6 +246,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
         mine += 0.5 * d * d / x->repl;
       }
     }
+    /* A decaying lr: schedules change it between steps without re-creating anything. */
+    muon_set_lr(opt, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
+    muon_set_lr(ref, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
     if (muon_step(opt) != MUON_OK) ex_die(w, "muon_step", muon_error(opt));
     if (muon_step(ref) != MUON_OK) ex_die(w, "muon_step (reference)", muon_error(ref));
     /* The loss, summed over ranks (fixed point so the allgather stays integral). */

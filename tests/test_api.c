@@ -387,6 +387,38 @@ static void test_state(void) {
   remove("build/state_test.bin");
 }
 
+static void test_state_matrices_only(void) {
+  static float w[6 * 10], g[6 * 10];
+  muon_desc d = muon_default_desc();
+  muon_optimizer *a, *b;
+  muon_matrix m = muon_default_matrix();
+  size_t n;
+  void *blob;
+  TEST_CASE("state: an optimizer with matrices only (no AdamW) saves and loads");
+  test_rng = 5;
+  fill(w, 60); fill(g, 60);
+  m.param = w; m.grad = g; m.rows = 6; m.cols = 10;
+  muon_create(&a, &d);
+  muon_create(&b, &d);
+  muon_add_matrix(a, &m, NULL);
+  muon_add_matrix(b, &m, NULL);
+  CHECK(muon_step(a) == MUON_OK, "step");
+  n = muon_state_size(a);
+  blob = malloc(n);
+  CHECK(muon_state_save(a, blob, n) == MUON_OK, "save: %s", muon_error(a));
+  CHECK(muon_state_load(b, blob, n) == MUON_OK, "load: %s", muon_error(b));
+  {
+    const float *ma, *mb;
+    size_t na, nb;
+    muon_get_momentum(a, 0, &ma, &na);
+    muon_get_momentum(b, 0, &mb, &nb);
+    CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
+  }
+  free(blob);
+  muon_destroy(a);
+  muon_destroy(b);
+}
+
 static void test_determinism(void) {
   static model a, b;
   muon_optimizer *oa, *ob;
@@ -440,6 +472,7 @@ int main(void) {
   test_absent_grad();
   test_alloc_failure();
   test_state();
+  test_state_matrices_only();
   test_determinism();
   test_orthogonality();
   return test_summary();
