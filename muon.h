@@ -371,7 +371,9 @@ MUON_API void muon_destroy(muon_optimizer *opt);
 /* The last error message of this optimizer ("" if none). Valid until the next call on it. */
 MUON_API const char *muon_error(const muon_optimizer *opt);
 
-/* Param groups (torch's param_groups): a new group with its own hyperparameters. */
+/* Param groups (torch's param_groups): a new group with its own hyperparameters. Distributed:
+   changing a group's Newton-Schulz settings (not its lr) after planning re-plans at the next
+   step, a collective, so do it on every rank alike. */
 MUON_API muon_status muon_add_group(muon_optimizer *opt, const muon_hparams *hp, int *group_out);
 MUON_API muon_status muon_set_group(muon_optimizer *opt, int group, const muon_hparams *hp);
 MUON_API muon_status muon_get_group(const muon_optimizer *opt, int group, muon_hparams *hp);
@@ -459,6 +461,7 @@ MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
 #ifndef MUON__IMPLEMENTED
 #define MUON__IMPLEMENTED
 
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -705,6 +708,10 @@ struct muon_optimizer {
 
 /* ---------------------------------------------------------------------------------------------
    Memory and messages */
+/* Most floats one buffer may hold, so that byte counts (and the state blob's 8 bytes per
+   AdamW float) cannot overflow size_t. */
+#define MUON__MAX_FLOATS (SIZE_MAX / 16)
+
 static void *muon__default_alloc(size_t size, void *user_data) { (void)user_data; return malloc(size); }
 static void muon__default_free(void *ptr, void *user_data) { (void)user_data; free(ptr); }
 
@@ -859,9 +866,12 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
       if (l->length < 0) {
         muon__chunk(len, l->size, l->index, &lo, &hi);
       } else {
+        if (l->offset < 0 || l->offset > len || l->length > len - l->offset) {
+          snprintf(why, n, "levels[%d]: FLAT range of %lld at offset %lld does not fit the piece of %lld", k, l->length, l->offset, len);
+          return MUON_ERR_SHAPE;
+        }
         lo = l->offset;
-        hi = l->offset + l->length;
-        if (lo < 0 || hi > len) { snprintf(why, n, "levels[%d]: FLAT range [%lld, %lld) outside the piece of %lld", k, lo, hi, len); return MUON_ERR_SHAPE; }
+        hi = lo + l->length;
       }
       p.f1 = p.f0 + hi;
       p.f0 = p.f0 + lo;
@@ -901,6 +911,7 @@ static muon__seg muon__segs(const muon__piece *p) {
 }
 
 static void muon__plan_free(muon_optimizer *opt);
+static unsigned long long muon__ns_hash(const muon_hparams *hp);
 
 /* ---------------------------------------------------------------------------------------------
    Built-in configs: muon_auto_config derives each matrix's layout from the groups. */
@@ -1058,6 +1069,7 @@ MUON_API muon_status muon_set_group(muon_optimizer *opt, int group, const muon_h
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: hp is NULL");
   if (group < 0 || group >= opt->n_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: group %d does not exist (have %d)", group, opt->n_groups);
   if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
+  if (muon__ns_hash(hp) != muon__ns_hash(&opt->groups[group])) opt->plan.ready = 0; /* re-check agreement */
   opt->groups[group] = *hp;
   return MUON_OK;
 }
@@ -1153,6 +1165,8 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   }
   size = (size_t)(piece.f1 - piece.f0);
   count = m->count ? m->count : 1;
+  if (count > INT_MAX - first || (size_t)count > MUON__MAX_FLOATS / (size ? size : 1))
+    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count %d of %zu floats each is too large", count, size);
   stride = m->stride ? m->stride : size;
   if (count > 1 && stride < size)
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.stride %zu makes the %d stacked %d x %d matrices overlap (needs >= %zu, the local piece)", stride, count, m->rows, m->cols, size);
@@ -1207,6 +1221,8 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   i = opt->n_adamw;
   if (!p->param) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param is NULL (param %d, '%s')", i, p->name ? p->name : "");
   if (p->size == 0) return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size must be > 0 (param %d, '%s')", i, p->name ? p->name : "");
+  if (p->size > MUON__MAX_FLOATS)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size %zu is too large (param %d, '%s')", p->size, i, p->name ? p->name : "");
   if (p->group < 0 || p->group >= opt->n_adamw_groups)
     return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.group %d does not exist (have %d) (param %d, '%s')", p->group, opt->n_adamw_groups, i, p->name ? p->name : "");
   m1 = (float *)muon__alloc(&opt->allocator, p->size * sizeof(float));
@@ -2808,6 +2824,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
      per AdamW param: u64 size | u64 step | size x f32 exp_avg | size x f32 exp_avg_sq
      u64 FNV-1a of everything before it */
 #define MUON__STATE_VERSION 1u
+#define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
 #define MUON__STATE_HEADER 32u
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
@@ -2880,8 +2897,9 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state version %u, this muon.h reads version %u", version, MUON__STATE_VERSION);
   nm = muon__get32(&p);
   na = muon__get32(&p);
-  (void)muon__get32(&p);
+  if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: reserved header field is not 0");
   steps = muon__get64(&p);
+  if (steps > MUON__STATE_MAX_STEP) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: step count %llu is not plausible", (unsigned long long)steps);
   if (nm != (uint32_t)opt->n_matrices || na != (uint32_t)opt->n_adamw)
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d", nm, na, opt->n_matrices, opt->n_adamw);
   end = (const unsigned char *)buf + size - 8;
@@ -2903,7 +2921,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     if ((size_t)(p - (const unsigned char *)buf) + 28 > size - 8) break;
     steps_i = muon__get32(&q);
     if (steps_i < 1 || steps_i > MUON_NS_MAX_STEPS || (size_t)(p - (const unsigned char *)buf) + 44 + 12 * (size_t)steps_i > size - 8) break;
-    groups[i] = muon_default_hparams();
+    groups[i] = opt->groups[i];   /* coefficients past ns_steps are not saved: keep ours */
     muon__get_hparams(&p, &groups[i]);
     need += 4 * (11 + 3 * (size_t)steps_i);
     if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK) {
@@ -2945,6 +2963,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     for (i = 0; i < opt->n_adamw; i++) {
       muon__adamw *a = &opt->adamw[i];
       uint64_t n = muon__get64(&p), t = muon__get64(&p);
+      if (t > MUON__STATE_MAX_STEP)
+        return muon__free(&opt->allocator, groups), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)t);
       if (n != (uint64_t)a->size)
         return muon__free(&opt->allocator, groups), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->size, (unsigned long long)n);
       if (pass) {
@@ -2963,6 +2983,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     a.weight_decay = muon__get_float(&adamw_groups);
     opt->adamw_groups[i] = a;
   }
+  for (i = 0; i < (int)ng; i++)
+    if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
   memcpy(opt->groups, groups, ng * sizeof(muon_hparams));
   muon__free(&opt->allocator, groups);
   opt->stats.steps = (long long)steps;

@@ -419,6 +419,88 @@ static void test_state_matrices_only(void) {
   muon_destroy(b);
 }
 
+/* Regressions from review: each of these once passed bad input through. */
+static void test_review_regressions(void) {
+  static float w[12], g[12];
+  muon_desc d = muon_default_desc();
+  muon_dist_config cfg = muon_layout_config();
+  muon_optimizer *opt;
+  muon_matrix m = muon_default_matrix();
+  muon_adamw_param p = muon_default_adamw_param();
+  muon_layout l;
+  muon_hparams hp;
+
+  TEST_CASE("a FLAT range whose offset + length overflows is MUON_ERR_SHAPE");
+  d.dist = &cfg;
+  muon_create(&opt, &d);
+  memset(&l, 0, sizeof l);
+  l.n_levels = 1;
+  l.levels[0] = muon_flat_range(NULL, 9223372036854775807LL, 2);
+  m.name = "w"; m.param = w; m.grad = g; m.rows = 3; m.cols = 4; m.layout = &l;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE, "status: %s", muon_error(opt));
+  l.levels[0] = muon_flat_range(NULL, 10, 3);
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE, "[10, 13) of 12: %s", muon_error(opt));
+  l.levels[0] = muon_flat_range(NULL, 12, 0);
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_OK, "[12, 12) of 12 is an empty piece: %s", muon_error(opt));
+  muon_destroy(opt);
+
+  TEST_CASE("an AdamW size whose byte count overflows is MUON_ERR_SHAPE");
+  d = muon_default_desc();
+  muon_create(&opt, &d);
+  p.param = w; p.grad = g; p.size = ((size_t)1 << (sizeof(size_t) * 8 - 2)) + 1;
+  CHECK(muon_add_adamw_param(opt, &p, NULL) == MUON_ERR_SHAPE, "status: %s", muon_error(opt));
+  muon_destroy(opt);
+
+  TEST_CASE("state: an implausible AdamW step count with a valid checksum is MUON_ERR_STATE");
+  {
+    static float bw[5], bg[5];
+    size_t n;
+    unsigned char *blob;
+    int k;
+    uint64_t sum;
+    muon_create(&opt, &d);
+    p.param = bw; p.grad = bg; p.size = 5;
+    muon_add_adamw_param(opt, &p, NULL);
+    muon_step(opt);
+    n = muon_state_size(opt);
+    blob = (unsigned char *)malloc(n);
+    muon_state_save(opt, blob, n);
+    /* The AdamW entry is the last thing before the checksum: u64 size, u64 step, moments. */
+    {
+      uint64_t minus_one = ~(uint64_t)0;   /* step = -1 as u64 */
+      size_t at = n - 8 - 2 * 5 * sizeof(float) - 8;
+      if (n > 56) memcpy(blob + at, &minus_one, sizeof minus_one);
+    }
+    sum = muon__fnv1a(blob, n - 8);
+    for (k = 0; k < 8; k++) blob[n - 8 + k] = (unsigned char)(sum >> (8 * k));
+    CHECK(muon_state_load(opt, blob, n) == MUON_ERR_STATE && strstr(muon_error(opt), "step count"), "status: %s", muon_error(opt));
+    muon_step(opt);
+    CHECK(muon__finite(bw[0]) && muon__finite(bw[4]), "parameters became non-finite");
+    free(blob);
+    muon_destroy(opt);
+  }
+
+  TEST_CASE("state: coefficients past ns_steps survive a save/load round trip");
+  {
+    size_t n;
+    void *blob;
+    muon_hparams got;
+    muon_create(&opt, &d);
+    hp = muon_default_hparams();
+    muon_set_ns_preset(&hp, MUON_NS_POLAR_EXPRESS);
+    hp.ns_steps = 3;
+    muon_set_group(opt, 0, &hp);
+    n = muon_state_size(opt);
+    blob = malloc(n);
+    muon_state_save(opt, blob, n);
+    CHECK(muon_state_load(opt, blob, n) == MUON_OK, "load: %s", muon_error(opt));
+    muon_get_group(opt, 0, &got);
+    CHECK(same(got.ns_coefficients, hp.ns_coefficients, sizeof hp.ns_coefficients), "coefficients changed");
+    free(blob);
+    muon_destroy(opt);
+  }
+}
+
 static void test_determinism(void) {
   static model a, b;
   muon_optimizer *oa, *ob;
@@ -473,6 +555,7 @@ int main(void) {
   test_alloc_failure();
   test_state();
   test_state_matrices_only();
+  test_review_regressions();
   test_determinism();
   test_orthogonality();
   return test_summary();
