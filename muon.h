@@ -824,7 +824,8 @@ static void muon__chunk(long long d, int size, int index, long long *lo, long lo
   *hi = *lo + c < d ? *lo + c : d;
 }
 
-/* Same elements, same representation: whole rows become a rectangle; empty is all zeros. */
+/* Same elements, same representation (replicas are recognised by equality): whole rows become
+   a rectangle, a range inside one row a 1 x len rectangle; empty is all zeros. */
 static muon__piece muon__canonical(muon__piece p) {
   if (p.f1 <= p.f0 || p.w <= 0 || p.h <= 0) { memset(&p, 0, sizeof p); return p; }
   if (p.f0 % p.w == 0 && p.f1 % p.w == 0) {
@@ -832,6 +833,13 @@ static muon__piece muon__canonical(muon__piece p) {
     p.h = (p.f1 - p.f0) / p.w;
     p.f0 = 0;
     p.f1 = p.h * p.w;
+  } else if (p.f0 / p.w == (p.f1 - 1) / p.w) {
+    p.r0 += p.f0 / p.w;
+    p.c0 += p.f0 % p.w;
+    p.h = 1;
+    p.w = p.f1 - p.f0;
+    p.f0 = 0;
+    p.f1 = p.w;
   }
   return p;
 }

@@ -144,6 +144,41 @@ static void test_roundtrip(void) {
   muon_comm_destroy(&b);
 }
 
+/* Replicas may describe the same elements through different layouts: one row of a matrix as
+   SHARD(1) on one rank and FLAT on its replica. Needs 4 ranks; the identity NS of
+   test_roundtrip shows every element came back to both. */
+static void test_replicas_by_other_layouts(void) {
+  muon_hparams hp = muon_default_hparams();
+  muon_dist_config cfg = muon_layout_config();
+  muon_optimizer *opt;
+  muon_layout l;
+  tmat t;
+  size_t e;
+  int ok = 1;
+  if (W.size < 4) return;
+  TEST_CASE("replicas holding one row as SHARD(1) on one rank and FLAT on another");
+  hp.momentum = 0; hp.nesterov = 0; hp.lr = 1; hp.weight_decay = 0; hp.adjust_lr = MUON_ADJUST_LR_NONE;
+  hp.ns_steps = 1; hp.ns_coefficients[0][0] = 1; hp.ns_coefficients[0][1] = 0; hp.ns_coefficients[0][2] = 0; hp.eps = 1;
+  opt = make(&cfg, &hp);
+  memset(&l, 0, sizeof l);
+  l.n_levels = 1;
+  l.levels[0].placement = W.rank % 2 ? MUON_FLAT : MUON_SHARD;
+  l.levels[0].dim = 1;
+  l.levels[0].size = 2;
+  l.levels[0].index = W.rank / 2;
+  l.levels[0].length = -1;
+  tmat_init(&t, "row", 1, 14, &l, 1e-3f);
+  if (W.rank < 4) CHECK(tmat_add(opt, &t) == MUON_OK, "add: %s", muon_error(opt));
+  CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  for (e = 0; W.rank < 4 && e < t.n; e++) {
+    float want = t.w0[e] - t.g[e];
+    if (memcmp(&want, &t.w[e], sizeof want) != 0) ok = 0;
+  }
+  CHECK(ok, "rank %d: a piece came back changed", W.rank);
+  tmat_free(&t);
+  muon_destroy(opt);
+}
+
 /* ---- stats: zero redundancy, bytes = the formula, collectives = 1 + 2 * rounds -------------- */
 static void test_stats(void) {
   muon_auto_desc ad;
@@ -746,6 +781,7 @@ int main(int argc, char **argv) {
   if (argc >= 4 && !strcmp(argv[1], "--fault")) return run_fault(argv[2], atoi(argv[3]));
   W = ex_init(argc, argv);
   test_roundtrip();
+  test_replicas_by_other_layouts();
   test_stats();
   test_owners();
   test_memory();
