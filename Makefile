@@ -71,6 +71,10 @@ $(addprefix $(BUILD)/,$(addsuffix _san,$(SINGLE))): $(BUILD)/%_san: tests/%.c mu
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm
 $(BUILD)/test_ns_cblas: tests/test_ns.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm
+$(BUILD)/test_threads: tests/test_threads.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
+$(BUILD)/test_threads_san: tests/test_threads.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
@@ -82,7 +86,7 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) \
-             test_ns_cblas test_gloo test_dist test_dist_san muonrun $(STRATEGIES))
+             test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san muonrun $(STRATEGIES))
 RUN := $(BUILD)/muonrun --timeout 120
 
 test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
@@ -92,6 +96,7 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	  "$(BUILD)/test_golden_san $(BUILD)/golden" \
 	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_san $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
+	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_san" \
 	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \

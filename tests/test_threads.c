@@ -67,7 +67,7 @@ static void fill_random(float *x, size_t n, unsigned seed) {
 /* ---- an in-memory communicator: P threads, one shared mailbox ------------------------------
    A collective posts this rank's pointers, waits for everyone, copies what it receives straight
    from the senders' buffers, and waits again so no sender reuses a buffer still being read. */
-typedef struct world {
+typedef struct thread_world {
   int size;
   pthread_mutex_t lock;
   pthread_cond_t wake;
@@ -77,10 +77,10 @@ typedef struct world {
   const size_t *send_counts[MAX_RANKS], *send_displs[MAX_RANKS], *recv_counts[MAX_RANKS];
   const void *gather_send[MAX_RANKS];
   size_t gather_bytes[MAX_RANKS];
-} world;
+} thread_world;
 
 typedef struct rank_run {          /* one rank: its communicator context and its pieces         */
-  world *world;
+  thread_world *world;
   int rank;
   size_t round_bytes;
   int round_robin;
@@ -95,7 +95,7 @@ typedef struct rank_run {          /* one rank: its communicator context and its
 /* Unlike pthread_barrier_wait, this one gives up (returns 0) once some rank's thread has ended:
    a rank that stops after an error, or a muon that calls collectives a different number of times
    on different ranks, makes the others fail their next collective instead of hanging the test. */
-static int world_barrier(world *w) {
+static int world_barrier(thread_world *w) {
   int generation, passed;
   pthread_mutex_lock(&w->lock);
   generation = w->generation;
@@ -110,7 +110,7 @@ static int world_barrier(world *w) {
   return passed;
 }
 
-static void world_leave(world *w) {
+static void world_leave(thread_world *w) {
   pthread_mutex_lock(&w->lock);
   w->n_left++;
   pthread_cond_broadcast(&w->wake);
@@ -121,7 +121,7 @@ static muon_status thread_alltoallv(void *ctx, const float *send, const size_t *
                                     const size_t *send_displs, float *recv, const size_t *recv_counts,
                                     const size_t *recv_displs) {
   rank_run *me = (rank_run *)ctx;
-  world *w = me->world;
+  thread_world *w = me->world;
   int p, q, counts_agree = 1;
   w->send[me->rank] = send;
   w->send_counts[me->rank] = send_counts;
@@ -132,10 +132,9 @@ static muon_status thread_alltoallv(void *ctx, const float *send, const size_t *
   for (p = 0; p < w->size; p++)
     for (q = 0; q < w->size; q++)
       if (w->send_counts[p][q] != w->recv_counts[q][p]) counts_agree = 0;
-  for (p = 0; counts_agree && p < w->size; p++) {
-    const float *from = w->send[p] + w->send_displs[p][me->rank];
-    if (recv_counts[p]) memcpy(recv + recv_displs[p], from, recv_counts[p] * sizeof(float));
-  }
+  for (p = 0; counts_agree && p < w->size; p++)
+    if (recv_counts[p])
+      memcpy(recv + recv_displs[p], w->send[p] + w->send_displs[p][me->rank], recv_counts[p] * sizeof(float));
   if (!world_barrier(w)) { me->comm_error = "a rank left during alltoallv"; return MUON_ERR_COMM; }
   if (!counts_agree) { me->comm_error = "alltoallv send and receive counts disagree"; return MUON_ERR_COMM; }
   return MUON_OK;
@@ -143,7 +142,7 @@ static muon_status thread_alltoallv(void *ctx, const float *send, const size_t *
 
 static muon_status thread_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
   rank_run *me = (rank_run *)ctx;
-  world *w = me->world;
+  thread_world *w = me->world;
   int p, sizes_agree = 1;
   w->gather_send[me->rank] = send;
   w->gather_bytes[me->rank] = bytes;
@@ -264,7 +263,10 @@ static void mesh_layout(const mesh *m, int rank, int i, muon_layout *L, long lon
       int k, j;
       cut[0] = 0;
       cut[v.size] = len;
-      for (k = 1; k < v.size; k++) cut[k] = (long long)(mix((unsigned)m->id, 10u + (unsigned)a, (unsigned)(len * 31 + k)) % (unsigned)(len + 1));
+      for (k = 1; k < v.size; k++) {
+        unsigned h = mix((unsigned)m->id, 10u + (unsigned)a, (unsigned)(len * 31 + k));
+        cut[k] = (long long)(h % (unsigned)(len + 1));
+      }
       for (k = 2; k < v.size; k++)
         for (j = k; j > 1 && cut[j - 1] > cut[j]; j--) {
           long long t = cut[j];
@@ -297,7 +299,8 @@ static void describe_mesh(const mesh *m, char *out, size_t n) {
     v.length = m->explicit_ranges[a] ? 0 : -1;
     used += (size_t)snprintf(out + used, n - used, "%s %d %s", a ? " x" : "", m->size[a], placement_name(&v));
   }
-  if (used < n && m->round_bytes) used += (size_t)snprintf(out + used, n - used, "; %d-byte rounds", (int)m->round_bytes);
+  if (used < n && m->round_bytes)
+    used += (size_t)snprintf(out + used, n - used, "; %d-byte rounds", (int)m->round_bytes);
   if (used < n && m->round_robin) used += (size_t)snprintf(out + used, n - used, "; round-robin owners");
   if (used < n) snprintf(out + used, n - used, ")");
 }
@@ -310,15 +313,19 @@ static void describe_layout(const muon_layout *L, char *out, size_t n) {
   for (k = 0; k < L->n_levels && used < n; k++) {
     const muon_level *v = &L->levels[k];
     used += (size_t)snprintf(out + used, n - used, "%s%s", k ? " > " : "", placement_name(v));
-    if (used < n && v->length >= 0) used += (size_t)snprintf(out + used, n - used, " [%lld, +%lld)", v->offset, v->length);
+    if (used < n && v->length >= 0)
+      used += (size_t)snprintf(out + used, n - used, " [%lld, +%lld)", v->offset, v->length);
     if (used < n) used += (size_t)snprintf(out + used, n - used, " %d/%d", v->index, v->size);
   }
   if (!L->n_levels) snprintf(out, n, "whole matrix");
 }
 
 /* ---- one rank ------------------------------------------------------------------------------- */
-static void note_failure(rank_run *me, const char *what, muon_optimizer *opt) {
-  if (!me->failure[0]) snprintf(me->failure, sizeof me->failure, "%s: %s", what, opt ? muon_error(opt) : "");
+static void note_failure(rank_run *me, const char *what, muon_status st, muon_optimizer *opt) {
+  const char *why = muon_error(opt);
+  if (me->failure[0]) return;
+  /* muon_error names the status too; a bare status is all there is when it was never set. */
+  snprintf(me->failure, sizeof me->failure, "%s: %s", what, why && why[0] ? why : muon_status_string(st));
 }
 
 static void *rank_main(void *arg) {
@@ -327,6 +334,7 @@ static void *rank_main(void *arg) {
   muon_desc desc = muon_default_desc();
   muon_dist_config cfg = muon_layout_config();
   muon_optimizer *opt = NULL;
+  muon_status st;
   int i, step, ok = 1;
   size_t e;
   comm.vt = &thread_vtable;
@@ -338,8 +346,8 @@ static void *rank_main(void *arg) {
   desc.hparams.lr = LR;
   desc.comm = &comm;
   desc.dist = &cfg;
-  if (muon_create(&opt, &desc) != MUON_OK) {
-    snprintf(me->failure, sizeof me->failure, "muon_create failed");
+  if ((st = muon_create(&opt, &desc)) != MUON_OK) {
+    snprintf(me->failure, sizeof me->failure, "muon_create: %s", muon_status_string(st));
     ok = 0;
   }
   for (i = 0; ok && i < N_MATRICES; i++) {
@@ -350,14 +358,17 @@ static void *rank_main(void *arg) {
     m.rows = matrix_shape[i][0];
     m.cols = matrix_shape[i][1];
     m.layout = &me->layout[i];
-    if (muon_add_matrix(opt, &m, NULL) != MUON_OK) { note_failure(me, matrix_name[i], opt); ok = 0; }
+    if ((st = muon_add_matrix(opt, &m, NULL)) != MUON_OK) {
+      note_failure(me, matrix_name[i], st, opt);
+      ok = 0;
+    }
   }
   for (step = 0; ok && step < N_STEPS; step++) {
     for (i = 0; i < N_MATRICES; i++) {
       for (e = 0; e < me->n[i]; e++) me->grad[i][e] = full_grad[step][i][me->idx[i][e]];
       muon_set_grad(opt, i, me->grad[i]);
     }
-    if (muon_step(opt) != MUON_OK) { note_failure(me, "muon_step", opt); ok = 0; }
+    if ((st = muon_step(opt)) != MUON_OK) { note_failure(me, "muon_step", st, opt); ok = 0; }
   }
   muon_destroy(opt);
   world_leave(me->world);
@@ -446,8 +457,8 @@ static void compare_ranks(const mesh *m, const rank_run *runs, tally *calls, tal
         }
         replicas->checked++;
         if (memcmp(&got, &held_value[i][at], sizeof got) != 0)
-          tally_fail(replicas, "%s, %s (%lld, %lld): rank %d has %.9g, rank %d has %.9g", where, matrix_name[i],
-                     at / cols, at % cols, r, (double)got, first, (double)held_value[i][at]);
+          tally_fail(replicas, "%s, %s (%lld, %lld): rank %d has %.9g, rank %d has %.9g", where,
+                     matrix_name[i], at / cols, at % cols, r, (double)got, first, (double)held_value[i][at]);
       }
     }
     for (k = 0; k < matrix_size(i); k++) {
@@ -463,7 +474,7 @@ static void compare_ranks(const mesh *m, const rank_run *runs, tally *calls, tal
 static void run_mesh(const mesh *m, tally *calls, tally *equal, tally *replicas, coverage *cov) {
   rank_run runs[MAX_RANKS];
   pthread_t thread[MAX_RANKS];
-  world w;
+  thread_world w;
   int r, i, started = 0;
   size_t e;
   memset(&w, 0, sizeof w);
@@ -569,7 +580,8 @@ int main(int argc, char **argv) {
     m.round_robin = (variant & 2) != 0;
     run_mesh(&m, &variants, &variants, &variants, NULL);
   }
-  report("random meshes of 1 to 8 ranks: create, add and three steps succeed on every rank", &calls, "rank runs");
+  report("random meshes of 1 to 8 ranks: create, add and three steps succeed on every rank", &calls,
+         "rank runs");
   report("random meshes: every rank's pieces are bitwise equal to one device's", &equal, "element checks");
   report("random meshes: replicas agree bit for bit", &replicas, "replica checks");
   report("the same meshes with 64-byte rounds and/or round-robin owners: no call fails, no bit changes",
@@ -584,7 +596,8 @@ int main(int argc, char **argv) {
     /* Guards the generator: a change to it must not quietly stop testing some kind of level. */
     TEST_CASE("the random meshes reach every P, every kind of level, nesting and empty pieces");
     for (p = 1; p <= MAX_RANKS; p++) CHECK(cov.meshes_of[p] > 0, "no mesh of %d ranks", p);
-    CHECK(cov.replicate > 0 && cov.shard0 > 0 && cov.shard1 > 0, "a REPLICATE or SHARD level never split ranks");
+    CHECK(cov.replicate > 0 && cov.shard0 > 0 && cov.shard1 > 0,
+          "a REPLICATE or SHARD level never split ranks");
     CHECK(cov.flat_chunks > 0 && cov.flat_ranges > 0, "a FLAT level never split ranks");
     CHECK(cov.shard_after_flat > 0, "no SHARD(0) of a flat piece");
     CHECK(cov.nested > 0 && cov.empty_pieces > 0, "no nested mesh or no empty piece");
