@@ -109,9 +109,9 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and
 # numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight.
-$(BUILD)/bench_ns: bench/bench_ns.c muon.h | $(BUILD)
+$(BUILD)/bench_ns: bench/bench_ns.c bench/bench.h muon.h | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< -o $@ $(BLAS_LIBS) -lm
-$(BUILD)/bench_dist: bench/bench_dist.c muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
+$(BUILD)/bench_dist: bench/bench_dist.c bench/bench.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300

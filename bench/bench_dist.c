@@ -39,6 +39,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define MUON_IMPLEMENTATION
 #include "muon.h"
+#include "bench.h"
 #include "muon_gloo.h"
 
 #include <stdio.h>
@@ -84,21 +85,6 @@ static void die(const bench *b, const char *what, const char *why) {
   exit(1);
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-  qsort(t, (size_t)n, sizeof *t, cmp_double);
-  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static float value(unsigned seed, size_t i) {
   unsigned x = seed ^ (unsigned)(i * 2654435761u);

@@ -28,6 +28,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define MUON_IMPLEMENTATION
 #include "muon.h"
+#include "bench.h"
 #include <cblas.h>
 
 #include <stdio.h>
@@ -46,21 +47,6 @@
 
 #define MAX_REPS 16
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-  qsort(t, (size_t)n, sizeof *t, cmp_double);
-  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
-}
 
 static void fill(float *x, size_t n, unsigned seed) {
   size_t i;

@@ -83,8 +83,14 @@ static muon_status tmat_add(muon_optimizer *opt, tmat *t) {
    With momentum 0, lr 1, no decay, no lr adjustment, one NS iteration with (a, b, c) = (1, 0, 0)
    and eps 1 > |U|, Newton-Schulz is exactly the identity and W_new = W - G: any element that the
    exchange put in the wrong place shows up bit for bit. */
-static void test_roundtrip(void) {
+static muon_hparams identity_hparams(void) {
   muon_hparams hp = muon_default_hparams();
+  hp.momentum = 0; hp.nesterov = 0; hp.lr = 1; hp.weight_decay = 0; hp.adjust_lr = MUON_ADJUST_LR_NONE;
+  hp.ns_steps = 1; hp.ns_coefficients[0][0] = 1; hp.ns_coefficients[0][1] = 0; hp.ns_coefficients[0][2] = 0; hp.eps = 1;
+  return hp;
+}
+static void test_roundtrip(void) {
+  muon_hparams hp = identity_hparams();
   muon_dist_config cfg = muon_layout_config();
   int dims2[2], d, P = W.size, li, ok = 1;
   muon_comm a, b;
@@ -92,8 +98,6 @@ static void test_roundtrip(void) {
   const char *what[8] = { "replicate", "shard0", "shard1", "flat", "shard0+shard1", "shard1+flat", "replicate+shard0", "flat ranges" };
   tmat t[8];
   muon_optimizer *opt;
-  hp.momentum = 0; hp.nesterov = 0; hp.lr = 1; hp.weight_decay = 0; hp.adjust_lr = MUON_ADJUST_LR_NONE;
-  hp.ns_steps = 1; hp.ns_coefficients[0][0] = 1; hp.ns_coefficients[0][1] = 0; hp.ns_coefficients[0][2] = 0; hp.eps = 1;
   for (d = 2; d * d <= P && P % d; d++) {}
   dims2[0] = P % d == 0 ? d : 1;
   dims2[1] = P / dims2[0];
@@ -148,7 +152,7 @@ static void test_roundtrip(void) {
    SHARD(1) on one rank and FLAT on its replica. Needs 4 ranks; the identity NS of
    test_roundtrip shows every element came back to both. */
 static void test_replicas_by_other_layouts(void) {
-  muon_hparams hp = muon_default_hparams();
+  muon_hparams hp = identity_hparams();
   muon_dist_config cfg = muon_layout_config();
   muon_optimizer *opt;
   muon_layout l;
@@ -157,8 +161,6 @@ static void test_replicas_by_other_layouts(void) {
   int ok = 1;
   if (W.size < 4) return;
   TEST_CASE("replicas holding one row as SHARD(1) on one rank and FLAT on another");
-  hp.momentum = 0; hp.nesterov = 0; hp.lr = 1; hp.weight_decay = 0; hp.adjust_lr = MUON_ADJUST_LR_NONE;
-  hp.ns_steps = 1; hp.ns_coefficients[0][0] = 1; hp.ns_coefficients[0][1] = 0; hp.ns_coefficients[0][2] = 0; hp.eps = 1;
   opt = make(&cfg, &hp);
   memset(&l, 0, sizeof l);
   l.n_levels = 1;
@@ -416,6 +418,19 @@ static void expect_plan_error(const char *what, muon_optimizer *opt, muon_status
   CHECK(muon_step(opt) == want || muon_step(opt) != MUON_OK, "%s: muon_step went ahead", what);
 }
 
+/* One matrix per rank, registered as given; planning must fail the same way everywhere. */
+static void one_matrix_error(const char *what, int rows, int cols, const muon_layout *l, muon_hparams *hp,
+                             muon_status want, const char *needle) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_optimizer *opt = make(&cfg, hp);
+  tmat t;
+  tmat_init(&t, what, rows, cols, l, 1.0f);
+  tmat_add(opt, &t);
+  expect_plan_error(what, opt, want, needle);
+  tmat_free(&t);
+  muon_destroy(opt);
+}
+
 static void test_validation(void) {
   muon_dist_config cfg = muon_layout_config();
   muon_optimizer *opt;
@@ -428,38 +443,17 @@ static void test_validation(void) {
   if (P < 2) return;
 
   TEST_CASE("validation: shapes differ between ranks -> MUON_ERR_MISMATCH everywhere");
-  opt = make(&cfg, NULL);
-  tmat_init(&t, "shape", W.rank == 1 ? 32 : 16, 16, &l, 1.0f);
-  tmat_add(opt, &t);
-  expect_plan_error("shapes", opt, MUON_ERR_MISMATCH, "rank");
-  tmat_free(&t);
-  muon_destroy(opt);
-
-  TEST_CASE("validation: FLAT ranges that overlap -> MUON_ERR_SHAPE everywhere");
+  one_matrix_error("shapes", W.rank == 1 ? 32 : 16, 16, &l, NULL, MUON_ERR_MISMATCH, "rank");
   {
     muon_layout f;
     memset(&f, 0, sizeof f);
     f.n_levels = 1;
+    TEST_CASE("validation: FLAT ranges that overlap -> MUON_ERR_SHAPE everywhere");
     f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 150 < 20 * 20 - W.rank * 100 ? 150 : 20 * 20 - W.rank * 100);
-    opt = make(&cfg, NULL);
-    tmat_init(&t, "overlap", 20, 20, &f, 1.0f);
-    tmat_add(opt, &t);
-    expect_plan_error("overlap", opt, MUON_ERR_SHAPE, "overlap");
-    tmat_free(&t);
-    muon_destroy(opt);
-  }
-  TEST_CASE("validation: FLAT ranges with a gap -> MUON_ERR_SHAPE everywhere");
-  {
-    muon_layout f;
-    memset(&f, 0, sizeof f);
-    f.n_levels = 1;
+    one_matrix_error("overlap", 20, 20, &f, NULL, MUON_ERR_SHAPE, "overlap");
+    TEST_CASE("validation: FLAT ranges with a gap -> MUON_ERR_SHAPE everywhere");
     f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 50);
-    opt = make(&cfg, NULL);
-    tmat_init(&t, "gap", 20, 20, &f, 1.0f);
-    tmat_add(opt, &t);
-    expect_plan_error("gap", opt, MUON_ERR_SHAPE, "gap");
-    tmat_free(&t);
-    muon_destroy(opt);
+    one_matrix_error("gap", 20, 20, &f, NULL, MUON_ERR_SHAPE, "gap");
   }
   TEST_CASE("validation: a matrix only one rank registered leaves the others' rows uncovered");
   opt = make(&cfg, NULL);
@@ -476,12 +470,7 @@ static void test_validation(void) {
   {
     muon_hparams hp = muon_default_hparams();
     if (W.rank == 1) hp.ns_steps = 6;
-    opt = make(&cfg, &hp);
-    tmat_init(&t, "hp", 16, 16, &l, 1.0f);
-    tmat_add(opt, &t);
-    expect_plan_error("hparams", opt, MUON_ERR_MISMATCH, "Newton-Schulz");
-    tmat_free(&t);
-    muon_destroy(opt);
+    one_matrix_error("hparams", 16, 16, &l, &hp, MUON_ERR_MISMATCH, "Newton-Schulz");
   }
   TEST_CASE("validation: the same name twice on one rank -> MUON_ERR_ARG everywhere");
   opt = make(&cfg, NULL);

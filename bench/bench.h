@@ -1,0 +1,25 @@
+/* bench.h - the timing helpers both benchmarks share: a monotonic clock and the median. */
+#ifndef MUON_BENCH_H
+#define MUON_BENCH_H
+
+#include <stdlib.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts t in place. */
+static double median(double *t, int n) {
+  qsort(t, (size_t)n, sizeof *t, cmp_double);
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+#endif
