@@ -191,7 +191,11 @@ typedef enum muon_nonfinite {
    (muon_gloo.h, muon_nccl.h, or your framework) fills the vtable; the core never knows which one
    it talks to and calls it only through wrappers that check and count. Every slot takes ctx first
    and returns muon_status; a failing slot should leave its native message for `error`. */
-#define MUON_COMM_VTABLE_VERSION 1
+#define MUON_COMM_VTABLE_VERSION 2
+
+/* Where a buffer lives, from the core's point of view. */
+#define MUON_MEMORY_HOST 0
+#define MUON_MEMORY_DEVICE 1
 
 typedef struct muon_comm_vtable {
   int version;                     /* MUON_COMM_VTABLE_VERSION; slots are only appended        */
@@ -209,6 +213,11 @@ typedef struct muon_comm_vtable {
   const char *(*error)(void *ctx);
   /* Optional: frees ctx; called by muon_comm_destroy. */
   void (*destroy)(void *ctx);
+  /* Version 2. Where alltoallv's buffers live: MUON_MEMORY_HOST (0, and every version-1 table)
+     or MUON_MEMORY_DEVICE (the compute backend's memory, e.g. NCCL). With a host communicator
+     and a device compute backend the core stages the exchange through host buffers. allgather
+     always takes host memory: it carries only small control data. */
+  int memory;
 } muon_comm_vtable;
 
 typedef struct muon_comm {
@@ -221,6 +230,152 @@ typedef struct muon_comm {
 MUON_API muon_comm muon_comm_self(void);
 /* Calls vt->destroy if set and clears *comm. */
 MUON_API void muon_comm_destroy(muon_comm *comm);
+
+/* ---------------------------------------------------------------------------------------------
+   Compute backend: where the step's arithmetic runs and where its buffers live, as a vtable +
+   context like the communicator. NULL desc.compute is the CPU backend in this header
+   (muon_compute_cpu()); muon_cuda.h fills one for NVIDIA GPUs. The slots are whole operations of
+   a step, not a BLAS, so a third party (HIP, Metal, a framework's allocator) implements about a
+   dozen functions. The core reaches them only through wrappers that check and count.
+
+   Memory. "Backend memory" is what `alloc` returns; with `memory == MUON_MEMORY_DEVICE` the core
+   never dereferences it, nor the user's param / grad / mirror / momentum buffers, which must then
+   be backend memory too. "Host memory" is ordinary memory the core reads and writes.
+   Ordering. Every slot that takes backend memory runs in call order on one queue (a CUDA stream):
+   a slot may return before its work is done. Results are visible to the host only after `sync`
+   returns MUON_OK. Host arguments (ops, args structs) are read before a slot returns; only the
+   host buffer of a `copy` may be used until the next `sync`, and the core leaves it unchanged
+   until then. Errors may surface late: a slot or
+   `sync` that returns non-OK means the step is abandoned, and the core then changes nothing the
+   user can see (every write before the commit goes to the backend's scratch buffers).
+   Element types. float is fp32; bf16 is stored as uint16_t (the top half of the fp32 bits). */
+#define MUON_COMPUTE_VTABLE_VERSION 1
+
+typedef enum muon_dtype {
+  MUON_DTYPE_FP32 = 0,
+  MUON_DTYPE_BF16                  /* bfloat16, uint16_t storage                               */
+} muon_dtype;
+
+/* Rounding of a bf16 result (a bf16 parameter, or the bf16 mirror of an fp32 one). */
+typedef enum muon_rounding {
+  MUON_ROUND_NEAREST = 0,          /* to nearest, ties to even                                 */
+  MUON_ROUND_STOCHASTIC            /* up with probability proportional to the distance; the
+                                      random bits depend only on (seed, step, matrix, element's
+                                      index in the full matrix), never on launch shape or world */
+} muon_rounding;
+
+/* A piece of a matrix and the Newton-Schulz operand of the whole matrix it belongs to. The piece
+   is elements [f0, f1) of the row-major flattening of the h x w rectangle at (r0, c0) of the
+   rows x cols matrix; its element k (0 <= k < f1 - f0), with f = f0 + k, is at
+     row = r0 + f / w,  col = c0 + f % w,
+   and is stored at pieces[piece + k]. The operand is the matrix itself (rows <= cols) or its
+   transpose (rows > cols), row-major at operands[operand]: element (row, col) sits at
+     operand + (rows <= cols ? row * cols + col : col * rows + row). */
+typedef struct muon_piece_copy {
+  long long r0, c0, h, w, f0, f1;
+  int rows, cols;
+  size_t piece, operand;           /* offsets in floats                                        */
+} muon_piece_copy;
+
+/* Momentum of n elements (one local piece). With g = grad_scale * grad[i] (grad in grad_dtype):
+     lerp: B' = B + (1-mu)(g - B);  U = nesterov ? g + mu(B' - g) : B'
+     sgd:  B' = mu B + g;           U = nesterov ? g + mu B' : B'
+   exactly as muon__momentum_elem computes them, in fp32. */
+typedef struct muon_momentum_args {
+  float mu;
+  int nesterov;
+  int sgd;                         /* MUON_MOMENTUM_SGD                                        */
+  float grad_scale;                /* 1: none (e.g. the trainer's clipping factor)             */
+  muon_dtype grad_dtype;
+} muon_momentum_args;
+
+/* The update of n elements of one local piece: p = p*decay - step*O, in fp32 (exactly as
+   muon__apply_elem), then stored as param_dtype; a bf16 mirror gets the rounded new value.
+   Rounding to bf16 follows `rounding`; for MUON_ROUND_STOCHASTIC the bits of element i come
+   from muon_random_bits(seed, index) where index is the element's row * cols + col in the full
+   matrix: the piece (as in muon_piece_copy, offsets unused) says where element i sits. */
+typedef struct muon_apply_args {
+  float decay, step;
+  muon_dtype param_dtype;
+  void *mirror;                    /* optional bf16 copy of the new parameter, n elements      */
+  muon_rounding rounding;
+  unsigned long long seed;         /* already mixed with the step and the matrix by the core   */
+  muon_piece_copy piece;           /* where element i sits in the full matrix                  */
+} muon_apply_args;
+
+/* AdamW (torch semantics) of n elements; step_size = lr / (1 - beta1^t), bc2_sqrt =
+   sqrt(1 - beta2^t), decay = 1 - lr * weight_decay; g = grad_scale * grad[i]. */
+typedef struct muon_adamw_args {
+  float beta1, beta2, eps, decay, step_size, bc2_sqrt, grad_scale;
+  muon_dtype grad_dtype, param_dtype;
+  void *mirror;                    /* optional bf16 copy of the new parameter                  */
+  muon_rounding rounding;
+  unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed, i)  */
+} muon_adamw_args;
+
+typedef struct muon_compute_vtable {
+  int version;                     /* MUON_COMPUTE_VTABLE_VERSION; slots are only appended     */
+  int memory;                      /* MUON_MEMORY_HOST or MUON_MEMORY_DEVICE (see above)       */
+  /* Required. Backend memory of `bytes` bytes (> 0), aligned for any element type; NULL if
+     there is none. Called only outside muon_step (creation, registration, planning). */
+  void *(*alloc)(void *ctx, size_t bytes);
+  void (*free)(void *ctx, void *ptr);
+  /* Optional: host memory the backend copies to and from fastest (CUDA: pinned), for staging an
+     exchange through a host communicator. NULL: the core uses its allocator. */
+  void *(*alloc_host)(void *ctx, size_t bytes);
+  void (*free_host)(void *ctx, void *ptr);
+  /* Required. Copies `bytes` bytes; `to_host`: dst is host memory and src backend memory,
+     `from_host`: the reverse, both 0: both backend memory. Ordered; dst is valid for the host
+     after the next sync. The regions do not overlap. */
+  muon_status (*copy)(void *ctx, void *dst, const void *src, size_t bytes, int to_host, int from_host);
+  /* Required. Sets `bytes` bytes of backend memory to zero. */
+  muon_status (*zero)(void *ctx, void *dst, size_t bytes);
+  /* Required. For each of the n ops (host memory): to_operand ? operand element = piece element
+     : piece element = operand element, for every element of the piece (see muon_piece_copy).
+     pieces and operands are backend memory; no element is both read and written, and no two ops
+     write one element. */
+  muon_status (*pack)(void *ctx, const muon_piece_copy *ops, int n, float *pieces, float *operands, int to_operand);
+  /* Required. Momentum of n elements (see muon_momentum_args). update != 0: the momentum
+     buffer becomes B' and u (if not NULL) gets U. update == 0: u gets U, the buffer is left as
+     it is. u does not overlap the others. */
+  muon_status (*momentum)(void *ctx, size_t n, float *momentum, const void *grad,
+                          const muon_momentum_args *a, int update, float *u);
+  /* Required. Bytes of workspace newton_schulz needs for `batch` m x n operands (m <= n). */
+  size_t (*ns_workspace)(void *ctx, int batch, int m, int n, const muon_hparams *hp);
+  /* Required. Orthogonalises, in place, `batch` operands X + b*m*n (b < batch), each m x n
+     row-major with m <= n, as section "Newton-Schulz" of this file defines it for hp (steps,
+     coefficients, eps, precision; gemm and symmetric are hints). ws: ns_workspace bytes of
+     backend memory. The result of one operand must not depend on batch or on the others. */
+  muon_status (*newton_schulz)(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws);
+  /* Required. The update of one local piece (see muon_apply_args); param is in a->param_dtype. */
+  muon_status (*apply)(void *ctx, size_t n, void *param, const float *O, const muon_apply_args *a);
+  /* Required. AdamW of n elements; param in a->param_dtype, grad in a->grad_dtype. */
+  muon_status (*adamw)(void *ctx, size_t n, void *param, const void *grad, float *m, float *v,
+                       const muon_adamw_args *a);
+  /* Required. *flag (backend memory) = 1 if any of the n elements of x is NaN or Inf, else 0.
+     Must not be fooled by -ffast-math: test the exponent bits. */
+  muon_status (*nonfinite)(void *ctx, const void *x, muon_dtype dtype, size_t n, int *flag);
+  /* Required. dst[i] = src[i] converted (to bf16: nearest even); both backend memory. */
+  muon_status (*cast)(void *ctx, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype, size_t n);
+  /* Required. Waits for everything queued; returns the first failure since the last sync. */
+  muon_status (*sync)(void *ctx);
+  /* Optional: the native text of the last failure. */
+  const char *(*error)(void *ctx);
+  /* Optional: frees ctx; called by muon_compute_destroy. */
+  void (*destroy)(void *ctx);
+} muon_compute_vtable;
+
+typedef struct muon_compute {
+  const muon_compute_vtable *vt;
+  void *ctx;
+} muon_compute;
+
+/* The CPU backend of this header (built-in GEMM or CBLAS): what a NULL desc.compute means. */
+MUON_API muon_compute muon_compute_cpu(void);
+/* Calls vt->destroy if set and clears *compute. */
+MUON_API void muon_compute_destroy(muon_compute *compute);
+/* The 32 random bits stochastic rounding uses for one element: a pure function. */
+MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long index);
 
 /* ---------------------------------------------------------------------------------------------
    Layouts (the C analogue of a DTensor placement list). A matrix's layout is an ordered list of
@@ -333,6 +488,9 @@ typedef struct muon_desc {
   muon_logger logger;              /* zeroed: silent                                            */
   const muon_comm *comm;           /* NULL: one rank. Copied.                                   */
   const muon_dist_config *dist;    /* NULL: every rank orthogonalises what it holds. Copied.    */
+  const muon_compute *compute;     /* NULL: the CPU (muon_compute_cpu()). Copied; not owned.    */
+  muon_rounding rounding;          /* bf16 parameters and mirrors: nearest even or stochastic   */
+  unsigned long long seed;         /* stochastic rounding's seed                                */
 } muon_desc;
 
 MUON_API muon_desc muon_default_desc(void);
@@ -341,25 +499,38 @@ MUON_API muon_desc muon_default_desc(void);
    Each stacked slice becomes its own matrix with consecutive indices. */
 typedef struct muon_matrix {
   const char *name;                /* optional, used in messages (copied)                       */
-  float *param;                    /* rows*cols floats, row-major (per slice)                    */
-  const float *grad;               /* same shape; NULL = absent (matrix skipped) until set      */
+  void *param;                     /* rows*cols elements of param_dtype, row-major (per slice)  */
+  const void *grad;                /* same shape, grad_dtype; NULL = absent (skipped) until set */
   int rows, cols;
   int ndim;                        /* 0 or 2. Anything else is rejected: non-matrix parameters
                                       belong to muon_add_adamw_param                            */
   int count;                       /* 0 or 1: one matrix; L: L slices                           */
-  size_t stride;                   /* floats between slices; 0 = rows*cols; >= rows*cols        */
+  size_t stride;                   /* elements between param slices; 0 = the local piece's size */
   int group;                       /* hyperparameter group, 0 = desc.hparams                     */
   const muon_layout *layout;       /* this rank's piece (copied); NULL: dist->layout, or whole  */
+  /* What a GPU trainer hands over (llm.c): all optional. With a device compute backend every
+     buffer here is backend (device) memory. */
+  muon_dtype param_dtype;          /* FP32 (master weights) or BF16 (updated in fp32, rounded
+                                      back as desc.rounding says)                               */
+  muon_dtype grad_dtype;           /* FP32 or BF16                                              */
+  size_t grad_stride;              /* elements between grad slices; 0 = stride                  */
+  void *mirror;                    /* optional bf16 copy of param, written after each update    */
+  size_t mirror_stride;            /* elements between mirror slices; 0 = stride                */
+  float *momentum;                 /* optional: the trainer's buffer for the momentum (zeroed at
+                                      registration, then owned by muon until muon_destroy)      */
+  size_t momentum_stride;          /* floats between momentum slices; 0 = the local size        */
 } muon_matrix;
 
 MUON_API muon_matrix muon_default_matrix(void);
 
 typedef struct muon_adamw_param {
   const char *name;
-  float *param;
-  const float *grad;               /* NULL = absent (skipped) until set                          */
-  size_t size;                     /* number of floats, > 0                                       */
+  void *param;                     /* size elements of param_dtype                               */
+  const void *grad;                /* size elements of grad_dtype; NULL = absent (skipped)       */
+  size_t size;                     /* number of elements, > 0                                    */
   int group;                       /* AdamW group, 0 = desc.adamw                                 */
+  muon_dtype param_dtype, grad_dtype;
+  void *mirror;                    /* optional bf16 copy of param, written after each update     */
 } muon_adamw_param;
 
 MUON_API muon_adamw_param muon_default_adamw_param(void);
@@ -387,8 +558,11 @@ MUON_API muon_status muon_set_adamw_lr(muon_optimizer *opt, int group, float lr)
 MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out);
 MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out);
 /* Points a matrix (or AdamW param) at a new gradient; NULL means absent this step. */
-MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const float *grad);
-MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const float *grad);
+MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *grad);
+MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const void *grad);
+/* Multiplies every gradient by `scale` (finite, > 0) before the momentum and AdamW, from the
+   next step on: the trainer's clipping factor, without rewriting its gradients. Default 1. */
+MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale);
 MUON_API int muon_matrix_count(const muon_optimizer *opt);
 MUON_API int muon_adamw_param_count(const muon_optimizer *opt);
 
@@ -425,6 +599,9 @@ typedef struct muon_stats {
   size_t exchange_bytes;           /* exchange buffers: send/recv + the O stash (local size)     */
   int rounds;                      /* exchange rounds per step (0 without matrices; a round with
                                       nothing to move, as on one rank, issues no alltoallv)      */
+  long long backend_calls;         /* compute backend slots called (sync included)               */
+  long long syncs;                 /* of which sync: where the host waits for the backend        */
+  long long ns_batches;            /* newton_schulz calls (each orthogonalises a batch)           */
 } muon_stats;
 
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
@@ -453,6 +630,140 @@ MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
 }
 #endif
 #endif /* MUON_H */
+
+/* =============================================================================================
+   ELEMENT-WISE FORMULAS, one element at a time, shared by the CPU loops of this header and the
+   CUDA kernels of muon_cuda.h (which defines MUON_ELEMENTWISE and includes this header again),
+   so every backend runs the very same formulas. Reference: torch.optim.Muon / torch.optim.AdamW
+   (single-tensor paths). Compile device code without FMA contraction (nvcc -fmad=false) to get
+   the CPU's bits.
+   ============================================================================================= */
+#if (defined(MUON_IMPLEMENTATION) || defined(MUON_ELEMENTWISE)) && !defined(MUON__ELEMENTWISE_DEFINED)
+#define MUON__ELEMENTWISE_DEFINED
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__CUDACC__)
+#define MUON__HD static inline __host__ __device__
+#else
+#define MUON__HD static inline
+#endif
+
+MUON__HD uint32_t muon__f2u(float x) { uint32_t u; memcpy(&u, &x, sizeof u); return u; }
+MUON__HD float muon__u2f(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return x; }
+
+/* By the exponent bits, so -ffast-math cannot fold it away. */
+MUON__HD int muon__finite(float x) { return (muon__f2u(x) & 0x7f800000u) != 0x7f800000u; }
+
+/* Momentum, returns U. lerp: torch's buf.lerp_(g, 1-mu) then g.lerp(buf, mu). */
+MUON__HD float muon__momentum_elem(float *b, float g, float mu, int nesterov, int sgd) {
+  if (sgd) {
+    *b = mu * *b + g;
+    return nesterov ? g + mu * *b : *b;
+  }
+  *b = *b + (1.0f - mu) * (g - *b);
+  return nesterov ? g + mu * (*b - g) : *b;
+}
+
+/* w*(1 - lr*wd) first, with the unadjusted lr; then the orthogonalised step. */
+MUON__HD float muon__apply_elem(float w, float o, float decay, float step) {
+  w = w * decay;
+  return w - step * o;
+}
+
+/* torch.optim.AdamW for one element; step_size = lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t). */
+MUON__HD float muon__adamw_elem(float w, float g, float *m, float *v, float beta1, float beta2, float eps,
+                                float decay, float step_size, float bc2_sqrt) {
+  w = w * decay;
+  *m = *m + (1.0f - beta1) * (g - *m);
+  *v = *v * beta2 + (1.0f - beta2) * g * g;
+  return w - step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
+}
+
+/* Round to the nearest bfloat16, ties to even, kept in a float. */
+MUON__HD float muon__bf16(float x) {
+  uint32_t u = muon__f2u(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) {
+    if (u & 0x007fffffu) u |= 0x00400000u; /* keep NaN a NaN */
+  } else {
+    u += 0x7fffu + ((u >> 16) & 1u);
+  }
+  return muon__u2f(u & 0xffff0000u);
+}
+
+/* Stochastic rounding to bfloat16 with 16 random bits: rounds up with probability equal to the
+   dropped fraction. NaN and Inf stay as they are; a finite value may round to Inf only where
+   nearest rounding would too. */
+MUON__HD float muon__bf16_stochastic(float x, uint32_t bits) {
+  uint32_t u = muon__f2u(x), r;
+  if ((u & 0x7f800000u) == 0x7f800000u) return muon__bf16(x);
+  r = (u + (bits & 0xffffu)) & 0xffff0000u;
+  if ((r & 0x7f800000u) == 0x7f800000u) return muon__bf16(x);
+  return muon__u2f(r);
+}
+
+MUON__HD uint16_t muon__bf16_bits(float x) { return (uint16_t)(muon__f2u(x) >> 16); }
+MUON__HD float muon__from_bf16(uint16_t h) { return muon__u2f((uint32_t)h << 16); }
+
+/* SplitMix64 finaliser of (seed, index): the random bits of one element. */
+MUON__HD uint32_t muon__random_bits(unsigned long long seed, unsigned long long index) {
+  unsigned long long z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (uint32_t)((z ^ (z >> 31)) >> 32);
+}
+
+/* A float of an fp32 or bf16 buffer. */
+MUON__HD float muon__load(const void *p, int bf16, size_t i) {
+  return bf16 ? muon__from_bf16(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* Stores x to an fp32 or bf16 buffer, rounding as asked (bits used only when stochastic). */
+MUON__HD void muon__store(void *p, int bf16, size_t i, float x, int stochastic, uint32_t bits) {
+  if (!bf16) { ((float *)p)[i] = x; return; }
+  ((uint16_t *)p)[i] = muon__bf16_bits(stochastic ? muon__bf16_stochastic(x, bits) : muon__bf16(x));
+}
+
+/* Element k of a piece: its index in the full rows x cols matrix (row * cols + col), and its
+   index in the NS operand (the matrix, or its transpose when rows > cols). */
+MUON__HD long long muon__piece_full_index(const muon_piece_copy *p, long long k) {
+  long long f = p->f0 + k, row = p->r0 + f / p->w, col = p->c0 + f % p->w;
+  return row * p->cols + col;
+}
+MUON__HD long long muon__piece_operand_index(const muon_piece_copy *p, long long k) {
+  long long f = p->f0 + k, row = p->r0 + f / p->w, col = p->c0 + f % p->w;
+  return p->rows <= p->cols ? row * p->cols + col : col * p->rows + row;
+}
+
+/* One element of the update: momentum -> U (momentum_elem), and p*decay - step*O stored as
+   the parameter's dtype with its mirror. */
+MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muon_apply_args *a) {
+  int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
+  uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)muon__piece_full_index(&a->piece, (long long)i)) : 0;
+  float w = muon__apply_elem(muon__load(param, bf16, i), O[i], a->decay, a->step);
+  muon__store(param, bf16, i, w, sr, bits);
+  if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
+}
+
+MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *m, float *v, const muon_adamw_args *a) {
+  int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
+  uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)i) : 0;
+  float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
+  float w = muon__adamw_elem(muon__load(param, bf16, i), g, &m[i], &v[i], a->beta1, a->beta2, a->eps,
+                             a->decay, a->step_size, a->bc2_sqrt);
+  muon__store(param, bf16, i, w, sr, bits);
+  if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
+}
+
+/* Momentum of element i: update ? the buffer moves to B' : it stays; returns U. */
+MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, const muon_momentum_args *a, int update) {
+  float b = momentum[i];
+  float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
+  float u = muon__momentum_elem(&b, g, a->mu, a->nesterov, a->sgd);
+  if (update) momentum[i] = b;
+  return u;
+}
+#endif /* MUON__ELEMENTWISE_DEFINED */
 
 /* =============================================================================================
    IMPLEMENTATION
@@ -594,7 +905,7 @@ static muon_status muon__self_allgather(void *ctx, const void *send, void *recv,
 }
 
 static const muon_comm_vtable muon__self_vtable = {
-  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL
+  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL, MUON_MEMORY_HOST
 };
 
 MUON_API muon_comm muon_comm_self(void) {
@@ -622,12 +933,15 @@ typedef struct muon__piece {
 
 typedef struct muon__matrix {
   char name[64];
-  float *param;
-  const float *grad;
+  void *param;          /* param_dtype */
+  const void *grad;     /* grad_dtype */
+  void *mirror;         /* bf16, optional */
+  muon_dtype param_dtype, grad_dtype;
   int rows, cols;
   int group;
-  size_t size;          /* floats of param/grad/momentum held here */
-  float *momentum;
+  size_t size;          /* elements of param/grad/momentum held here */
+  float *momentum;      /* backend memory */
+  int own_momentum;     /* allocated by muon (else the trainer's buffer) */
   int skip;             /* this step: absent or non-finite gradient */
   muon_layout layout;
   muon__piece piece;
@@ -650,6 +964,7 @@ typedef struct muon__global {
   int owner;
   int local;            /* this rank's matrix index, -1 if none */
   int round;
+  size_t xoff;          /* owner: offset of its NS operand in the round's gathered buffer */
   int skip;             /* this step, agreed by all ranks */
   int n_holders;        /* ranks with a non-empty piece, ascending */
   int mine;             /* this rank's entry in holders, -1 if none */
@@ -659,27 +974,38 @@ typedef struct muon__global {
 
 typedef struct muon__plan {
   int ready;
+  int P, me;            /* the plan's world: the communicator's, or 1 and 0 without a dist config */
   muon__global *globals;
   int n_globals;
   int *round_start;     /* round r is globals [round_start[r], round_start[r+1]) */
   int n_rounds;
+  int *order;           /* per round, the globals this rank owns, sorted into NS batches */
+  int *order_start;     /* round r's are order [order_start[r], order_start[r+1]) */
   int max_local;        /* most matrices any rank registered */
+  /* Backend memory: */
   float *stash;         /* O of every local matrix, committed only when all rounds succeeded */
   float *send, *recv;   /* alltoallv buffers */
   float *gathered;      /* full operands X of the matrices this rank owns in a round */
-  float *ns_ws;
-  size_t stash_floats, send_floats, recv_floats, gathered_floats, ns_ws_floats;
+  void *ns_ws;
+  /* Host memory: */
+  float *host_send, *host_recv; /* staging, when the compute is on a device and the comm is not */
+  int stage;
+  muon_piece_copy *ops; /* scratch for one pack call */
+  int ops_cap;
+  size_t stash_floats, send_floats, recv_floats, gathered_floats, ns_ws_bytes;
   size_t *counts;       /* 5 x size: send counts, displs, recv counts, displs, cursors */
   unsigned char *flags; /* (size + 1) x (max_local + 1) step flags: everyone's, then mine */
 } muon__plan;
 
 typedef struct muon__adamw {
   char name[64];
-  float *param;
-  const float *grad;
+  void *param;
+  const void *grad;
+  void *mirror;
+  muon_dtype param_dtype, grad_dtype;
   size_t size;
   int group;
-  float *exp_avg, *exp_avg_sq;
+  float *exp_avg, *exp_avg_sq;  /* backend memory */
   long long step;
   int skip;
 } muon__adamw;
@@ -696,8 +1022,14 @@ struct muon_optimizer {
   int n_matrices;
   muon__adamw *adamw;
   int n_adamw;
-  float *work;          /* step workspace, grown before a step changes anything */
-  size_t work_floats;
+  muon_compute compute;
+  int device;           /* the compute backend's memory is not the host's */
+  float grad_scale;
+  muon_rounding rounding;
+  unsigned long long seed;
+  int *verdicts;        /* backend memory: non-finite flag per matrix, then per AdamW param */
+  int *host_verdicts;
+  int verdicts_cap;
   muon_stats stats;
   muon_comm comm;
   int distributed;      /* a dist config was given */
@@ -751,15 +1083,6 @@ static muon_status muon__fail(muon_optimizer *opt, muon_status status, const cha
 
 MUON_API const char *muon_error(const muon_optimizer *opt) {
   return opt ? opt->error : "muon_error: opt is NULL";
-}
-
-static int muon__finite(float x) { return isfinite(x) != 0; }
-
-static int muon__all_finite(const float *x, size_t n) {
-  size_t i;
-  for (i = 0; i < n; i++)
-    if (!muon__finite(x[i])) return 0;
-  return 1;
 }
 
 /* Checks one group's hyperparameters; writes the message into buf. */
@@ -920,6 +1243,9 @@ static muon__seg muon__segs(const muon__piece *p) {
 
 static void muon__plan_free(muon_optimizer *opt);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
+static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes);
+static void muon__dev_free(muon_optimizer *opt, void *ptr);
+static muon_status muon__dev_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
 
 /* ---------------------------------------------------------------------------------------------
    Built-in configs: muon_auto_config derives each matrix's layout from the groups. */
@@ -1004,6 +1330,27 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
       return MUON_ERR_ARG;
     }
   }
+  if (desc->compute) {
+    const muon_compute_vtable *v = desc->compute->vt;
+    const char *bad = NULL;
+    if (!v) bad = "muon_desc.compute->vt is NULL";
+    else if (v->version < 1) bad = "muon_desc.compute->vt->version must be >= 1 (MUON_COMPUTE_VTABLE_VERSION)";
+    else if (v->memory != MUON_MEMORY_HOST && v->memory != MUON_MEMORY_DEVICE) bad = "muon_desc.compute->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
+    else if (!v->alloc || !v->free || !v->copy || !v->zero || !v->pack || !v->momentum || !v->ns_workspace ||
+             !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync)
+      bad = "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error and destroy are required)";
+    else if (!v->alloc_host != !v->free_host) bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
+    if (bad) {
+      char full[300];
+      snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
+      muon__log(&desc->logger, MUON_LOG_ERROR, full);
+      return MUON_ERR_ARG;
+    }
+  }
+  if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC) {
+    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
+    return MUON_ERR_ARG;
+  }
   if (desc->dist && !desc->dist->gather != !desc->dist->redistribute) {
     muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
     return MUON_ERR_ARG;
@@ -1020,6 +1367,12 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->comm = desc->comm ? *desc->comm : muon_comm_self();
   opt->distributed = desc->dist != NULL;
   if (desc->dist) opt->dist = *desc->dist;
+  if (desc->compute) opt->compute = *desc->compute;
+  else { opt->compute = muon_compute_cpu(); opt->compute.ctx = &opt->allocator; }
+  opt->device = opt->compute.vt->memory == MUON_MEMORY_DEVICE;
+  opt->grad_scale = 1.0f;
+  opt->rounding = desc->rounding;
+  opt->seed = desc->seed;
   opt->groups = (muon_hparams *)muon__alloc(&a, sizeof(muon_hparams));
   opt->adamw_groups = (muon_adamw_hparams *)muon__alloc(&a, sizeof(muon_adamw_hparams));
   if (!opt->groups || !opt->adamw_groups) {
@@ -1041,16 +1394,18 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   if (!opt) return;
   a = opt->allocator;
   muon__plan_free(opt);
-  for (i = 0; i < opt->n_matrices; i++) muon__free(&a, opt->matrices[i].momentum);
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].own_momentum) muon__dev_free(opt, opt->matrices[i].momentum);
   for (i = 0; i < opt->n_adamw; i++) {
-    muon__free(&a, opt->adamw[i].exp_avg);
-    muon__free(&a, opt->adamw[i].exp_avg_sq);
+    muon__dev_free(opt, opt->adamw[i].exp_avg);
+    muon__dev_free(opt, opt->adamw[i].exp_avg_sq);
   }
+  muon__dev_free(opt, opt->verdicts);
+  muon__free(&a, opt->host_verdicts);
   muon__free(&a, opt->matrices);
   muon__free(&a, opt->adamw);
   muon__free(&a, opt->groups);
   muon__free(&a, opt->adamw_groups);
-  muon__free(&a, opt->work);
   muon__free(&a, opt);
 }
 
@@ -1139,14 +1494,35 @@ static void muon__copy_name(char *dst, size_t size, const char *name) {
   dst[size - 1] = '\0';
 }
 
+/* The non-finite verdicts hold one int per matrix and AdamW param: grown before registering. */
+static muon_status muon__reserve_verdicts(muon_optimizer *opt, int n, const char *op) {
+  int *dev, *host;
+  if (n <= opt->verdicts_cap) return MUON_OK;
+  dev = (int *)muon__dev_alloc(opt, (size_t)n * sizeof(int));
+  host = dev ? (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int)) : NULL;
+  if (!host) {
+    muon__dev_free(opt, dev);
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %d non-finite flags failed", op, n);
+  }
+  muon__dev_free(opt, opt->verdicts);
+  muon__free(&opt->allocator, opt->host_verdicts);
+  opt->verdicts = dev;
+  opt->host_verdicts = host;
+  opt->verdicts_cap = n;
+  return MUON_OK;
+}
+
+static size_t muon__dtype_size(muon_dtype t) { return t == MUON_DTYPE_BF16 ? 2 : 4; }
+
 MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out) {
   const char *name;
   int count, i, first;
-  size_t size, stride;
+  size_t size, stride, grad_stride, mirror_stride, mom_stride;
   muon_layout layout;
   muon__piece piece;
   muon__matrix *grown;
   float **moms;
+  muon_status st = MUON_OK;
   if (!opt) return MUON_ERR_ARG;
   if (!m) return muon__fail(opt, MUON_ERR_ARG, "muon_add_matrix: m is NULL");
   name = m->name ? m->name : "";
@@ -1159,12 +1535,14 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   if (!m->param) MUON__BAD(MUON_ERR_ARG, "muon_matrix.param is NULL");
   if (m->count < 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count must be >= 0 (got %d)", m->count);
   if (m->group < 0 || m->group >= opt->n_groups) MUON__BAD(MUON_ERR_ARG, "muon_matrix.group %d does not exist (have %d)", m->group, opt->n_groups);
+  if ((unsigned)m->param_dtype > (unsigned)MUON_DTYPE_BF16) MUON__BAD(MUON_ERR_ARG, "muon_matrix.param_dtype is not a muon_dtype (got %d)", (int)m->param_dtype);
+  if ((unsigned)m->grad_dtype > (unsigned)MUON_DTYPE_BF16) MUON__BAD(MUON_ERR_ARG, "muon_matrix.grad_dtype is not a muon_dtype (got %d)", (int)m->grad_dtype);
   memset(&layout, 0, sizeof layout);
   if (m->layout) {            /* the matrix's own layout is the most specific: it wins */
     if (!opt->distributed) MUON__BAD(MUON_ERR_ARG, "muon_matrix.layout is set but muon_desc.dist is NULL (use muon_layout_config())");
     layout = *m->layout;
   } else if (opt->distributed && opt->dist.layout) {
-    muon_status st = opt->dist.layout(opt->dist.state, first, m, &layout);
+    st = opt->dist.layout(opt->dist.state, first, m, &layout);
     if (st != MUON_OK) MUON__BAD(st, "muon_dist_config.layout returned %s", muon_status_string(st));
   }
   {
@@ -1176,21 +1554,36 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   if (count > INT_MAX - first || (size_t)count > MUON__MAX_FLOATS / (size ? size : 1))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count %d of %zu floats each is too large", count, size);
   stride = m->stride ? m->stride : size;
-  if (count > 1 && stride < size)
-    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.stride %zu makes the %d stacked %d x %d matrices overlap (needs >= %zu, the local piece)", stride, count, m->rows, m->cols, size);
+  grad_stride = m->grad_stride ? m->grad_stride : stride;
+  mirror_stride = m->mirror_stride ? m->mirror_stride : stride;
+  mom_stride = m->momentum_stride ? m->momentum_stride : size;
+  if (count > 1 && (stride < size || grad_stride < size || mirror_stride < size || mom_stride < size))
+    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix strides (param %zu, grad %zu, mirror %zu, momentum %zu) make the %d stacked %d x %d matrices overlap (each needs >= %zu, the local piece)",
+              stride, grad_stride, mirror_stride, mom_stride, count, m->rows, m->cols, size);
+  if (count > 1 && ((size_t)(count - 1) > MUON__MAX_FLOATS / stride || (size_t)(count - 1) > MUON__MAX_FLOATS / grad_stride ||
+                    (size_t)(count - 1) > MUON__MAX_FLOATS / mirror_stride || (size_t)(count - 1) > MUON__MAX_FLOATS / mom_stride))
+    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix: %d slices at these strides overflow the address space", count);
 #undef MUON__BAD
   /* Allocate everything first so a failure leaves the optimizer as it was. */
+  if ((st = muon__reserve_verdicts(opt, first + count + opt->n_adamw, "muon_add_matrix")) != MUON_OK) return st;
   moms = (float **)muon__alloc(&opt->allocator, (size_t)count * sizeof(float *));
   grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
   for (i = 0; grown && i < count; i++) {
-    moms[i] = (float *)muon__alloc(&opt->allocator, size * sizeof(float));
+    moms[i] = m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__dev_alloc(opt, size * sizeof(float));
     if (!moms[i]) break;
   }
   if (!grown || i < count) {
-    while (grown && i-- > 0) muon__free(&opt->allocator, moms[i]);
+    while (grown && !m->momentum && i-- > 0) muon__dev_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows, m->cols, first, name);
+  }
+  for (i = 0; i < count && (st = muon__dev_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) == MUON_OK; i++) {}
+  if (st != MUON_OK) {
+    for (i = 0; !m->momentum && i < count; i++) muon__dev_free(opt, moms[i]);
+    muon__free(&opt->allocator, grown);
+    muon__free(&opt->allocator, moms);
+    return st;
   }
   if (first) memcpy(grown, opt->matrices, (size_t)first * sizeof(muon__matrix));
   for (i = 0; i < count; i++) {
@@ -1198,8 +1591,11 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     memset(x, 0, sizeof *x);
     if (count > 1) snprintf(x->name, sizeof x->name, "%.50s[%d]", name, i);
     else muon__copy_name(x->name, sizeof x->name, name);
-    x->param = m->param + (size_t)i * stride;
-    x->grad = m->grad ? m->grad + (size_t)i * stride : NULL;
+    x->param = (char *)m->param + (size_t)i * stride * muon__dtype_size(m->param_dtype);
+    x->grad = m->grad ? (const char *)m->grad + (size_t)i * grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
+    x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * mirror_stride * 2 : NULL;
+    x->param_dtype = m->param_dtype;
+    x->grad_dtype = m->grad_dtype;
     x->rows = m->rows;
     x->cols = m->cols;
     x->group = m->group;
@@ -1208,7 +1604,7 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     x->piece = piece;
     x->global = -1;
     x->momentum = moms[i];
-    memset(x->momentum, 0, size * sizeof(float));
+    x->own_momentum = m->momentum == NULL;
   }
   muon__free(&opt->allocator, moms);
   muon__free(&opt->allocator, opt->matrices);
@@ -1224,6 +1620,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   muon__adamw *grown, *x;
   float *m1, *m2;
   int i;
+  muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
   i = opt->n_adamw;
@@ -1233,96 +1630,65 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size %zu is too large (param %d, '%s')", p->size, i, p->name ? p->name : "");
   if (p->group < 0 || p->group >= opt->n_adamw_groups)
     return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.group %d does not exist (have %d) (param %d, '%s')", p->group, opt->n_adamw_groups, i, p->name ? p->name : "");
-  m1 = (float *)muon__alloc(&opt->allocator, p->size * sizeof(float));
-  m2 = m1 ? (float *)muon__alloc(&opt->allocator, p->size * sizeof(float)) : NULL;
+  if ((unsigned)p->param_dtype > (unsigned)MUON_DTYPE_BF16 || (unsigned)p->grad_dtype > (unsigned)MUON_DTYPE_BF16)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param_dtype and .grad_dtype must be muon_dtype values (got %d, %d) (param %d, '%s')", (int)p->param_dtype, (int)p->grad_dtype, i, p->name ? p->name : "");
+  if ((st = muon__reserve_verdicts(opt, opt->n_matrices + i + 1, "muon_add_adamw_param")) != MUON_OK) return st;
+  m1 = (float *)muon__dev_alloc(opt, p->size * sizeof(float));
+  m2 = m1 ? (float *)muon__dev_alloc(opt, p->size * sizeof(float)) : NULL;
   grown = m2 ? (muon__adamw *)muon__grow(&opt->allocator, opt->adamw, i, sizeof *grown) : NULL;
   if (!grown) {
-    muon__free(&opt->allocator, m1);
-    muon__free(&opt->allocator, m2);
+    muon__dev_free(opt, m1);
+    muon__dev_free(opt, m2);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i, p->name ? p->name : "");
   }
   opt->adamw = grown;
+  if ((st = muon__dev_zero(opt, m1, p->size * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
+      (st = muon__dev_zero(opt, m2, p->size * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
+    muon__dev_free(opt, m1);
+    muon__dev_free(opt, m2);
+    return st;
+  }
   x = &grown[i];
   memset(x, 0, sizeof *x);
   muon__copy_name(x->name, sizeof x->name, p->name);
   x->param = p->param;
   x->grad = p->grad;
+  x->mirror = p->mirror;
+  x->param_dtype = p->param_dtype;
+  x->grad_dtype = p->grad_dtype;
   x->size = p->size;
   x->group = p->group;
   x->exp_avg = m1;
   x->exp_avg_sq = m2;
-  memset(m1, 0, p->size * sizeof(float));
-  memset(m2, 0, p->size * sizeof(float));
   opt->n_adamw = i + 1;
   opt->stats.state_bytes += 2 * p->size * sizeof(float);
   if (index_out) *index_out = i;
   return MUON_OK;
 }
 
-MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const float *grad) {
+MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *grad) {
   if (!opt) return MUON_ERR_ARG;
   if (index < 0 || index >= opt->n_matrices) return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad: matrix %d does not exist (have %d)", index, opt->n_matrices);
   opt->matrices[index].grad = grad;
   return MUON_OK;
 }
 
-MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const float *grad) {
+MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const void *grad) {
   if (!opt) return MUON_ERR_ARG;
   if (index < 0 || index >= opt->n_adamw) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_grad: AdamW param %d does not exist (have %d)", index, opt->n_adamw);
   opt->adamw[index].grad = grad;
   return MUON_OK;
 }
 
+MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale) {
+  if (!opt) return MUON_ERR_ARG;
+  if (!(muon__finite(scale) && scale > 0)) return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad_scale: scale must be finite and > 0 (got %g)", (double)scale);
+  opt->grad_scale = scale;
+  return MUON_OK;
+}
+
 MUON_API int muon_matrix_count(const muon_optimizer *opt) { return opt ? opt->n_matrices : 0; }
 MUON_API int muon_adamw_param_count(const muon_optimizer *opt) { return opt ? opt->n_adamw : 0; }
-
-/* ---------------------------------------------------------------------------------------------
-   Element-wise math, one element at a time, so the CPU loops and (later) CUDA kernels share the
-   exact formulas. Reference: torch.optim.Muon / torch.optim.AdamW (single-tensor paths). */
-#if defined(__CUDACC__)
-#define MUON__HD static inline __host__ __device__
-#else
-#define MUON__HD static inline
-#endif
-
-/* Momentum, returns U. lerp: torch's buf.lerp_(g, 1-mu) then g.lerp(buf, mu). */
-MUON__HD float muon__momentum_elem(float *b, float g, float mu, int nesterov, int sgd) {
-  if (sgd) {
-    *b = mu * *b + g;
-    return nesterov ? g + mu * *b : *b;
-  }
-  *b = *b + (1.0f - mu) * (g - *b);
-  return nesterov ? g + mu * (*b - g) : *b;
-}
-
-/* w*(1 - lr*wd) first, with the unadjusted lr; then the orthogonalised step. */
-MUON__HD float muon__apply_elem(float w, float o, float decay, float step) {
-  w = w * decay;
-  return w - step * o;
-}
-
-/* torch.optim.AdamW for one element; step_size = lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t). */
-MUON__HD float muon__adamw_elem(float w, float g, float *m, float *v, float beta1, float beta2, float eps,
-                                float decay, float step_size, float bc2_sqrt) {
-  w = w * decay;
-  *m = *m + (1.0f - beta1) * (g - *m);
-  *v = *v * beta2 + (1.0f - beta2) * g * g;
-  return w - step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
-}
-
-/* Round to the nearest bfloat16, ties to even, kept in a float. */
-MUON__HD float muon__bf16(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  if ((u & 0x7f800000u) == 0x7f800000u) {
-    if (u & 0x007fffffu) u |= 0x00400000u; /* keep NaN a NaN */
-  } else {
-    u += 0x7fffu + ((u >> 16) & 1u);
-  }
-  u &= 0xffff0000u;
-  memcpy(&x, &u, sizeof x);
-  return x;
-}
 
 static void muon__bf16_round(float *x, size_t n) {
   size_t i;
@@ -1855,6 +2221,183 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
 }
 
 /* ---------------------------------------------------------------------------------------------
+   The CPU compute backend: host memory, the element-wise formulas and the Newton-Schulz above.
+   ctx is the allocator to use (NULL: malloc/free). */
+static void *muon__cpu_alloc(void *ctx, size_t bytes) {
+  return ctx ? muon__alloc((const muon_allocator *)ctx, bytes) : malloc(bytes ? bytes : 1);
+}
+static void muon__cpu_free(void *ctx, void *ptr) {
+  if (ctx) muon__free((const muon_allocator *)ctx, ptr); else free(ptr);
+}
+static muon_status muon__cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, int to_host, int from_host) {
+  (void)ctx; (void)to_host; (void)from_host;
+  if (bytes) memcpy(dst, src, bytes);
+  return MUON_OK;
+}
+static muon_status muon__cpu_zero(void *ctx, void *dst, size_t bytes) {
+  (void)ctx;
+  if (bytes) memset(dst, 0, bytes);
+  return MUON_OK;
+}
+
+/* Row segment by row segment (see muon__next_seg): contiguous copies for wide matrices, strided
+   for tall ones whose operand is the transpose. */
+static muon_status muon__cpu_pack(void *ctx, const muon_piece_copy *ops, int n, float *pieces, float *operands, int to_operand) {
+  int i;
+  (void)ctx;
+  for (i = 0; i < n; i++) {
+    const muon_piece_copy *op = &ops[i];
+    muon__piece p;
+    muon__seg sg;
+    float *piece = pieces + op->piece, *X = operands + op->operand;
+    long long k;
+    int rows = op->rows, cols = op->cols;
+    p.r0 = op->r0; p.c0 = op->c0; p.h = op->h; p.w = op->w; p.f0 = op->f0; p.f1 = op->f1;
+    sg = muon__segs(&p);
+    while (muon__next_seg(&p, &sg)) {
+      if (rows <= cols) {
+        float *x = X + sg.row * cols + sg.col;
+        if (to_operand) memcpy(x, piece + sg.off, (size_t)sg.len * sizeof(float));
+        else memcpy(piece + sg.off, x, (size_t)sg.len * sizeof(float));
+      } else if (to_operand) {
+        for (k = 0; k < sg.len; k++) X[(sg.col + k) * rows + sg.row] = piece[sg.off + k];
+      } else {
+        for (k = 0; k < sg.len; k++) piece[sg.off + k] = X[(sg.col + k) * rows + sg.row];
+      }
+    }
+  }
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_momentum(void *ctx, size_t n, float *momentum, const void *grad,
+                                      const muon_momentum_args *a, int update, float *u) {
+  size_t i;
+  (void)ctx;
+  if (u) for (i = 0; i < n; i++) u[i] = muon__momentum_at(momentum, i, grad, a, update);
+  else for (i = 0; i < n; i++) (void)muon__momentum_at(momentum, i, grad, a, update);
+  return MUON_OK;
+}
+
+static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
+  (void)ctx; (void)batch; (void)hp;   /* a batch runs one operand after another */
+  return muon__ns_ws_floats(m, n) * sizeof(float);
+}
+
+static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
+  int b;
+  (void)ctx;
+  for (b = 0; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_apply(void *ctx, size_t n, void *param, const float *O, const muon_apply_args *a) {
+  size_t i;
+  (void)ctx;
+  for (i = 0; i < n; i++) muon__apply_store(param, i, O, a);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_adamw(void *ctx, size_t n, void *param, const void *grad, float *m, float *v,
+                                   const muon_adamw_args *a) {
+  size_t i;
+  (void)ctx;
+  for (i = 0; i < n; i++) muon__adamw_store(param, i, grad, m, v, a);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_nonfinite(void *ctx, const void *x, muon_dtype dtype, size_t n, int *flag) {
+  size_t i;
+  int bad = 0;
+  (void)ctx;
+  for (i = 0; i < n && !bad; i++)
+    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u : !muon__finite(((const float *)x)[i]);
+  *flag = bad;
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype, size_t n) {
+  size_t i;
+  (void)ctx;
+  for (i = 0; i < n; i++)
+    muon__store(dst, dst_dtype == MUON_DTYPE_BF16, i, muon__load(src, src_dtype == MUON_DTYPE_BF16, i), 0, 0);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_sync(void *ctx) { (void)ctx; return MUON_OK; }
+
+static const muon_compute_vtable muon__cpu_vtable = {
+  MUON_COMPUTE_VTABLE_VERSION, MUON_MEMORY_HOST, muon__cpu_alloc, muon__cpu_free, NULL, NULL,
+  muon__cpu_copy, muon__cpu_zero, muon__cpu_pack, muon__cpu_momentum, muon__cpu_ns_workspace,
+  muon__cpu_newton_schulz, muon__cpu_apply, muon__cpu_adamw, muon__cpu_nonfinite, muon__cpu_cast,
+  muon__cpu_sync, NULL, NULL
+};
+
+MUON_API muon_compute muon_compute_cpu(void) {
+  muon_compute c;
+  c.vt = &muon__cpu_vtable;
+  c.ctx = NULL;
+  return c;
+}
+
+MUON_API void muon_compute_destroy(muon_compute *compute) {
+  if (!compute) return;
+  if (compute->vt && compute->vt->destroy) compute->vt->destroy(compute->ctx);
+  memset(compute, 0, sizeof *compute);
+}
+
+MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long index) {
+  return muon__random_bits(seed, index);
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Compute wrappers: every backend call of the core goes through these, which count and turn a
+   failure into a message that names the operation and the backend's own text. */
+static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const char *op) {
+  const char *native = opt->compute.vt->error ? opt->compute.vt->error(opt->compute.ctx) : NULL;
+  if (st == MUON_OK) st = MUON_ERR_BACKEND;
+  return muon__fail(opt, st, "%s: the compute backend failed: %s; nothing was applied", op,
+                    native && *native ? native : muon_status_string(st));
+}
+#define MUON__BACKEND(opt, call, op) do { muon_status st_ = (call); (opt)->stats.backend_calls++; \
+    if (st_ != MUON_OK) return muon__backend_fail((opt), st_, (op)); } while (0)
+
+static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes) {
+  opt->stats.backend_calls++;
+  return opt->compute.vt->alloc(opt->compute.ctx, bytes ? bytes : 1);
+}
+static void muon__dev_free(muon_optimizer *opt, void *ptr) {
+  if (ptr) opt->compute.vt->free(opt->compute.ctx, ptr);
+}
+/* Host staging memory: the backend's (pinned) if it has some, else the allocator's. */
+static void *muon__host_alloc(muon_optimizer *opt, size_t bytes) {
+  if (opt->compute.vt->alloc_host) return opt->compute.vt->alloc_host(opt->compute.ctx, bytes ? bytes : 1);
+  return muon__alloc(&opt->allocator, bytes);
+}
+static void muon__host_free(muon_optimizer *opt, void *ptr) {
+  if (!ptr) return;
+  if (opt->compute.vt->free_host) opt->compute.vt->free_host(opt->compute.ctx, ptr);
+  else muon__free(&opt->allocator, ptr);
+}
+static muon_status muon__dev_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op) {
+  if (!bytes) return MUON_OK;
+  MUON__BACKEND(opt, opt->compute.vt->zero(opt->compute.ctx, ptr, bytes), op);
+  return MUON_OK;
+}
+static muon_status muon__sync(muon_optimizer *opt, const char *op) {
+  opt->stats.syncs++;
+  MUON__BACKEND(opt, opt->compute.vt->sync(opt->compute.ctx), op);
+  return MUON_OK;
+}
+
+/* A whole matrix as a piece of itself: the op that moves it to and from its NS operand. */
+static muon_piece_copy muon__whole(int rows, int cols, size_t piece, size_t operand) {
+  muon_piece_copy op;
+  op.r0 = 0; op.c0 = 0; op.h = rows; op.w = cols; op.f0 = 0; op.f1 = (long long)rows * cols;
+  op.rows = rows; op.cols = cols; op.piece = piece; op.operand = operand;
+  return op;
+}
+
+/* ---------------------------------------------------------------------------------------------
    Little-endian serialisation, shared by the plan fingerprints and the state blob. */
 static void muon__put32(unsigned char **p, uint32_t v) {
   int i;
@@ -1931,10 +2474,9 @@ static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
-static muon_status muon__alltoallv(muon_optimizer *opt, const size_t *counts, const char *op) {
-  const muon__plan *pl = &opt->plan;
+static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts, const char *op) {
   int P = opt->comm.size, me = opt->comm.rank, p;
-  muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, pl->send, counts, counts + P, pl->recv, counts + 2 * P, counts + 3 * P);
+  muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, send, counts, counts + P, recv, counts + 2 * P, counts + 3 * P);
   opt->stats.collectives++;
   for (p = 0; p < P; p++)
     if (p != me) {
@@ -1965,11 +2507,16 @@ static void muon__plan_free(muon_optimizer *opt) {
   }
   muon__free(a, pl->globals);
   muon__free(a, pl->round_start);
-  muon__free(a, pl->stash);
-  muon__free(a, pl->send);
-  muon__free(a, pl->recv);
-  muon__free(a, pl->gathered);
-  muon__free(a, pl->ns_ws);
+  muon__free(a, pl->order);
+  muon__free(a, pl->order_start);
+  muon__dev_free(opt, pl->stash);
+  muon__dev_free(opt, pl->send);
+  muon__dev_free(opt, pl->recv);
+  muon__dev_free(opt, pl->gathered);
+  muon__dev_free(opt, pl->ns_ws);
+  muon__host_free(opt, pl->host_send);
+  muon__host_free(opt, pl->host_recv);
+  muon__free(a, pl->ops);
   muon__free(a, pl->counts);
   muon__free(a, pl->flags);
   memset(pl, 0, sizeof *pl);
@@ -2057,7 +2604,7 @@ static int muon__by_cost_cmp(const void *a, const void *b) {
 /* Greedy, largest first: each matrix goes to the least loaded of its holders. */
 static muon_status muon__assign_balanced(muon_optimizer *opt, int *owner) {
   muon__plan *pl = &opt->plan;
-  int P = opt->comm.size, g, j;
+  int P = pl->P, g, j;
   muon__by_cost *order = (muon__by_cost *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof *order);
   double *load = (double *)muon__alloc(&opt->allocator, (size_t)P * sizeof *load);
   if (!order || !load) {
@@ -2113,8 +2660,8 @@ static muon_status muon__assign(muon_optimizer *opt) {
   }
   for (g = 0; st == MUON_OK && g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
-    if (owner[g] < 0 || owner[g] >= opt->comm.size) {
-      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, outside [0, %d)", x->name, g, owner[g], opt->comm.size);
+    if (owner[g] < 0 || owner[g] >= pl->P) {
+      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, outside [0, %d)", x->name, g, owner[g], pl->P);
       break;
     }
     for (j = 0; j < x->n_holders && x->holders[j].rank != owner[g]; j++) {}
@@ -2152,16 +2699,19 @@ static void muon__choose_sources(muon__global *x) {
 
 /* Floats this rank moves in one round when no matrix is skipped: out (U to owners) and back
    (O to holders); sizes the buffers. */
-typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, gathered; } muon__traffic;
+typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, gathered; int ops; } muon__traffic;
 
 static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r) {
   const muon__plan *pl = &opt->plan;
-  int me = opt->comm.rank, g, j;
+  int me = pl->me, g, j;
   muon__traffic t;
   memset(&t, 0, sizeof t);
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
-    if (x->owner == me) t.gathered += (size_t)x->rows * x->cols;
+    if (x->owner == me) {
+      t.gathered += (size_t)x->rows * x->cols;
+      t.ops += x->n_holders + 1;
+    }
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       size_t n = muon__piece_size(&h->piece);
@@ -2183,7 +2733,7 @@ static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r) {
 static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
   muon__plan *pl = &opt->plan;
   size_t budget = opt->dist.round_bytes ? opt->dist.round_bytes : (size_t)64 << 20;
-  int g, r = 0, P = opt->comm.size, p;
+  int g, r = 0, P = pl->P, p;
   pl->round_start[0] = 0;
   for (p = 0; p < P; p++) owned_bytes[p] = 0;
   for (g = 0; g < pl->n_globals; g++) {
@@ -2200,9 +2750,57 @@ static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
   pl->round_start[pl->n_rounds] = pl->n_globals;
 }
 
+/* The group of the matrix this rank holds of global x: owners always hold one. */
+static const muon_hparams *muon__global_hparams(const muon_optimizer *opt, const muon__global *x) {
+  return &opt->groups[opt->matrices[x->local].group];
+}
+
+static int muon__same_batch(const muon_optimizer *opt, const muon__global *x, const muon__global *y) {
+  int mx = x->rows < x->cols ? x->rows : x->cols, nx = x->rows < x->cols ? x->cols : x->rows;
+  int my = y->rows < y->cols ? y->rows : y->cols, ny = y->rows < y->cols ? y->cols : y->rows;
+  return mx == my && nx == ny && muon__ns_hash(muon__global_hparams(opt, x)) == muon__ns_hash(muon__global_hparams(opt, y));
+}
+
+/* Per round: the owned matrices in batch order (a stable insertion sort by operand shape and NS
+   settings: rounds are short), their operand offsets, and the NS workspace of the largest batch. */
+static void muon__plan_batches(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int r, g, n = 0, i, j;
+  pl->ns_ws_bytes = 0;
+  for (r = 0; r < pl->n_rounds; r++) {
+    int first = n;
+    size_t xoff = 0;
+    pl->order_start[r] = n;
+    for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+      const muon__global *x = &pl->globals[g];
+      if (x->owner != pl->me) continue;
+      i = n;                                      /* after the last one of its batch, if any */
+      for (j = n - 1; j >= first; j--)
+        if (muon__same_batch(opt, &pl->globals[pl->order[j]], x)) { i = j + 1; break; }
+      memmove(pl->order + i + 1, pl->order + i, (size_t)(n - i) * sizeof(int));
+      pl->order[i] = g;
+      n++;
+    }
+    for (i = first; i < n; ) {
+      const muon__global *x = &pl->globals[pl->order[i]];
+      int m = x->rows < x->cols ? x->rows : x->cols, nn = x->rows < x->cols ? x->cols : x->rows, b = 0;
+      size_t ws;
+      while (i + b < n && muon__same_batch(opt, &pl->globals[pl->order[i + b]], x)) {
+        pl->globals[pl->order[i + b]].xoff = xoff;
+        xoff += (size_t)m * nn;
+        b++;
+      }
+      ws = opt->compute.vt->ns_workspace(opt->compute.ctx, b, m, nn, muon__global_hparams(opt, x));
+      if (ws > pl->ns_ws_bytes) pl->ns_ws_bytes = ws;
+      i += b;
+    }
+  }
+  pl->order_start[pl->n_rounds] = n;
+}
+
 static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
   muon__plan *pl = &opt->plan;
-  int P = opt->comm.size, me = opt->comm.rank, r, i, g, total = 0;
+  int P = opt->plan.P, me = opt->plan.me, r, i, g, total = 0;
   int *gid;
   muon_status st = MUON_OK;
   for (r = 0; r < P; r++) total += count[r];
@@ -2287,7 +2885,13 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     muon__make_rounds(opt, owned);
     muon__free(&opt->allocator, owned);
   }
-  /* 4. Buffers, sized for the largest round; nothing is allocated inside a step. */
+  /* 4. NS batches: per round, the matrices this rank owns, sorted so that same-shaped ones with
+     the same Newton-Schulz settings sit next to each other in the gathered buffer. */
+  pl->order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int) + 1);
+  pl->order_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_rounds + 1) * sizeof(int));
+  if (!pl->order || !pl->order_start) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NS batches failed");
+  muon__plan_batches(opt);
+  /* 5. Buffers, sized for the largest round; nothing is allocated inside a step. */
   for (r = 0; r < pl->n_rounds; r++) {
     muon__traffic t = muon__round_traffic(opt, r);
     size_t s = t.out_send > t.back_send ? t.out_send : t.back_send;
@@ -2295,32 +2899,41 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     if (s > pl->send_floats) pl->send_floats = s;
     if (v > pl->recv_floats) pl->recv_floats = v;
     if (t.gathered > pl->gathered_floats) pl->gathered_floats = t.gathered;
+    if (t.ops > pl->ops_cap) pl->ops_cap = t.ops;
   }
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
-    int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows;
-    size_t w = muon__ns_ws_floats(m, n), full = (size_t)x->rows * x->cols;
+    size_t full = (size_t)x->rows * x->cols;
     if (x->owner != me) continue;
-    if (w > pl->ns_ws_floats) pl->ns_ws_floats = w;
     if (opt->dist.gather && 2 * full > pl->gathered_floats) pl->gathered_floats = 2 * full; /* full + operand */
   }
   for (i = 0, pl->stash_floats = 0; i < opt->n_matrices; i++) {
     opt->matrices[i].stash = pl->stash_floats;
     pl->stash_floats += opt->matrices[i].size;
   }
-  pl->stash = (float *)muon__alloc(&opt->allocator, pl->stash_floats * sizeof(float));
-  pl->send = (float *)muon__alloc(&opt->allocator, pl->send_floats * sizeof(float));
-  pl->recv = (float *)muon__alloc(&opt->allocator, pl->recv_floats * sizeof(float));
-  pl->gathered = (float *)muon__alloc(&opt->allocator, pl->gathered_floats * sizeof(float));
-  pl->ns_ws = (float *)muon__alloc(&opt->allocator, pl->ns_ws_floats * sizeof(float));
+  pl->stage = opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST) &&
+              (pl->send_floats || pl->recv_floats);
+  pl->stash = (float *)muon__dev_alloc(opt, pl->stash_floats * sizeof(float));
+  pl->send = (float *)muon__dev_alloc(opt, pl->send_floats * sizeof(float));
+  pl->recv = (float *)muon__dev_alloc(opt, pl->recv_floats * sizeof(float));
+  pl->gathered = (float *)muon__dev_alloc(opt, pl->gathered_floats * sizeof(float));
+  pl->ns_ws = muon__dev_alloc(opt, pl->ns_ws_bytes);
+  if (pl->stage) {
+    pl->host_send = (float *)muon__host_alloc(opt, pl->send_floats * sizeof(float));
+    pl->host_recv = (float *)muon__host_alloc(opt, pl->recv_floats * sizeof(float));
+  }
+  pl->ops = (muon_piece_copy *)muon__alloc(&opt->allocator, (size_t)pl->ops_cap * sizeof(muon_piece_copy));
   pl->counts = (size_t *)muon__alloc(&opt->allocator, 5 * (size_t)P * sizeof(size_t));
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
-  if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->counts || !pl->flags)
+  if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
+      (pl->stage && (!pl->host_send || !pl->host_recv)))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
-                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->ns_ws_floats) * sizeof(float));
-  opt->stats.rounds = pl->n_rounds;
-  opt->stats.exchange_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats) * sizeof(float);
-  opt->stats.workspace_bytes = opt->stats.exchange_bytes + (pl->gathered_floats + pl->ns_ws_floats) * sizeof(float);
+                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes);
+  if (opt->distributed) {
+    opt->stats.rounds = pl->n_rounds;
+    opt->stats.exchange_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats) * sizeof(float);
+  }
+  opt->stats.workspace_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes;
   return MUON_OK;
 }
 
@@ -2336,6 +2949,34 @@ static unsigned long long muon__plan_hash(const muon__plan *pl) {
   return (h ^ (unsigned long long)pl->n_globals) * 1099511628211ull;
 }
 
+/* Without a dist config each rank is a world of its own: every matrix it holds is a global
+   one that it owns, and the step runs the same rounds with nothing to exchange. */
+static muon_status muon__plan_local(muon_optimizer *opt) {
+  int i, n = opt->n_matrices;
+  muon__entry *e;
+  muon_status st;
+  muon__plan_free(opt);
+  opt->plan.P = 1;
+  opt->plan.me = 0;
+  opt->plan.max_local = n;
+  e = (muon__entry *)muon__alloc(&opt->allocator, (size_t)n * sizeof *e);
+  if (!e) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the matrix list failed");
+  memset(e, 0, (size_t)n * sizeof *e);
+  for (i = 0; i < n; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    snprintf(e[i].name, sizeof e[i].name, "#%d", i);
+    e[i].rows = x->rows;
+    e[i].cols = x->cols;
+    e[i].piece[2] = x->rows; e[i].piece[3] = x->cols; e[i].piece[5] = (long long)x->rows * x->cols;
+    e[i].hparams = muon__ns_hash(&opt->groups[x->group]);
+  }
+  st = muon__build_plan(opt, e, &n, n);
+  muon__free(&opt->allocator, e);
+  if (st != MUON_OK) muon__plan_free(opt);
+  else opt->plan.ready = 1;
+  return st;
+}
+
 MUON_API muon_status muon_plan(muon_optimizer *opt) {
   int P, me, r, i, max_local = 0, *count = NULL;
   muon__entry *mine = NULL, *all = NULL;
@@ -2343,10 +2984,10 @@ MUON_API muon_status muon_plan(muon_optimizer *opt) {
   unsigned long long verdict[3], *verdicts = NULL;
   muon_status st = MUON_OK, got;
   if (!opt) return MUON_ERR_ARG;
-  if (!opt->distributed) { opt->plan.ready = 1; return MUON_OK; }
+  if (!opt->distributed) return muon__plan_local(opt);
   muon__plan_free(opt);
-  P = opt->comm.size;
-  me = opt->comm.rank;
+  P = opt->plan.P = opt->comm.size;
+  me = opt->plan.me = opt->comm.rank;
   opt->error[0] = '\0';
   /* Round 1: how many matrices each rank has (and whether it could get this far). */
   mine = (muon__entry *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices * sizeof *mine);
@@ -2449,61 +3090,109 @@ MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap) {
 }
 
 /* ---------------------------------------------------------------------------------------------
-   The distributed step. Per round: U of each piece to its owner (gather) -> Newton-Schulz on
-   the owner -> O back to every holder (redistribute). Momentum and parameters change only after
-   every round succeeded (apply), so a failed exchange leaves this rank exactly as it was. */
+   The step. Per round: U of each piece to its owner (gather) -> Newton-Schulz on the owner -> O
+   back to every holder (redistribute). Without a dist config every rank owns what it holds and
+   the rounds move nothing. Momentum and parameters change only after every round succeeded and
+   the backend has confirmed it (apply), so a failed step leaves this rank exactly as it was.
+   The host waits for the compute backend at named points only: the non-finite verdicts, each
+   exchange staged through a host communicator, and once before the apply. */
+
+static muon_momentum_args muon__momentum_args(const muon_optimizer *opt, const muon__matrix *x) {
+  const muon_hparams *hp = &opt->groups[x->group];
+  muon_momentum_args a;
+  a.mu = hp->momentum;
+  a.nesterov = hp->nesterov;
+  a.sgd = hp->momentum_style == MUON_MOMENTUM_SGD;
+  a.grad_scale = opt->grad_scale;
+  a.grad_dtype = x->grad_dtype;
+  return a;
+}
 
 /* U of a local piece, computed from a copy of the momentum: the buffer itself is untouched. */
-static void muon__u_piece(const muon_optimizer *opt, const muon__matrix *x, float *u) {
-  const muon_hparams *hp = &opt->groups[x->group];
-  int sgd = hp->momentum_style == MUON_MOMENTUM_SGD;
-  size_t i;
-  for (i = 0; i < x->size; i++) {
-    float b = x->momentum[i];
-    u[i] = muon__momentum_elem(&b, x->grad[i], hp->momentum, hp->nesterov, sgd);
-  }
+static muon_status muon__u_piece(muon_optimizer *opt, const muon__matrix *x, float *u) {
+  muon_momentum_args a = muon__momentum_args(opt, x);
+  MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->size, x->momentum, x->grad, &a, 0, u),
+                "muon_step: momentum");
+  return MUON_OK;
 }
 
-/* A piece in local order <-> the NS operand X of the full matrix (rows x cols, or its transpose
-   when rows > cols, exactly as muon__to_operand lays it out). */
-static void muon__piece_to_operand(float *X, int rows, int cols, const muon__piece *p, const float *src) {
-  muon__seg s = muon__segs(p);
-  long long k;
-  while (muon__next_seg(p, &s)) {
-    if (rows <= cols) memcpy(X + s.row * cols + s.col, src + s.off, (size_t)s.len * sizeof(float));
-    else for (k = 0; k < s.len; k++) X[(s.col + k) * rows + s.row] = src[s.off + k];
-  }
+/* The op that moves holder piece p of global x between `pieces` + at and x's operand. */
+static muon_piece_copy muon__piece_op(const muon__global *x, const muon__piece *p, size_t at) {
+  muon_piece_copy op;
+  op.r0 = p->r0; op.c0 = p->c0; op.h = p->h; op.w = p->w; op.f0 = p->f0; op.f1 = p->f1;
+  op.rows = x->rows; op.cols = x->cols; op.piece = at; op.operand = x->xoff;
+  return op;
 }
 
-static void muon__operand_to_piece(float *dst, const float *X, int rows, int cols, const muon__piece *p) {
-  muon__seg s = muon__segs(p);
-  long long k;
-  while (muon__next_seg(p, &s)) {
-    if (rows <= cols) memcpy(dst + s.off, X + s.row * cols + s.col, (size_t)s.len * sizeof(float));
-    else for (k = 0; k < s.len; k++) dst[s.off + k] = X[(s.col + k) * rows + s.row];
-  }
+static muon_status muon__pack(muon_optimizer *opt, int n, float *pieces, float *operands, int to_operand) {
+  if (!n) return MUON_OK;
+  MUON__BACKEND(opt, opt->compute.vt->pack(opt->compute.ctx, opt->plan.ops, n, pieces, operands, to_operand),
+                to_operand ? "muon_step: packing pieces into operands" : "muon_step: cutting operands into pieces");
+  return MUON_OK;
 }
 
-/* Every rank must skip the same matrices, or the exchange would disagree: one allgather of
-   per-matrix flags (0 ok, 1 absent, 2 non-finite; the last byte is this rank's AdamW verdict). */
-static muon_status muon__agree_skips(muon_optimizer *opt) {
-  muon__plan *pl = &opt->plan;
-  int P = opt->comm.size, L = pl->max_local + 1, i, g, j, r;
-  unsigned char *mine = pl->flags + (size_t)P * L;
-  muon_status st;
-  memset(mine, 0, (size_t)L);
+/* Non-finite verdicts of every present gradient, from the backend: flag 0 ok, 1 absent, 2 NaN/Inf. */
+static muon_status muon__verdicts(muon_optimizer *opt) {
+  int i, n = opt->n_matrices + opt->n_adamw, any = 0;
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
-    mine[i] = !x->size ? 0 : !x->grad ? 1 : !muon__all_finite(x->grad, x->size) ? 2 : 0;
+    if (!x->grad || !x->size) continue;
+    MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, x->grad, x->grad_dtype, x->size, &opt->verdicts[i]),
+                  "muon_step: checking gradients");
+    any = 1;
   }
   for (i = 0; i < opt->n_adamw; i++) {
-    muon__adamw *p = &opt->adamw[i];
-    p->skip = p->grad == NULL;
-    if (!p->skip && !muon__all_finite(p->grad, p->size)) {
-      p->skip = 1;
-      if (opt->on_nonfinite == MUON_NONFINITE_ERROR) mine[L - 1] = (unsigned char)(1 + (i < 254 ? i : 254));
-    }
+    const muon__adamw *p = &opt->adamw[i];
+    if (!p->grad) continue;
+    MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, p->grad, p->grad_dtype, p->size, &opt->verdicts[opt->n_matrices + i]),
+                  "muon_step: checking gradients");
+    any = 1;
   }
+  if (any) {
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, opt->host_verdicts, opt->verdicts, (size_t)n * sizeof(int), 1, 0),
+                  "muon_step: reading the non-finite verdicts");
+    if (muon__sync(opt, "muon_step: reading the non-finite verdicts") != MUON_OK) return MUON_ERR_BACKEND;
+  }
+  for (i = 0; i < opt->n_matrices; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    opt->host_verdicts[i] = !x->size ? 0 : !x->grad ? 1 : opt->host_verdicts[i] ? 2 : 0;
+  }
+  for (i = 0; i < opt->n_adamw; i++)
+    opt->host_verdicts[opt->n_matrices + i] = !opt->adamw[i].grad ? 1 : opt->host_verdicts[opt->n_matrices + i] ? 2 : 0;
+  return MUON_OK;
+}
+
+/* Which matrices and AdamW params this step skips; a non-finite gradient fails the step unless
+   told to skip. Distributed, every rank must skip the same matrices or the exchange would
+   disagree: one allgather of per-matrix flags (the last byte is this rank's AdamW verdict). */
+static muon_status muon__agree_skips(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, L = pl->max_local + 1, i, g, j, r, nm = opt->n_matrices;
+  unsigned char *mine = pl->flags + (size_t)P * L;
+  const int *v = opt->host_verdicts;
+  muon_status st;
+  if ((st = muon__verdicts(opt)) != MUON_OK) return st;
+  for (i = 0; i < opt->n_adamw; i++) {
+    muon__adamw *p = &opt->adamw[i];
+    p->skip = v[nm + i] != 0;
+  }
+  if (!opt->distributed) {
+    for (i = 0; i < nm; i++) {
+      muon__matrix *x = &opt->matrices[i];
+      if (v[i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR)
+        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix %d ('%s') has NaN or Inf; nothing was applied", i, x->name);
+      x->skip = v[i] != 0;
+      pl->globals[x->global].skip = x->skip;
+    }
+    for (i = 0; i < opt->n_adamw; i++)
+      if (v[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR)
+        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d ('%s') has NaN or Inf; nothing was applied", i, opt->adamw[i].name);
+    return MUON_OK;
+  }
+  memset(mine, 0, (size_t)L);
+  for (i = 0; i < nm; i++) mine[i] = (unsigned char)v[i];
+  for (i = 0; i < opt->n_adamw; i++)
+    if (v[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !mine[L - 1]) mine[L - 1] = (unsigned char)(1 + (i < 254 ? i : 254));
   if ((st = muon__allgather(opt, mine, pl->flags, (size_t)L, "muon_step: agreeing on skipped matrices")) != MUON_OK) return st;
   for (g = 0; g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
@@ -2518,7 +3207,7 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
   for (r = 0; r < P; r++)
     if (pl->flags[(size_t)r * L + L - 1])
       return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d on rank %d has NaN or Inf; nothing was applied", pl->flags[(size_t)r * L + L - 1] - 1, r);
-  for (i = 0; i < opt->n_matrices; i++) {
+  for (i = 0; i < nm; i++) {
     muon__matrix *x = &opt->matrices[i];
     x->skip = !x->size || x->global < 0 || pl->globals[x->global].skip;
   }
@@ -2531,19 +3220,46 @@ static void muon__prefix(size_t *displs, const size_t *counts, int P) {
   for (p = 0; p < P; p++) { displs[p] = at; at += counts[p]; }
 }
 
-static void muon__orthogonalize(muon_optimizer *opt, const muon__global *x, float *X) {
-  const muon_hparams *hp = &opt->groups[opt->matrices[x->local].group];
-  int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows;
-  size_t ns = muon__ns_ws_floats(m, n) * sizeof(float);
-  muon__newton_schulz(X, m, n, hp, opt->plan.ns_ws);
-  opt->stats.ns_calls++;
-  if (ns > opt->stats.ns_workspace_bytes) opt->stats.ns_workspace_bytes = ns;
+/* One alltoallv of the plan's send/recv buffers; through host buffers when the compute backend
+   holds device memory and the communicator takes host memory. */
+static muon_status muon__exchange(muon_optimizer *opt, const size_t *cnt, const char *op) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P;
+  size_t sent = cnt[2 * P - 1] + cnt[P - 1], got = cnt[4 * P - 1] + cnt[3 * P - 1];  /* last displacement + count */
+  muon_status st;
+  if (!pl->stage) return muon__alltoallv(opt, pl->send, pl->recv, cnt, op);
+  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->host_send, pl->send, sent * sizeof(float), 1, 0), op);
+  if ((st = muon__sync(opt, op)) != MUON_OK) return st;
+  if ((st = muon__alltoallv(opt, pl->host_send, pl->host_recv, cnt, op)) != MUON_OK) return st;
+  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->recv, pl->host_recv, got * sizeof(float), 0, 1), op);
+  return MUON_OK;
+}
+
+/* Newton-Schulz of round r's owned operands, batch by batch (see muon__plan_batches). */
+static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
+  muon__plan *pl = &opt->plan;
+  int i = pl->order_start[r], end = pl->order_start[r + 1];
+  while (i < end) {
+    const muon__global *x = &pl->globals[pl->order[i]];
+    int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, b = 0;
+    size_t ws;
+    if (x->skip) { i++; continue; }
+    while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(opt, &pl->globals[pl->order[i + b]], x)) b++;
+    MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, pl->gathered + x->xoff, b, m, n,
+                                                      muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
+    opt->stats.ns_calls += b;
+    opt->stats.ns_batches++;
+    ws = opt->compute.vt->ns_workspace(opt->compute.ctx, b, m, n, muon__global_hparams(opt, x));
+    if (ws > opt->stats.ns_workspace_bytes) opt->stats.ns_workspace_bytes = ws;
+    i += b;
+  }
+  return MUON_OK;
 }
 
 static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
   muon__plan *pl = &opt->plan;
-  int P = opt->comm.size, me = opt->comm.rank, g, j, out_any = 0, back_any = 0;
-  size_t *cnt = pl->counts, *dsp = cnt + P, *rcnt = dsp + P, *rdsp = rcnt + P, *cur = rdsp + P, xoff;
+  int P = pl->P, me = pl->me, g, j, n, out_any = 0, back_any = 0;
+  size_t *cnt = pl->counts, *dsp = cnt + P, *rcnt = dsp + P, *rdsp = rcnt + P, *cur = rdsp + P, xend = 0;
   muon_status st;
 
   /* Gather: U pieces to owners. The message src -> owner holds src's pieces in round order. */
@@ -2565,32 +3281,36 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
     const muon__global *x = &pl->globals[g];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip || !h || h->source != me || x->owner == me) continue;
-    muon__u_piece(opt, &opt->matrices[x->local], pl->send + cur[x->owner]);
+    if ((st = muon__u_piece(opt, &opt->matrices[x->local], pl->send + cur[x->owner])) != MUON_OK) return st;
     cur[x->owner] += muon__piece_size(&h->piece);
   }
-  if (out_any && (st = muon__alltoallv(opt, cnt, "muon_step: gather (U to owners)")) != MUON_OK) return st;
+  if (out_any && (st = muon__exchange(opt, cnt, "muon_step: gather (U to owners)")) != MUON_OK) return st;
 
-  /* Newton-Schulz on each matrix this rank owns: its own piece plus the received ones. */
-  memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
-  xoff = 0;
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+  /* The operands of the matrices this rank owns: its own piece, then the received ones. */
+  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *own;
-    float *X = pl->gathered + xoff;
     if (x->skip || x->owner != me) continue;
     own = &opt->matrices[x->local];
-    muon__u_piece(opt, own, pl->stash + own->stash);
-    muon__piece_to_operand(X, x->rows, x->cols, &own->piece, pl->stash + own->stash);
+    if ((st = muon__u_piece(opt, own, pl->stash + own->stash)) != MUON_OK) return st;
+    pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
+    if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
+  }
+  if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 1)) != MUON_OK) return st;
+  memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    if (x->skip || x->owner != me) continue;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->rank != h->source || h->source == me) continue;
-      muon__piece_to_operand(X, x->rows, x->cols, &h->piece, pl->recv + cur[h->rank]);
+      pl->ops[n++] = muon__piece_op(x, &h->piece, cur[h->rank]);
       cur[h->rank] += muon__piece_size(&h->piece);
     }
-    muon__orthogonalize(opt, x, X);
-    xoff += (size_t)x->rows * x->cols;
   }
-  if (xoff * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = xoff * sizeof(float);
+  if ((st = muon__pack(opt, n, pl->recv, pl->gathered, 1)) != MUON_OK) return st;
+  if ((st = muon__orthogonalize_round(opt, r)) != MUON_OK) return st;
+  if (xend * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = xend * sizeof(float);
 
   /* Redistribute: O pieces back to every holder, replicas included. */
   memset(cnt, 0, 5 * (size_t)P * sizeof(size_t));
@@ -2606,90 +3326,153 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
   }
   muon__prefix(dsp, cnt, P);
   muon__prefix(rdsp, rcnt, P);
-  memcpy(cur, dsp, (size_t)P * sizeof(size_t));
-  xoff = 0;
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *own;
-    const float *X = pl->gathered + xoff;
     if (x->skip || x->owner != me) continue;
     own = &opt->matrices[x->local];
-    muon__operand_to_piece(pl->stash + own->stash, X, x->rows, x->cols, &own->piece);
+    pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
+  }
+  if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 0)) != MUON_OK) return st;
+  memcpy(cur, dsp, (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    if (x->skip || x->owner != me) continue;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->rank == me) continue;
-      muon__operand_to_piece(pl->send + cur[h->rank], X, x->rows, x->cols, &h->piece);
+      pl->ops[n++] = muon__piece_op(x, &h->piece, cur[h->rank]);
       cur[h->rank] += muon__piece_size(&h->piece);
     }
-    xoff += (size_t)x->rows * x->cols;
   }
-  if (back_any && (st = muon__alltoallv(opt, cnt, "muon_step: redistribute (O to holders)")) != MUON_OK) return st;
+  if ((st = muon__pack(opt, n, pl->send, pl->gathered, 0)) != MUON_OK) return st;
+  if (back_any && (st = muon__exchange(opt, cnt, "muon_step: redistribute (O to holders)")) != MUON_OK) return st;
   memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *mine;
     if (x->skip || x->owner == me || x->mine < 0) continue;
     mine = &opt->matrices[x->local];
-    memcpy(pl->stash + mine->stash, pl->recv + cur[x->owner], mine->size * sizeof(float));
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->stash + mine->stash, pl->recv + cur[x->owner],
+                                             mine->size * sizeof(float), 0, 0), "muon_step: receiving O");
     cur[x->owner] += mine->size;
   }
   return MUON_OK;
 }
 
-/* The escape hatch: the user's gather / redistribute, one matrix at a time, in global order. */
+/* The escape hatch: the user's gather / redistribute, one matrix at a time, in global order.
+   Their buffers are the compute backend's memory, synchronised before each call. */
 static muon_status muon__custom_exchange(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  int me = opt->comm.rank, g;
+  int me = pl->me, g;
   muon_status st;
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
     muon_matrix_info info;
     float *local = NULL, *full = x->owner == me ? pl->gathered : NULL;
+    size_t mn = (size_t)x->rows * x->cols;
     if (x->skip) continue;
     muon__info(opt, g, &info);
     if (x->local >= 0 && opt->matrices[x->local].size) {
       local = pl->stash + opt->matrices[x->local].stash;
-      muon__u_piece(opt, &opt->matrices[x->local], local);
+      if ((st = muon__u_piece(opt, &opt->matrices[x->local], local)) != MUON_OK) return st;
     }
+    if (opt->device && (st = muon__sync(opt, "muon_step: before muon_dist_config.gather")) != MUON_OK) return st;
     if ((st = opt->dist.gather(opt->dist.state, &info, local, full, x->owner)) != MUON_OK)
       return muon__fail(opt, st, "muon_dist_config.gather of matrix '%s' (global %d) returned %s; nothing was applied", x->name, g, muon_status_string(st));
     if (full) {
-      float *X = full + (size_t)x->rows * x->cols;
-      muon__to_operand(X, full, x->rows, x->cols);
-      muon__orthogonalize(opt, x, X);
-      muon__from_operand(full, X, x->rows, x->cols);
-      if (2 * (size_t)x->rows * x->cols * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = 2 * (size_t)x->rows * x->cols * sizeof(float);
+      pl->ops[0] = muon__whole(x->rows, x->cols, 0, mn);
+      if ((st = muon__pack(opt, 1, full, full, 1)) != MUON_OK) return st;
+      MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, full + mn, 1, x->rows < x->cols ? x->rows : x->cols,
+                                                        x->rows < x->cols ? x->cols : x->rows, muon__global_hparams(opt, x), pl->ns_ws),
+                    "muon_step: Newton-Schulz");
+      opt->stats.ns_calls++;
+      opt->stats.ns_batches++;
+      if ((st = muon__pack(opt, 1, full, full, 0)) != MUON_OK) return st;
+      if (2 * mn * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = 2 * mn * sizeof(float);
     }
+    if (opt->device && (st = muon__sync(opt, "muon_step: before muon_dist_config.redistribute")) != MUON_OK) return st;
     if ((st = opt->dist.redistribute(opt->dist.state, &info, full, local, x->owner)) != MUON_OK)
       return muon__fail(opt, st, "muon_dist_config.redistribute of matrix '%s' (global %d) returned %s; nothing was applied", x->name, g, muon_status_string(st));
   }
   return MUON_OK;
 }
 
-/* Apply: momentum and parameters, from the stashed O, once nothing can fail any more. */
-static void muon__commit(muon_optimizer *opt) {
+/* The stochastic-rounding seed of one matrix or AdamW param at this step: a function of the
+   user's seed, the step and the name (with the layout key), the same on every rank. */
+static unsigned long long muon__seed(const muon_optimizer *opt, const char *name, long long key, int index) {
+  unsigned char buf[96], *p = buf;
+  char id[80];
+  size_t len;
+  if (name[0]) snprintf(id, sizeof id, "%s", name); else snprintf(id, sizeof id, "#%d", index);
+  len = strlen(id);
+  muon__put64(&p, (uint64_t)opt->seed);
+  muon__put64(&p, (uint64_t)opt->stats.steps);
+  muon__put64(&p, (uint64_t)key);
+  memcpy(p, id, len);
+  return muon__fnv1a(buf, 24 + len);
+}
+
+/* torch.optim.AdamW's bias corrections for this step. */
+static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__adamw *p, int index) {
+  const muon_adamw_hparams *hp = &opt->adamw_groups[p->group];
+  double t = (double)(p->step + 1);
+  muon_adamw_args a;
+  a.beta1 = hp->beta1;
+  a.beta2 = hp->beta2;
+  a.eps = hp->eps;
+  a.decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
+  a.step_size = (float)((double)hp->lr / (1.0 - pow((double)hp->beta1, t)));
+  a.bc2_sqrt = (float)sqrt(1.0 - pow((double)hp->beta2, t));
+  a.grad_scale = opt->grad_scale;
+  a.grad_dtype = p->grad_dtype;
+  a.param_dtype = p->param_dtype;
+  a.mirror = p->mirror;
+  a.rounding = opt->rounding;
+  a.seed = muon__seed(opt, p->name, -1, index);
+  return a;
+}
+
+/* Apply: momentum and parameters from the stashed O, then AdamW, once everything before has
+   succeeded. On a device the work is queued; a failure surfaces at the next step's first sync. */
+static muon_status muon__commit(muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
     muon__matrix *x = &opt->matrices[i];
     const muon_hparams *hp = &opt->groups[x->group];
-    const float *O = opt->plan.stash + x->stash;
-    float decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
-    float step = muon__adjusted_lr(hp, x->rows, x->cols);
-    int sgd = hp->momentum_style == MUON_MOMENTUM_SGD;
-    size_t k;
+    muon_momentum_args m = muon__momentum_args(opt, x);
+    muon_apply_args a;
     if (x->skip) continue;
-    for (k = 0; k < x->size; k++) {
-      (void)muon__momentum_elem(&x->momentum[k], x->grad[k], hp->momentum, hp->nesterov, sgd);
-      x->param[k] = muon__apply_elem(x->param[k], O[k], decay, step);
-    }
+    a.decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
+    a.step = muon__adjusted_lr(hp, x->rows, x->cols);
+    a.param_dtype = x->param_dtype;
+    a.mirror = x->mirror;
+    a.rounding = opt->rounding;
+    a.seed = muon__seed(opt, x->name, x->layout.key, i);
+    a.piece = muon__whole(x->rows, x->cols, 0, 0);
+    a.piece.r0 = x->piece.r0; a.piece.c0 = x->piece.c0; a.piece.h = x->piece.h;
+    a.piece.w = x->piece.w; a.piece.f0 = x->piece.f0; a.piece.f1 = x->piece.f1;
+    MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->size, x->momentum, x->grad, &m, 1, NULL),
+                  "muon_step: momentum (the update may be partly applied)");
+    MUON__BACKEND(opt, opt->compute.vt->apply(opt->compute.ctx, x->size, x->param, opt->plan.stash + x->stash, &a),
+                  "muon_step: update (the update may be partly applied)");
   }
+  for (i = 0; i < opt->n_adamw; i++) {
+    muon__adamw *p = &opt->adamw[i];
+    muon_adamw_args a;
+    if (p->skip) continue;
+    a = muon__adamw_args(opt, p, i);
+    MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a),
+                  "muon_step: AdamW (the update may be partly applied)");
+    p->step++;
+  }
+  return MUON_OK;
 }
 
-static void muon__step_adamw(muon_optimizer *opt, muon__adamw *p);
-
-static muon_status muon__dist_step(muon_optimizer *opt) {
+MUON_API muon_status muon_step(muon_optimizer *opt) {
   muon_status st;
-  int r, i;
+  int r;
+  if (!opt) return MUON_ERR_ARG;
   if (!opt->plan.ready && (st = muon_plan(opt)) != MUON_OK) return st;
   if ((st = muon__agree_skips(opt)) != MUON_OK) return st;
   if (opt->dist.gather) {
@@ -2698,114 +3481,8 @@ static muon_status muon__dist_step(muon_optimizer *opt) {
     for (r = 0; r < opt->plan.n_rounds; r++)
       if ((st = muon__exchange_round(opt, r)) != MUON_OK) return st;
   }
-  muon__commit(opt);
-  for (i = 0; i < opt->n_adamw; i++)
-    if (!opt->adamw[i].skip) muon__step_adamw(opt, &opt->adamw[i]);
-  opt->stats.steps++;
-  return MUON_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
-   The step: check -> workspace -> per matrix (momentum -> NS -> apply) -> AdamW.
-   Everything that can fail happens before the first parameter or state changes. */
-
-/* Marks skipped matrices and AdamW params; fails on a non-finite gradient unless told to skip. */
-static muon_status muon__check_grads(muon_optimizer *opt) {
-  int i;
-  for (i = 0; i < opt->n_matrices; i++) {
-    muon__matrix *x = &opt->matrices[i];
-    x->skip = x->grad == NULL;
-    if (!x->skip && !muon__all_finite(x->grad, x->size)) {
-      if (opt->on_nonfinite == MUON_NONFINITE_ERROR)
-        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix %d ('%s') has NaN or Inf; nothing was applied", i, x->name);
-      x->skip = 1;
-    }
-  }
-  for (i = 0; i < opt->n_adamw; i++) {
-    muon__adamw *p = &opt->adamw[i];
-    p->skip = p->grad == NULL;
-    if (!p->skip && !muon__all_finite(p->grad, p->size)) {
-      if (opt->on_nonfinite == MUON_NONFINITE_ERROR)
-        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d ('%s') has NaN or Inf; nothing was applied", i, p->name);
-      p->skip = 1;
-    }
-  }
-  return MUON_OK;
-}
-
-/* Step workspace for one matrix: U/O (rows x cols), the NS operand X (m x n), NS workspace. */
-static size_t muon__step_ws_floats(int rows, int cols) {
-  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return 2 * (size_t)m * n + muon__ns_ws_floats(m, n);
-}
-
-static muon_status muon__reserve(muon_optimizer *opt, size_t floats) {
-  float *w;
-  if (floats <= opt->work_floats) return MUON_OK;
-  w = (float *)muon__alloc(&opt->allocator, floats * sizeof(float));
-  if (!w) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating %zu bytes of workspace failed; nothing was applied", floats * sizeof(float));
-  muon__free(&opt->allocator, opt->work);
-  opt->work = w;
-  opt->work_floats = floats;
-  return MUON_OK;
-}
-
-static void muon__step_matrix(muon_optimizer *opt, muon__matrix *x) {
-  const muon_hparams *hp = &opt->groups[x->group];
-  int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows;
-  float *U = opt->work, *X = U + x->size, *ws = X + (size_t)m * n;
-  float decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
-  float step = muon__adjusted_lr(hp, x->rows, x->cols);
-  int sgd = hp->momentum_style == MUON_MOMENTUM_SGD;
-  size_t i, ns_ws = muon__ns_ws_floats(m, n);
-
-  for (i = 0; i < x->size; i++)                                   /* momentum -> U */
-    U[i] = muon__momentum_elem(&x->momentum[i], x->grad[i], hp->momentum, hp->nesterov, sgd);
-  muon__to_operand(X, U, x->rows, x->cols);                       /* NS: U -> O */
-  muon__newton_schulz(X, m, n, hp, ws);
-  muon__from_operand(U, X, x->rows, x->cols);
-  for (i = 0; i < x->size; i++)                                   /* apply */
-    x->param[i] = muon__apply_elem(x->param[i], U[i], decay, step);
-
-  opt->stats.ns_calls++;
-  if (ns_ws * sizeof(float) > opt->stats.ns_workspace_bytes) opt->stats.ns_workspace_bytes = ns_ws * sizeof(float);
-}
-
-static void muon__step_adamw(muon_optimizer *opt, muon__adamw *p) {
-  const muon_adamw_hparams *hp = &opt->adamw_groups[p->group];
-  double t, bc1, bc2;
-  float decay, step_size, bc2_sqrt;
-  size_t i;
-  p->step++;
-  t = (double)p->step;
-  bc1 = 1.0 - pow((double)hp->beta1, t);
-  bc2 = 1.0 - pow((double)hp->beta2, t);
-  decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
-  step_size = (float)((double)hp->lr / bc1);
-  bc2_sqrt = (float)sqrt(bc2);
-  for (i = 0; i < p->size; i++)
-    p->param[i] = muon__adamw_elem(p->param[i], p->grad[i], &p->exp_avg[i], &p->exp_avg_sq[i], hp->beta1,
-                                   hp->beta2, hp->eps, decay, step_size, bc2_sqrt);
-}
-
-MUON_API muon_status muon_step(muon_optimizer *opt) {
-  muon_status st;
-  size_t need = 0;
-  int i;
-  if (!opt) return MUON_ERR_ARG;
-  if (opt->distributed) return muon__dist_step(opt);
-  if ((st = muon__check_grads(opt)) != MUON_OK) return st;
-  for (i = 0; i < opt->n_matrices; i++) {
-    size_t w = muon__step_ws_floats(opt->matrices[i].rows, opt->matrices[i].cols);
-    if (!opt->matrices[i].skip && w > need) need = w;
-  }
-  if ((st = muon__reserve(opt, need)) != MUON_OK) return st;
-  if (need * sizeof(float) > opt->stats.workspace_bytes) opt->stats.workspace_bytes = need * sizeof(float);
-
-  for (i = 0; i < opt->n_matrices; i++)
-    if (!opt->matrices[i].skip) muon__step_matrix(opt, &opt->matrices[i]);
-  for (i = 0; i < opt->n_adamw; i++)
-    if (!opt->adamw[i].skip) muon__step_adamw(opt, &opt->adamw[i]);
+  if ((st = muon__sync(opt, "muon_step: before the update")) != MUON_OK) return st;
+  if ((st = muon__commit(opt)) != MUON_OK) return st;
   opt->stats.steps++;
   return MUON_OK;
 }
@@ -2846,10 +3523,38 @@ static size_t muon__state_bytes(const muon_optimizer *opt) {
 
 MUON_API size_t muon_state_size(const muon_optimizer *opt) { return opt ? muon__state_bytes(opt) : 0; }
 
+/* Moving backend floats into and out of the blob: directly on the host, else through `tmp` (the
+   largest tensor's size) and a sync per tensor. */
+static size_t muon__largest_state(const muon_optimizer *opt) {
+  size_t n = 0;
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) if (opt->matrices[i].size > n) n = opt->matrices[i].size;
+  for (i = 0; i < opt->n_adamw; i++) if (opt->adamw[i].size > n) n = opt->adamw[i].size;
+  return n;
+}
+
+static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const float *x, size_t n, float *tmp) {
+  muon_status st;
+  if (!opt->device) { muon__put_floats(p, x, n); return MUON_OK; }
+  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, tmp, x, n * sizeof(float), 1, 0), "muon_state_save: reading the state");
+  if ((st = muon__sync(opt, "muon_state_save: reading the state")) != MUON_OK) return st;
+  muon__put_floats(p, tmp, n);
+  return MUON_OK;
+}
+
+static muon_status muon__get_state(muon_optimizer *opt, const unsigned char **p, float *x, size_t n, float *tmp) {
+  if (!opt->device) { muon__get_floats(p, x, n); return MUON_OK; }
+  muon__get_floats(p, tmp, n);
+  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x, tmp, n * sizeof(float), 0, 1), "muon_state_load: writing the state (partly loaded)");
+  return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
+}
+
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size) {
   unsigned char *p = (unsigned char *)buf;
   size_t need;
   int i;
+  float *tmp = NULL;
+  muon_status st = MUON_OK;
   if (!opt) return MUON_ERR_ARG;
   need = muon__state_bytes(opt);
   if (!buf) return muon__fail(opt, MUON_ERR_ARG, "muon_state_save: buf is NULL");
@@ -2868,20 +3573,24 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put_float(&p, a->lr); muon__put_float(&p, a->beta1); muon__put_float(&p, a->beta2);
     muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay);
   }
-  for (i = 0; i < opt->n_matrices; i++) {
+  if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float))))
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save: allocating a staging buffer failed");
+  for (i = 0; i < opt->n_matrices && st == MUON_OK; i++) {
     const muon__matrix *x = &opt->matrices[i];
     muon__put32(&p, (uint32_t)x->rows);
     muon__put32(&p, (uint32_t)x->cols);
     muon__put64(&p, (uint64_t)x->size);
-    muon__put_floats(&p, x->momentum, x->size);
+    st = muon__put_state(opt, &p, x->momentum, x->size, tmp);
   }
-  for (i = 0; i < opt->n_adamw; i++) {
+  for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
     muon__put64(&p, (uint64_t)a->size);
     muon__put64(&p, (uint64_t)a->step);
-    muon__put_floats(&p, a->exp_avg, a->size);
-    muon__put_floats(&p, a->exp_avg_sq, a->size);
+    if ((st = muon__put_state(opt, &p, a->exp_avg, a->size, tmp)) == MUON_OK)
+      st = muon__put_state(opt, &p, a->exp_avg_sq, a->size, tmp);
   }
+  muon__free(&opt->allocator, tmp);
+  if (st != MUON_OK) return st;
   muon__put64(&p, muon__fnv1a((const unsigned char *)buf, need - 8));
   return MUON_OK;
 }
@@ -2895,6 +3604,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   muon_hparams *groups;
   size_t need;
   int i, pass;
+  float *tmp = NULL;
+  muon_status st = MUON_OK;
   if (!opt) return MUON_ERR_ARG;
   if (!buf) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load: buf is NULL");
   if (size < MUON__STATE_HEADER + 8 || memcmp(p, "MUONSTAT", 8) != 0)
@@ -2956,34 +3667,40 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     }
   }
   body = p;
+  if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float)))) {
+    muon__free(&opt->allocator, groups);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating a staging buffer failed");
+  }
   /* Pass 0 checks every shape, pass 1 copies: nothing changes unless all of it fits. */
-  for (pass = 0; pass < 2; pass++) {
+  for (pass = 0; pass < 2 && st == MUON_OK; pass++) {
     p = body;
     for (i = 0; i < opt->n_matrices; i++) {
       muon__matrix *x = &opt->matrices[i];
       uint32_t r = muon__get32(&p), c = muon__get32(&p);
       uint64_t n = muon__get64(&p);
       if (r != (uint32_t)x->rows || c != (uint32_t)x->cols || n != (uint64_t)x->size)
-        return muon__free(&opt->allocator, groups), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
+        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
                           i, x->name, x->rows, x->cols, x->size, r, c, (unsigned long long)n);
-      if (pass) muon__get_floats(&p, x->momentum, x->size); else p += 4 * x->size;
+      if (pass) { if ((st = muon__get_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break; } else p += 4 * x->size;
     }
-    for (i = 0; i < opt->n_adamw; i++) {
+    for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
       muon__adamw *a = &opt->adamw[i];
       uint64_t n = muon__get64(&p), t = muon__get64(&p);
       if (t > MUON__STATE_MAX_STEP)
-        return muon__free(&opt->allocator, groups), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)t);
+        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)t);
       if (n != (uint64_t)a->size)
-        return muon__free(&opt->allocator, groups), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->size, (unsigned long long)n);
+        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->size, (unsigned long long)n);
       if (pass) {
         a->step = (long long)t;
-        muon__get_floats(&p, a->exp_avg, a->size);
-        muon__get_floats(&p, a->exp_avg_sq, a->size);
+        if ((st = muon__get_state(opt, &p, a->exp_avg, a->size, tmp)) == MUON_OK)
+          st = muon__get_state(opt, &p, a->exp_avg_sq, a->size, tmp);
       } else {
         p += 8 * a->size;
       }
     }
   }
+  muon__free(&opt->allocator, tmp);
+  if (st != MUON_OK) { muon__free(&opt->allocator, groups); return st; }
   for (i = 0; i < (int)nag; i++) {
     muon_adamw_hparams a;
     a.lr = muon__get_float(&adamw_groups); a.beta1 = muon__get_float(&adamw_groups);
