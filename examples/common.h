@@ -16,6 +16,10 @@
 
 #include "muon.h"
 #include "muon_gloo.h"
+#ifdef EX_CUDA
+#include <cuda_runtime_api.h>
+#include "muon_cuda.h"
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -76,6 +80,42 @@ static inline void ex_need(const ex_world *w, int ok, const char *what) {
     exit(2);
   }
 }
+
+/* Where the optimizer's buffers live. Built with -DEX_CUDA the optimizers (distributed and the
+   single-device reference alike) run on muon_cuda.h's backend with GPU buffers, and the host
+   keeps copies to compute gradients and check bits; otherwise the CPU backend works on the host
+   buffers themselves. */
+#ifdef EX_CUDA
+static muon_compute ex__compute;
+static const muon_compute *ex_compute(const ex_world *w) {
+  if (!ex__compute.vt) {
+    muon_cuda_desc cd = muon_cuda_default_desc();
+    if (muon_cuda_create(&ex__compute, &cd) != MUON_OK) ex_die(w, "muon_cuda_create", "failed");
+  }
+  return &ex__compute;
+}
+static float *ex_device(const ex_world *w, size_t n) {
+  void *p = NULL;
+  if (cudaMalloc(&p, (n ? n : 1) * sizeof(float)) != cudaSuccess) ex_die(w, "cudaMalloc", "failed");
+  return (float *)p;
+}
+static void ex_put(const ex_world *w, float *dev, const float *host, size_t n) {
+  if (cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) ex_die(w, "cudaMemcpy", "to the GPU");
+}
+static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) {
+  if (cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
+}
+static void ex_device_free(float *p) { cudaFree(p); }
+static void ex_compute_done(void) { muon_compute_destroy(&ex__compute); }
+#else
+static const muon_compute *ex_compute(const ex_world *w) { (void)w; return NULL; }
+static float *ex_device(const ex_world *w, size_t n) { (void)w; (void)n; return NULL; }
+static void ex_put(const ex_world *w, float *dev, const float *host, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
+static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
+static void ex_device_free(float *p) { (void)p; }
+static void ex_compute_done(void) {}
+#endif
+#define EX_ON_DEVICE (ex_compute(NULL) != NULL)
 
 /* Deterministic values from (name, slice, step, element): the same on every rank. */
 static unsigned ex_hash(const char *s, unsigned h) {
@@ -139,6 +179,7 @@ typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank 
   long long *idx;                    /* this rank's elements */
   size_t n;
   float *w, *g;                      /* this rank's piece (inside the stacked buffer) */
+  float *dev_full_w, *dev_full_g, *dev_w, *dev_g;  /* their GPU copies (EX_CUDA) */
   int repl;
 } ex_slice;
 
@@ -164,6 +205,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   desc.hparams.lr = 0.02f;
   desc.comm = &w->world;
   desc.dist = &cfg;
+  desc.compute = ex_compute(w);
   ref_desc = desc;
   ref_desc.comm = NULL;
   ref_desc.dist = NULL;
@@ -209,6 +251,12 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       x->repl = ex_replication(&lay);
       piece = x->n;
       r.name = x->name; r.param = x->full_w; r.grad = x->full_g; r.rows = sp->rows; r.cols = sp->cols;
+      if (EX_ON_DEVICE) {
+        x->dev_full_w = ex_device(w, full);
+        x->dev_full_g = ex_device(w, full);
+        ex_put(w, x->dev_full_w, x->full_w, full);
+        r.param = x->dev_full_w; r.grad = x->dev_full_g;
+      }
       if (muon_add_matrix(ref, &r, NULL) != MUON_OK) ex_die(w, "muon_add_matrix (reference)", muon_error(ref));
     }
     /* The distributed run: this rank's pieces, stacked slices one after another. */
@@ -223,6 +271,15 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       for (e = 0; e < x->n; e++) x->w[e] = x->full_w[x->idx[e]];
     }
     m.name = sp->name; m.param = wbuf; m.grad = gbuf; m.rows = sp->rows; m.cols = sp->cols;
+    if (EX_ON_DEVICE) {
+      float *dw = ex_device(w, stride * count + 1), *dg = ex_device(w, stride * count + 1);
+      for (k = 0; k < count; k++) {
+        sl[s + k].dev_w = dw + k * stride;
+        sl[s + k].dev_g = dg + k * stride;
+        ex_put(w, sl[s + k].dev_w, sl[s + k].w, sl[s + k].n);
+      }
+      m.param = dw; m.grad = dg;
+    }
     m.count = sp->count;
     m.layout = layouts ? &sp->layout : NULL;
     if (muon_add_matrix(opt, &m, NULL) != MUON_OK) ex_die(w, "muon_add_matrix", muon_error(opt));
@@ -239,11 +296,19 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       ex_slice *x = &sl[s];
       size_t e, full = (size_t)x->spec->rows * x->spec->cols;
       unsigned seed = ex_hash(x->name, 977u * (unsigned)(t + 1)) ^ (unsigned)x->spec->expert;
+      if (EX_ON_DEVICE) {    /* the host computes the gradients from the current parameters */
+        ex_get(w, x->full_w, x->dev_full_w, full);
+        ex_get(w, x->w, x->dev_w, x->n);
+      }
       for (e = 0; e < full; e++) x->full_g[e] = (x->full_w[e] - x->full_t[e]) + 0.1f * ex_value(seed, (long long)e);
       for (e = 0; e < x->n; e++) {
         float d = x->w[e] - x->full_t[x->idx[e]];
         x->g[e] = d + 0.1f * ex_value(seed, x->idx[e]);
         mine += 0.5 * d * d / x->repl;
+      }
+      if (EX_ON_DEVICE) {
+        ex_put(w, x->dev_full_g, x->full_g, full);
+        ex_put(w, x->dev_g, x->g, x->n);
       }
     }
     /* A decaying lr: schedules change it between steps without re-creating anything. */
@@ -259,6 +324,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (!w->quiet && w->rank == 0) printf("step %d  loss %.4f\n", t, loss);
   }
   /* The check: every local piece against the same elements of the single-device result. */
+  for (s = 0; EX_ON_DEVICE && s < n_local; s++) {
+    ex_get(w, sl[s].full_w, sl[s].dev_full_w, (size_t)sl[s].spec->rows * sl[s].spec->cols);
+    ex_get(w, sl[s].w, sl[s].dev_w, sl[s].n);
+  }
   for (s = 0; s < n_local; s++) {
     size_t e;
     for (e = 0; e < sl[s].n; e++) {
@@ -284,11 +353,14 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   }
   for (s = 0; s < n_local; s++) {
     free(sl[s].full_w); free(sl[s].full_t); free(sl[s].full_g); free(sl[s].idx);
+    ex_device_free(sl[s].dev_full_w); ex_device_free(sl[s].dev_full_g);
   }
   for (i = 0, s = 0; i < n_specs; i++) {
     if (specs[i].absent) continue;
     free(sl[s].w);
     free(sl[s].g);
+    ex_device_free(sl[s].dev_w);
+    ex_device_free(sl[s].dev_g);
     s += specs[i].count > 1 ? specs[i].count : 1;
   }
   free(sl); free(tp_dims); free(experts); free(all_sums);
@@ -302,6 +374,7 @@ static inline int ex_finish(ex_world *w, muon_comm *groups, int n, int rc) {
   int i;
   for (i = 0; i < n; i++) muon_comm_destroy(&groups[i]);
   muon_comm_destroy(&w->world);
+  ex_compute_done();
   return rc;
 }
 

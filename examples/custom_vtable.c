@@ -9,6 +9,7 @@ typedef struct framework {
   muon_comm *world;
   size_t *counts;            /* 4 x world: send counts, displs, recv counts, displs */
   float *zeros;
+  float *host_local, *host_full;  /* staging when muon's buffers are on a GPU (EX_CUDA) */
 } framework;
 
 static muon_status round_robin(void *state, const muon_matrix_info *m, int n, int world_size, int *owner) {
@@ -37,6 +38,13 @@ static muon_status gather(void *state, const muon_matrix_info *m, const float *l
     rc[r] = f->world->rank == owner ? n * (size_t)m->cols : 0;
     rd[r] = lo * (size_t)m->cols;
   }
+  if (EX_ON_DEVICE) {   /* muon hands over GPU buffers; this framework's communicator takes host memory */
+    muon_status st;
+    if (local) ex_get(NULL, f->host_local, local, m->local_size);
+    st = f->world->vt->alltoallv(f->world->ctx, local ? f->host_local : f->zeros, sc, sd, full ? f->host_full : f->zeros, rc, rd);
+    if (st == MUON_OK && full) ex_put(NULL, full, f->host_full, (size_t)m->rows * m->cols);
+    return st;
+  }
   return f->world->vt->alltoallv(f->world->ctx, local ? local : f->zeros, sc, sd, full ? full : f->zeros, rc, rd);
 }
 
@@ -52,6 +60,13 @@ static muon_status redistribute(void *state, const muon_matrix_info *m, const fl
     rc[r] = r == owner ? m->local_size : 0;
     rd[r] = 0;
   }
+  if (EX_ON_DEVICE) {
+    muon_status st;
+    if (full) ex_get(NULL, f->host_full, full, (size_t)m->rows * m->cols);
+    st = f->world->vt->alltoallv(f->world->ctx, full ? f->host_full : f->zeros, sc, sd, local ? f->host_local : f->zeros, rc, rd);
+    if (st == MUON_OK && local) ex_put(NULL, local, f->host_local, m->local_size);
+    return st;
+  }
   return f->world->vt->alltoallv(f->world->ctx, full ? full : f->zeros, sc, sd, local ? local : f->zeros, rc, rd);
 }
 
@@ -66,6 +81,8 @@ int main(int argc, char **argv) {
   fw.world = &w.world;
   fw.counts = (size_t *)malloc(4 * (size_t)w.size * sizeof(size_t));
   fw.zeros = &zero;
+  fw.host_local = (float *)malloc(128 * 32 * sizeof(float));   /* the largest matrix */
+  fw.host_full = (float *)malloc(128 * 32 * sizeof(float));
   memset(specs, 0, sizeof specs);
   for (i = 0; i < 5; i++) {
     specs[i].name = names[i]; specs[i].rows = rows[i]; specs[i].cols = cols[i]; specs[i].expert = -1;
@@ -78,5 +95,7 @@ int main(int argc, char **argv) {
   cfg.state = &fw;
   rc = ex_run(&w, "custom_vtable", specs, 5, NULL, &cfg, 1);
   free(fw.counts);
+  free(fw.host_local);
+  free(fw.host_full);
   return ex_finish(&w, NULL, 0, rc);
 }
