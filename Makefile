@@ -12,14 +12,25 @@ BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 GLOO_LIBS   := -lgloo -lstdc++ -pthread -lm
 INC      := -I. -Itests -Iexamples
-HEADERS  := muon.h muon_gloo.h
+HEADERS  := muon.h muon_gloo.h muon_cuda.h
 DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev
 
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
 STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable
 EXAMPLES   := single muonrun $(STRATEGIES)
 
-.PHONY: all test demo bench examples install uninstall clean deps check-headers
+# CUDA: the toolkit's nvcc, headers and libraries (override CUDA_HOME). Without a GPU the CUDA
+# backend still compiles with nvcc, links against cudart/cuBLAS, and runs on the stand-ins
+# (tests/standin: our C implementation of the cudart/cuBLAS calls it makes, strict like a GPU).
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+HAVE_CUDA := $(shell test -x $(NVCC) && test -f $(CUDA_HOME)/include/cublas_v2.h && echo 1)
+CUDA_INC  := -isystem $(CUDA_HOME)/include
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas
+NVFLAGS   := -O2 -fmad=false -Xcompiler -Wall,-Wextra,-Werror
+STANDIN   := $(CUDA_INC) -DMUON_CUDA_STANDIN -DMUON_CUDA_IMPLEMENTATION -D_GNU_SOURCE -Itests/standin
+
+.PHONY: all test demo bench examples install uninstall clean deps check-headers test-cuda test-gpu bench-gpu
 
 all: examples
 
@@ -40,6 +51,11 @@ check-headers: | $(BUILD)
 	@$(CC) $(CWARN) -fsyntax-only -I. $(BUILD)/impl.c
 	@$(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(BUILD)/impl.c
 	@$(CC) $(CWARN) -fsyntax-only -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $(BUILD)/impl.c
+ifeq ($(HAVE_CUDA),1)
+	@printf '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#include "muon_cuda.h"\n' > $(BUILD)/impl_cuda.c
+	@$(CC) $(CWARN) -fsyntax-only $(STANDIN) -I. $(BUILD)/impl_cuda.c
+	@$(CXX) $(CXXWARN) -fsyntax-only $(STANDIN) -x c++ -I. $(BUILD)/impl_cuda.c
+endif
 	@echo "headers: C99 and C++17 clean"
 
 # ---- building blocks ------------------------------------------------------------------------
@@ -60,6 +76,41 @@ $(addprefix $(BUILD)/,$(STRATEGIES)): $(BUILD)/%: examples/%.c examples/common.h
 # The flagship: TP x FSDP (2 x 2) on 4 local Gloo processes, checked bitwise against one device.
 demo: deps $(BUILD)/muonrun $(BUILD)/tp_fsdp
 	$(BUILD)/muonrun -n 4 $(BUILD)/tp_fsdp --steps 10
+
+# ---- CUDA: nvcc compile + link against the real libraries; the same code on the stand-ins ---
+$(BUILD)/cuda: | $(BUILD)
+	@mkdir -p $(BUILD)/cuda
+$(BUILD)/cuda/muon_cuda.o: examples/muon_cuda.cu muon.h muon_cuda.h | $(BUILD)/cuda
+	$(NVCC) $(NVFLAGS) -I. -c $< -o $@
+# Linking proves every cudart/cuBLAS call exists with the signature used; it runs on a GPU only.
+$(BUILD)/cuda/test_cuda_slots_gpu: tests/test_cuda_slots.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/cuda
+	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. -Itests $< $(BUILD)/cuda/muon_cuda.o -o $@ $(CUDA_LIBS) -lstdc++ -lm
+$(BUILD)/cuda/standin.o: tests/standin/cuda_standin.c tests/standin/standin.h | $(BUILD)/cuda
+	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
+$(BUILD)/cuda/standin_san.o: tests/standin/cuda_standin.c tests/standin/standin.h | $(BUILD)/cuda
+	$(CC) $(CWARN) $(SAN) -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
+$(BUILD)/cuda/test_standin: tests/standin/test_standin.c $(BUILD)/cuda/standin.o tests/test.h
+	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/standin.o -o $@ -lm
+$(BUILD)/cuda/test_cuda_slots: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
+	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
+$(BUILD)/cuda/test_cuda_slots_san: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin_san.o tests/test.h
+	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
+$(BUILD)/cuda/test_trainer: tests/test_trainer.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
+	$(CC) $(CWARN) -O2 $(STANDIN) -DTEST_CUDA $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
+$(BUILD)/cuda/muonrun: $(BUILD)/muonrun | $(BUILD)/cuda
+	cp $< $@
+# Every strategy example with CUDA compute (on the stand-ins) and Gloo communication.
+$(addprefix $(BUILD)/cuda/,$(STRATEGIES)): $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) -O2 -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
+
+CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san muonrun $(STRATEGIES))
+ifeq ($(HAVE_CUDA),1)
+CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" \
+              "tests/run_examples.sh $(BUILD)/cuda $(STRATEGIES)"
+else
+CUDA_BINS  :=
+CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUDA compile, link and stand-in tests skipped'; echo '0 passed, 0 failed, 1 skipped'"
+endif
 
 # ---- tests ----------------------------------------------------------------------------------
 SINGLE := test_api test_golden test_ns
@@ -86,7 +137,7 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san muonrun $(STRATEGIES))
+             test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
 test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
@@ -104,7 +155,8 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	  "$(RUN) -n 1 $(BUILD)/test_dist" "$(RUN) -n 2 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist" \
 	  "$(RUN) -n 4 $(BUILD)/test_dist" "$(RUN) -n 8 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist_san" \
 	  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
-	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)"
+	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
+	  $(CUDA_TESTS)
 
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and

@@ -55,8 +55,27 @@
        differ in the last bits, so keep one binary across the ranks of a job.
 
    BACKENDS
-       Computation: the CPU, in this header. Communication: this header ships the single-rank
-       case; muon_gloo.h (CPU clusters) adds more. The core only talks to them through vtables.
+       Computation (muon_compute): the CPU, in this header (desc.compute = NULL); muon_cuda.h for
+       NVIDIA GPUs (cuBLAS Newton-Schulz, element-wise kernels), or your own (see "Compute
+       backend" below). Communication (muon_comm): this header ships the single-rank case;
+       muon_gloo.h (CPU clusters, also GPUs through host staging) adds more. The core only talks
+       to them through vtables. With a GPU backend, param, grad, mirror and momentum buffers are
+       GPU memory and muon never touches them from the host.
+
+   WHAT A GPU TRAINER HANDS OVER (llm.c's train_gpt2.cu), per matrix or AdamW parameter:
+       gradients fp32 or bf16 (grad_dtype); parameters fp32 master weights, optionally mirrored
+       to a bf16 copy after each update (mirror), or bf16 alone (param_dtype), updated in fp32
+       and rounded to nearest or stochastically (desc.rounding, desc.seed: bits depend only on
+       seed, step, matrix and element, never on world size); separate strides for stacked
+       [L, rows, cols] param / grad / mirror / momentum buffers (ZeRO-1); a gradient scale
+       (muon_set_grad_scale, e.g. the clipping factor); optionally the momentum in a buffer of
+       the trainer's (muon_matrix.momentum).
+
+   MEMORY
+       Every step keeps O for this rank's matrices until all of them are computed (the stash,
+       1x the local matrix parameters) plus one round of gathered operands and the NS
+       workspace, allocated at planning: nothing is allocated inside muon_step, and a step that
+       fails changes nothing.
 
    THREAD SAFETY
        An optimizer is used by one thread at a time. Different optimizers are independent.

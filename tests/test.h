@@ -46,6 +46,7 @@ static inline double test_rel_err(const float *a, const double *b, size_t n, siz
   size_t i, w = 0;
   for (i = 0; i < n; i++) {
     double d = fabs((double)a[i] - b[i]);
+    if (d != d) { if (worst) *worst = i; return HUGE_VAL; }   /* NaN: no tolerance admits it */
     if (d > num) { num = d; w = i; }
     if (fabs(b[i]) > den) den = fabs(b[i]);
   }

@@ -1,0 +1,82 @@
+/* standin.h - the CPU stand-in for the CUDA runtime and cuBLAS (tests/standin/cuda_standin.c).
+
+   With no GPU, the CUDA backend is compiled a second time with the host compiler against the
+   real toolkit headers and linked with cuda_standin.o instead of libcudart/libcublas. The
+   stand-in is deliberately strict so that it fails where a GPU would:
+     - device memory lives in one PROT_NONE arena that is readable/writable only while the
+       stand-in itself executes queued work: a host dereference of a device pointer SEGFAULTs;
+     - every asynchronous operation is queued on its stream and runs only when something
+       synchronises with that stream: a missing sync reads stale data, deterministically;
+     - errors found while executing queued work are sticky, as on a GPU.
+   This header adds what the real headers lack: a kernel launch, and hooks for tests. The cudart
+   and cuBLAS functions themselves are declared by <cuda_runtime_api.h> and <cublas_v2.h>. */
+#ifndef MUON_STANDIN_H
+#define MUON_STANDIN_H
+
+#include <stddef.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Kernel launch --------------------------------------------------------------------------
+   `kernel<<<grid, block, 0, stream>>>(args)` becomes
+     muon_standin_launch(stream, grid, block, fn, &args, sizeof args)
+   where fn(const void *args) is the kernel body for one thread: it reads the index globals
+   below. The launch copies the args (at most MUON_STANDIN_MAX_ARGS bytes) and queues the kernel;
+   when its stream is synchronised, fn runs once per (blockIdx, threadIdx), blocks in row order
+   (x fastest) and threads in row order within each block, with the globals set before each call.
+   Returns cudaErrorInvalidConfiguration for a bad shape (dims >= 1, block x*y*z <= 1024,
+   grid.x <= 2^31-1, grid.y/z <= 65535), cudaErrorInvalidDeviceFunction for a NULL fn,
+   cudaErrorInvalidValue for bad args, cudaErrorInvalidResourceHandle for an unknown stream;
+   a failing launch is also what cudaGetLastError returns next. */
+#define MUON_STANDIN_MAX_ARGS 32768
+typedef void (*muon_standin_kernel)(const void *args);
+cudaError_t muon_standin_launch(cudaStream_t stream, dim3 grid, dim3 block, muon_standin_kernel fn,
+                                const void *args, size_t args_size);
+extern dim3 muon_standin_threadIdx, muon_standin_blockIdx, muon_standin_blockDim, muon_standin_gridDim;
+
+/* ---- Test hooks -----------------------------------------------------------------------------
+   muon_standin_fail: the nth (1-based, counted from now) future call of `call` fails; nth 0
+   clears. Names and failures:
+     "cudaMalloc", "cudaMallocHost", "cudaHostAlloc"     -> cudaErrorMemoryAllocation
+     "cudaStreamCreate", "cudaStreamCreateWithFlags",
+     "cudaEventCreate", "cudaEventCreateWithFlags"       -> cudaErrorMemoryAllocation
+     "cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemcpy",
+     "cudaMemset"                                        -> cudaErrorInvalidValue at the call
+     "cublasCreate_v2"                                   -> CUBLAS_STATUS_ALLOC_FAILED
+     "cublasGemmEx", "cublasGemmStridedBatchedEx",
+     "cublasGemmBatchedEx", "cublasSgemm_v2",
+     "cublasSnrm2_v2"                                    -> CUBLAS_STATUS_EXECUTION_FAILED at the call
+     "kernel"  -> the nth valid launch returns cudaSuccess but its execution fails: the next
+                  synchronising call returns cudaErrorLaunchFailure, and so does every later
+                  one (sticky) until muon_standin_reset_errors.
+   The environment variable MUON_STANDIN_FAIL="name:nth[,name:nth...]" is read at first use, so a
+   test can inject into a child process. An unknown name is reported on stderr and ignored. */
+void muon_standin_fail(const char *call, int nth);
+
+/* Calls so far of a function, by the names above or any implemented function's name
+   ("cudaFree", "cublasCreate_v2", ...); "kernel" counts launches, "flush" counts the times queued
+   work was executed, "mprotect" counts protection changes of the arena. -1 for an unknown name. */
+long long muon_standin_calls(const char *call);
+
+/* Bytes currently allocated by cudaMalloc (requested sizes of live allocations). */
+size_t muon_standin_device_bytes(void);
+
+/* Clears the sticky execution error and the last error (tests only). */
+void muon_standin_reset_errors(void);
+
+/* 1 if any fp32 GEMM ran with CUBLAS_COMPUTE_32F_FAST_TF32, or with CUBLAS_COMPUTE_32F under
+   math mode CUBLAS_TF32_TENSOR_OP_MATH (the stand-in still computes in exact fp32). */
+int muon_standin_tf32_used(void);
+
+/* The stand-in's explanation of its most recent error, "" if none: which check failed and why.
+   Set MUON_STANDIN_VERBOSE=1 to have every such message printed to stderr as it happens. */
+const char *muon_standin_last_message(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MUON_STANDIN_H */
