@@ -95,13 +95,33 @@ $(BUILD)/cuda/test_cuda_slots: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUIL
 	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/test_cuda_slots_san: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin_san.o tests/test.h
 	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
-$(BUILD)/cuda/test_trainer: tests/test_trainer.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) -O2 $(STANDIN) -DTEST_CUDA $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/muonrun: $(BUILD)/muonrun | $(BUILD)/cuda
 	cp $< $@
 # Every strategy example with CUDA compute (on the stand-ins) and Gloo communication.
 $(addprefix $(BUILD)/cuda/,$(STRATEGIES)): $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) -O2 -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
+
+# ---- on a real GPU: the same suites linked against nvcc's object and the real libraries -------
+GPU_LINK := $(BUILD)/cuda/muon_cuda.o $(CUDA_LIBS) -lstdc++
+$(BUILD)/gpu: | $(BUILD)
+	@mkdir -p $(BUILD)/gpu
+$(BUILD)/gpu/test_cuda_slots: tests/test_cuda_slots.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
+	$(CC) $(CWARN) -O2 $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
+$(BUILD)/gpu/test_cuda: tests/test_cuda.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
+	$(CC) $(CWARN) -O2 $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
+$(BUILD)/gpu/muonrun: $(BUILD)/muonrun | $(BUILD)/gpu
+	cp $< $@
+$(addprefix $(BUILD)/gpu/,$(STRATEGIES)): $(BUILD)/gpu/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/muon_cuda.o
+	$(CC) $(CWARN) -O2 -DEX_CUDA $(CUDA_INC) $(INC) $< $(BUILD)/muon_gloo.o $(GPU_LINK) -o $@ $(GLOO_LIBS)
+
+# World size 1, and several Gloo ranks sharing the one GPU; compute-sanitizer where installed.
+SANITIZER ?= $(CUDA_HOME)/bin/compute-sanitizer
+test-gpu: $(addprefix $(BUILD)/gpu/,test_cuda_slots test_cuda muonrun $(STRATEGIES))
+	@tests/run.sh "$(BUILD)/gpu/test_cuda_slots" "$(BUILD)/gpu/test_cuda" \
+	  "tests/run_examples.sh $(BUILD)/gpu $(STRATEGIES)" \
+	  "if [ -x $(SANITIZER) ]; then $(SANITIZER) --tool memcheck --error-exitcode 1 $(BUILD)/gpu/test_cuda_slots && \
+	     $(SANITIZER) --tool racecheck --error-exitcode 1 $(BUILD)/gpu/test_cuda_slots; \
+	   else echo 'compute-sanitizer not found: skipped'; echo '0 passed, 0 failed, 1 skipped'; fi"
 
 CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san muonrun $(STRATEGIES))
 ifeq ($(HAVE_CUDA),1)
@@ -113,13 +133,16 @@ CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUD
 endif
 
 # ---- tests ----------------------------------------------------------------------------------
-SINGLE := test_api test_golden test_ns
+SINGLE := test_api test_golden test_ns test_trainer
 $(addprefix $(BUILD)/,$(SINGLE)): $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm
 $(addprefix $(BUILD)/,$(addsuffix _cxx,$(SINGLE))): $(BUILD)/%_cxx: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CXX) $(CXXWARN) $(OPT) $(INC) -x c++ $< -o $@
 $(addprefix $(BUILD)/,$(addsuffix _san,$(SINGLE))): $(BUILD)/%_san: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm
+# -Ofast -march=native, as trainers like llm.c build: the non-finite checks must survive it.
+$(addprefix $(BUILD)/,$(addsuffix _fast,$(SINGLE))): $(BUILD)/%_fast: tests/%.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) -Ofast -march=native $(INC) $< -o $@ -lm
 $(BUILD)/test_ns_cblas: tests/test_ns.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm
 $(BUILD)/test_threads: tests/test_threads.c muon.h tests/test.h | $(BUILD)
@@ -136,13 +159,16 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	$(PYTHON) tests/ref_muon.py $(BUILD)/golden
 	@touch $@
 
-TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) \
+TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
              test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
 test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	@tests/run.sh \
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
+	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
+	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
+	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_golden $(BUILD)/golden" "$(BUILD)/test_golden_cxx $(BUILD)/golden" \
 	  "$(BUILD)/test_golden_san $(BUILD)/golden" \
 	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
