@@ -123,9 +123,22 @@ test-gpu: $(addprefix $(BUILD)/gpu/,test_cuda_slots test_cuda muonrun $(STRATEGI
 	     $(SANITIZER) --tool racecheck --error-exitcode 1 $(BUILD)/gpu/test_cuda_slots; \
 	   else echo 'compute-sanitizer not found: skipped'; echo '0 passed, 0 failed, 1 skipped'; fi"
 
-CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san muonrun $(STRATEGIES))
+# NS vs the cuBLAS GEMM ceiling, a GPT-2 124M step vs a torch-style C baseline and (where PyTorch
+# is importable by TORCH_PYTHON) torch.optim.Muon, memory held: see bench/README.md.
+TORCH_PYTHON ?= python3
+$(BUILD)/gpu/bench_gpu: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
+	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. $< $(GPU_LINK) -o $@ -lm
+$(BUILD)/cuda/bench_gpu_standin: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) -O2 $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
+bench-gpu: $(BUILD)/gpu/bench_gpu
+	@$(TORCH_PYTHON) bench/bench_torch.py | tee $(BUILD)/gpu/bench_torch.txt
+	@t=$$(sed -n 's/^torch\.optim\.Muon step: \([0-9.]*\) ms$$/\1/p' $(BUILD)/gpu/bench_torch.txt); \
+	 $(BUILD)/gpu/bench_gpu $${t:+--torch-ms $$t}
+
+CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san bench_gpu_standin muonrun $(STRATEGIES)) $(BUILD)/gpu/bench_gpu
 ifeq ($(HAVE_CUDA),1)
 CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" \
+              "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
               "tests/run_examples.sh $(BUILD)/cuda $(STRATEGIES)"
 else
 CUDA_BINS  :=

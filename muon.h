@@ -604,7 +604,7 @@ MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muo
    returns how many it owns. */
 MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap);
 
-/* Counters since creation (the distributed ones stay 0 on one device). */
+/* Counters since creation (the exchange ones stay 0 without a dist config). */
 typedef struct muon_stats {
   long long steps;                 /* successful muon_step calls                                 */
   long long ns_calls;              /* Newton-Schulz runs on this rank                            */
@@ -612,7 +612,8 @@ typedef struct muon_stats {
   long long bytes_sent, bytes_received;   /* U/O exchange payload, to and from other ranks        */
   long long control_bytes;         /* planning and skip agreement (allgathers)                    */
   size_t state_bytes;              /* momentum + AdamW moments held by this rank                 */
-  size_t workspace_bytes;          /* peak step workspace (NS operand + NS workspace)            */
+  size_t workspace_bytes;          /* step buffers beyond the state, allocated at planning: the
+                                      O stash, exchange buffers, gathered operands, NS workspace */
   size_t ns_workspace_bytes;       /* peak NS workspace beyond its m x n operand                 */
   size_t gathered_bytes;           /* peak bytes of full matrices held at once (owner side)      */
   size_t exchange_bytes;           /* exchange buffers: send/recv + the O stash (local size)     */
@@ -625,7 +626,8 @@ typedef struct muon_stats {
 
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
 
-/* Read-only view of a matrix's momentum buffer (its local floats). */
+/* Read-only view of a matrix's momentum buffer (its local floats), in the compute backend's
+   memory: a GPU pointer with muon_cuda.h. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
 
 /* ---------------------------------------------------------------------------------------------
