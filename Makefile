@@ -93,6 +93,8 @@ $(BUILD)/cuda/test_standin: tests/standin/test_standin.c $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/test_cuda_slots: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
 	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
+$(BUILD)/cuda/test_cuda: tests/test_cuda.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
+	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/test_cuda_slots_san: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin_san.o tests/test.h
 	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
 $(BUILD)/cuda/muonrun: $(BUILD)/muonrun | $(BUILD)/cuda
@@ -135,9 +137,10 @@ bench-gpu: $(BUILD)/gpu/bench_gpu
 	@t=$$(sed -n 's/^torch\.optim\.Muon step: \([0-9.]*\) ms$$/\1/p' $(BUILD)/gpu/bench_torch.txt); \
 	 $(BUILD)/gpu/bench_gpu $${t:+--torch-ms $$t}
 
-CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san bench_gpu_standin muonrun $(STRATEGIES)) $(BUILD)/gpu/bench_gpu
+CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san test_cuda bench_gpu_standin muonrun $(STRATEGIES)) $(BUILD)/gpu/bench_gpu
 ifeq ($(HAVE_CUDA),1)
 CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" \
+              "$(BUILD)/cuda/test_cuda" \
               "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
               "tests/run_examples.sh $(BUILD)/cuda $(STRATEGIES)"
 else

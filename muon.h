@@ -586,7 +586,9 @@ MUON_API int muon_matrix_count(const muon_optimizer *opt);
 MUON_API int muon_adamw_param_count(const muon_optimizer *opt);
 
 /* One optimizer step over every matrix and AdamW parameter whose gradient is present.
-   All-or-nothing: on any error no parameter and no state has changed. */
+   All-or-nothing: on any error no parameter and no state has changed. On a device backend the
+   update itself is queued after the step's last check and runs asynchronously; a device fault
+   while it runs (which leaves a CUDA context unusable anyway) is reported by the next call. */
 MUON_API muon_status muon_step(muon_optimizer *opt);
 
 /* Distributed planning, a collective: exchanges the matrix lists once, validates layouts
@@ -2376,8 +2378,13 @@ MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long i
 static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const char *op) {
   const char *native = opt->compute.vt->error ? opt->compute.vt->error(opt->compute.ctx) : NULL;
   if (st == MUON_OK) st = MUON_ERR_BACKEND;
-  return muon__fail(opt, st, "%s: the compute backend failed: %s; nothing was applied", op,
-                    native && *native ? native : muon_status_string(st));
+  st = muon__fail(opt, st, "%s: the compute backend failed: %s; nothing was applied", op,
+                  native && *native ? native : muon_status_string(st));
+  /* The step is abandoned: drain what is queued so the failure is reported once, not again by
+     the next call's sync. */
+  opt->stats.syncs++;
+  (void)opt->compute.vt->sync(opt->compute.ctx);
+  return st;
 }
 #define MUON__BACKEND(opt, call, op) do { muon_status st_ = (call); (opt)->stats.backend_calls++; \
     if (st_ != MUON_OK) return muon__backend_fail((opt), st_, (op)); } while (0)
