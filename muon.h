@@ -171,8 +171,9 @@ typedef struct muon_hparams {
 
 /* torch.optim.Muon's defaults (and MUON_NS_QUINTIC, fp32, symmetric products). */
 MUON_API muon_hparams muon_default_hparams(void);
-/* Fills hp->ns_coefficients with a preset for all MUON_NS_MAX_STEPS iterations; keeps ns_steps. */
-MUON_API void muon_set_ns_preset(muon_hparams *hp, muon_ns_preset preset);
+/* Fills hp->ns_coefficients with a preset for all MUON_NS_MAX_STEPS iterations; keeps ns_steps.
+   MUON_ERR_ARG (hp unchanged) for an unknown preset. */
+MUON_API muon_status muon_set_ns_preset(muon_hparams *hp, muon_ns_preset preset);
 
 typedef struct muon_adamw_hparams {
   float lr;                        /* 1e-3  */
@@ -468,6 +469,9 @@ typedef struct muon_dist_config {
   void *state;
   int round_robin;                 /* default owners: round-robin over holders (debugging)      */
   size_t round_bytes;              /* gathered bytes per owner per exchange round; 0 = 64 MiB    */
+  int unchecked_commit;            /* 1: no commit vote (one allgather less per step). A rank that
+                                      fails late (its backend, a non-finite O it owns) then stops
+                                      alone while the others apply. Off: all apply or none does */
 } muon_dist_config;
 
 /* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to
@@ -489,6 +493,7 @@ typedef struct muon_auto_desc {
   const muon_comm *pp;             /* the matrices of a stage never leave it                    */
   int round_robin;
   size_t round_bytes;
+  int unchecked_commit;
 } muon_auto_desc;
 
 MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc);
@@ -593,7 +598,10 @@ MUON_API muon_status muon_step(muon_optimizer *opt);
 
 /* Distributed planning, a collective: exchanges the matrix lists once, validates layouts
    (pieces tile each matrix), owners and agreement between ranks, and sizes the exchange rounds.
-   muon_step calls it the first time (and after new matrices). Errors are the same on every rank. */
+   Errors are the same on every rank. muon_step plans by itself (the first time, and whenever
+   any rank's plan is stale: after muon_add_matrix or a change of Newton-Schulz settings, every
+   rank re-plans together), so calling this is optional; if some ranks call muon_plan while
+   others call muon_step, all plan together and the muon_step callers get MUON_ERR_MISMATCH. */
 MUON_API muon_status muon_plan(muon_optimizer *opt);
 MUON_API int muon_rank(const muon_optimizer *opt);
 MUON_API int muon_world_size(const muon_optimizer *opt);
@@ -843,9 +851,9 @@ static const double muon__polar_express[8][3] = {
   { 1.875, -1.25, 0.375 },
 };
 
-MUON_API void muon_set_ns_preset(muon_hparams *hp, muon_ns_preset preset) {
+MUON_API muon_status muon_set_ns_preset(muon_hparams *hp, muon_ns_preset preset) {
   int k;
-  if (!hp) return;
+  if (!hp || (preset != MUON_NS_QUINTIC && preset != MUON_NS_POLAR_EXPRESS)) return MUON_ERR_ARG;
   for (k = 0; k < MUON_NS_MAX_STEPS; k++) {
     if (preset == MUON_NS_POLAR_EXPRESS) {
       int i = k < 7 ? k : 7;
@@ -859,6 +867,7 @@ MUON_API void muon_set_ns_preset(muon_hparams *hp, muon_ns_preset preset) {
       hp->ns_coefficients[k][2] = muon__quintic[2];
     }
   }
+  return MUON_OK;
 }
 
 MUON_API muon_hparams muon_default_hparams(void) {
@@ -1016,8 +1025,11 @@ typedef struct muon__plan {
   muon_piece_copy *ops; /* scratch for one pack call */
   int ops_cap;
   size_t stash_floats, send_floats, recv_floats, gathered_floats, ns_ws_bytes;
-  size_t *counts;       /* 5 x size: send counts, displs, recv counts, displs, cursors */
+  size_t *counts;       /* 9 x size: out and back (send counts, displs, recv counts, displs each), cursors */
   unsigned char *flags; /* (size + 1) x (max_local + 1) step flags: everyone's, then mine */
+  int any_skip;         /* this step: some rank skips a matrix */
+  int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
+  int *host_out;
 } muon__plan;
 
 typedef struct muon__adamw {
@@ -1054,6 +1066,7 @@ struct muon_optimizer {
   int *host_verdicts;
   int verdicts_cap;
   muon_stats stats;
+  muon_status step_status; /* this step: the first failure of this rank's own work */
   muon_comm comm;
   int distributed;      /* a dist config was given */
   muon_dist_config dist;
@@ -1114,6 +1127,8 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
   if (!(hp->momentum >= 0 && hp->momentum < 1)) { snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum); return MUON_ERR_ARG; }
+  if (hp->nesterov != 0 && hp->nesterov != 1) { snprintf(buf, size, "muon_hparams.nesterov must be 0 or 1 (got %d)", hp->nesterov); return MUON_ERR_ARG; }
+  if (hp->symmetric != 0 && hp->symmetric != 1) { snprintf(buf, size, "muon_hparams.symmetric must be 0 or 1 (got %d)", hp->symmetric); return MUON_ERR_ARG; }
   if (hp->ns_steps < 1 || hp->ns_steps > MUON_NS_MAX_STEPS) { snprintf(buf, size, "muon_hparams.ns_steps must be in [1, %d] (got %d)", MUON_NS_MAX_STEPS, hp->ns_steps); return MUON_ERR_ARG; }
   for (k = 0; k < hp->ns_steps; k++)
     if (!muon__finite(hp->ns_coefficients[k][0]) || !muon__finite(hp->ns_coefficients[k][1]) || !muon__finite(hp->ns_coefficients[k][2])) {
@@ -1302,6 +1317,7 @@ MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc) {
   if (desc) {
     c.round_robin = desc->round_robin;
     c.round_bytes = desc->round_bytes;
+    c.unchecked_commit = desc->unchecked_commit;
   }
   return c;
 }
@@ -2234,6 +2250,7 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
   if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
   m = rows < cols ? rows : cols;
   n = rows < cols ? cols : rows;
+  if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
   X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n)) * sizeof(float));
   if (!X) return MUON_ERR_NOMEM;
   muon__to_operand(X, in, rows, cols);
@@ -2547,6 +2564,8 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->ops);
   muon__free(a, pl->counts);
   muon__free(a, pl->flags);
+  muon__dev_free(opt, pl->out_flags);
+  muon__free(a, pl->host_out);
   memset(pl, 0, sizeof *pl);
 }
 
@@ -2951,9 +2970,12 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     pl->host_recv = (float *)muon__host_alloc(opt, pl->recv_floats * sizeof(float));
   }
   pl->ops = (muon_piece_copy *)muon__alloc(&opt->allocator, (size_t)pl->ops_cap * sizeof(muon_piece_copy));
-  pl->counts = (size_t *)muon__alloc(&opt->allocator, 5 * (size_t)P * sizeof(size_t));
+  pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
+  pl->out_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_globals * sizeof(int));
+  pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
   if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
+      !pl->out_flags || !pl->host_out ||
       (pl->stage && (!pl->host_send || !pl->host_recv)))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
                       (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes);
@@ -3005,14 +3027,13 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   return st;
 }
 
-MUON_API muon_status muon_plan(muon_optimizer *opt) {
+/* Distributed planning proper: every rank enters it together (see muon__agree). */
+static muon_status muon__plan_collective(muon_optimizer *opt) {
   int P, me, r, i, max_local = 0, *count = NULL;
   muon__entry *mine = NULL, *all = NULL;
   long long hello[2], *hellos = NULL;
   unsigned long long verdict[3], *verdicts = NULL;
   muon_status st = MUON_OK, got;
-  if (!opt) return MUON_ERR_ARG;
-  if (!opt->distributed) return muon__plan_local(opt);
   muon__plan_free(opt);
   P = opt->plan.P = opt->comm.size;
   me = opt->plan.me = opt->comm.rank;
@@ -3162,6 +3183,7 @@ static muon_status muon__pack(muon_optimizer *opt, int n, float *pieces, float *
 /* Non-finite verdicts of every present gradient, from the backend: flag 0 ok, 1 absent, 2 NaN/Inf. */
 static muon_status muon__verdicts(muon_optimizer *opt) {
   int i, n = opt->n_matrices + opt->n_adamw, any = 0;
+  muon_status st;
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
     if (!x->grad || !x->size) continue;
@@ -3179,7 +3201,7 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
   if (any) {
     MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, opt->host_verdicts, opt->verdicts, (size_t)n * sizeof(int), 1, 0),
                   "muon_step: reading the non-finite verdicts");
-    if (muon__sync(opt, "muon_step: reading the non-finite verdicts") != MUON_OK) return MUON_ERR_BACKEND;
+    if ((st = muon__sync(opt, "muon_step: reading the non-finite verdicts")) != MUON_OK) return st;
   }
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
@@ -3190,20 +3212,206 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
   return MUON_OK;
 }
 
-/* Which matrices and AdamW params this step skips; a non-finite gradient fails the step unless
-   told to skip. Distributed, every rank must skip the same matrices or the exchange would
-   disagree: one allgather of per-matrix flags (the last byte is this rank's AdamW verdict). */
+/* ---------------------------------------------------------------------------------------------
+   Agreement. Every distributed step (and muon_plan) starts with one allgather of a fixed-size
+   record per rank: whether the rank steps or plans, whether its plan is current, digests of
+   every setting that must match, and its gradient verdicts. Every rank reads the same records
+   and so takes the same branch: step; re-plan together (a rank added matrices or changed NS
+   settings); or fail with the same error, naming the setting, the group and the ranks. */
+#define MUON__AGREE_GROUPS 8    /* groups named individually in a mismatch message */
+#define MUON__RECORD_BYTES (4 * 4 + 8 * 4 + MUON__AGREE_GROUPS * 20 + 8 + 4 * 8 + 8 * 2)
+
+typedef struct muon__record {
+  uint32_t kind;                /* 1 muon_step, 2 muon_plan */
+  uint32_t status;              /* MUON_OK, or why this rank cannot go on */
+  uint32_t skips;               /* matrices here whose gradient is absent or non-finite */
+  uint32_t bad;                 /* 1 + local index of the first non-finite gradient (ERROR mode) */
+  uint64_t plan;                /* fingerprint of this rank's plan, 0 if it must be rebuilt */
+  uint64_t settings;            /* digest of everything below and of every group */
+  uint64_t adamw_groups;        /* digest of the AdamW groups */
+  uint64_t seed;
+  float lr[MUON__AGREE_GROUPS];
+  uint64_t ns[MUON__AGREE_GROUPS], rest[MUON__AGREE_GROUPS];
+  uint64_t round_bytes;
+  uint32_t n_groups, n_adamw_groups, on_nonfinite, rounding, round_robin, custom, vote;
+  float grad_scale;
+  uint64_t bad_adamw;           /* 1 + index of the first non-finite AdamW gradient (ERROR mode) */
+  uint64_t reserved;
+} muon__record;
+
+static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
+  unsigned char *p = buf;
+  const unsigned char *q = buf;
+  int g;
+#define MUON__IO32(v) do { if (write) muon__put32(&p, (uint32_t)(v)); else (v) = muon__get32(&q); } while (0)
+#define MUON__IO64(v) do { if (write) muon__put64(&p, (uint64_t)(v)); else (v) = muon__get64(&q); } while (0)
+#define MUON__IOF(v) do { if (write) muon__put_float(&p, (v)); else (v) = muon__get_float(&q); } while (0)
+  MUON__IO32(r->kind); MUON__IO32(r->status); MUON__IO32(r->skips); MUON__IO32(r->bad);
+  MUON__IO64(r->plan); MUON__IO64(r->settings); MUON__IO64(r->adamw_groups); MUON__IO64(r->seed);
+  for (g = 0; g < MUON__AGREE_GROUPS; g++) { MUON__IOF(r->lr[g]); MUON__IO64(r->ns[g]); MUON__IO64(r->rest[g]); }
+  MUON__IO64(r->round_bytes);
+  MUON__IO32(r->n_groups); MUON__IO32(r->n_adamw_groups); MUON__IO32(r->on_nonfinite); MUON__IO32(r->rounding);
+  MUON__IO32(r->round_robin); MUON__IO32(r->custom); MUON__IO32(r->vote); MUON__IOF(r->grad_scale);
+  MUON__IO64(r->bad_adamw); MUON__IO64(r->reserved);
+#undef MUON__IO32
+#undef MUON__IO64
+#undef MUON__IOF
+}
+
+/* This rank's settings: everything two ranks must share for their updates to be one update. */
+static void muon__settings(const muon_optimizer *opt, muon__record *r) {
+  unsigned char buf[4 * (16 + 3 * MUON_NS_MAX_STEPS)], *p;
+  uint64_t all = 14695981039346656037ull;
+  int g;
+  r->n_groups = (uint32_t)opt->n_groups;
+  r->n_adamw_groups = (uint32_t)opt->n_adamw_groups;
+  for (g = 0; g < opt->n_groups; g++) {
+    const muon_hparams *hp = &opt->groups[g];
+    uint64_t ns = muon__ns_hash(hp), rest;
+    p = buf;
+    muon__put_float(&p, hp->weight_decay); muon__put_float(&p, hp->momentum);
+    muon__put32(&p, (uint32_t)hp->nesterov); muon__put32(&p, (uint32_t)hp->momentum_style);
+    muon__put32(&p, (uint32_t)hp->adjust_lr);
+    rest = muon__fnv1a(buf, (size_t)(p - buf));
+    if (g < MUON__AGREE_GROUPS) { r->lr[g] = hp->lr; r->ns[g] = ns; r->rest[g] = rest; }
+    p = buf;
+    muon__put_float(&p, hp->lr); muon__put64(&p, ns); muon__put64(&p, rest);
+    all = (all ^ muon__fnv1a(buf, (size_t)(p - buf))) * 1099511628211ull;
+  }
+  r->adamw_groups = opt->n_adamw_groups ? muon__fnv1a((const unsigned char *)"", 0) : 0;
+  for (g = 0; g < opt->n_adamw_groups; g++) {
+    const muon_adamw_hparams *a = &opt->adamw_groups[g];
+    p = buf;
+    muon__put_float(&p, a->lr); muon__put_float(&p, a->beta1); muon__put_float(&p, a->beta2);
+    muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay);
+    r->adamw_groups = (r->adamw_groups ^ muon__fnv1a(buf, (size_t)(p - buf))) * 1099511628211ull;
+  }
+  r->on_nonfinite = (uint32_t)opt->on_nonfinite;
+  r->rounding = (uint32_t)opt->rounding;
+  r->seed = opt->seed;
+  r->grad_scale = opt->grad_scale;
+  r->round_bytes = opt->dist.round_bytes;
+  r->round_robin = (uint32_t)(opt->dist.round_robin != 0);
+  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1;
+  r->vote = (uint32_t)(opt->dist.unchecked_commit == 0);
+  p = buf;
+  muon__put64(&p, all); muon__put64(&p, r->adamw_groups); muon__put64(&p, r->seed); muon__put64(&p, r->round_bytes);
+  muon__put32(&p, r->n_groups); muon__put32(&p, r->n_adamw_groups); muon__put32(&p, r->on_nonfinite);
+  muon__put32(&p, r->rounding); muon__put32(&p, r->round_robin); muon__put32(&p, r->custom); muon__put32(&p, r->vote);
+  muon__put_float(&p, r->grad_scale);
+  r->settings = muon__fnv1a(buf, (size_t)(p - buf));
+}
+
+/* The first setting in which ranks a and b differ, as "what (a value vs b value)". */
+static void muon__what_differs(const muon__record *a, const muon__record *b, char *out, size_t n) {
+  int g, ng = (int)(a->n_groups < MUON__AGREE_GROUPS ? a->n_groups : MUON__AGREE_GROUPS);
+  if (a->n_groups != b->n_groups) { snprintf(out, n, "the number of Muon groups (%u vs %u)", a->n_groups, b->n_groups); return; }
+  if (a->n_adamw_groups != b->n_adamw_groups) { snprintf(out, n, "the number of AdamW groups (%u vs %u)", a->n_adamw_groups, b->n_adamw_groups); return; }
+  for (g = 0; g < ng; g++) {
+    if (muon__f2u(a->lr[g]) != muon__f2u(b->lr[g])) { snprintf(out, n, "muon_hparams.lr of group %d (%g vs %g)", g, (double)a->lr[g], (double)b->lr[g]); return; }
+    if (a->ns[g] != b->ns[g]) { snprintf(out, n, "the Newton-Schulz settings of group %d (ns_steps, ns_coefficients, eps, precision, gemm or symmetric)", g); return; }
+    if (a->rest[g] != b->rest[g]) { snprintf(out, n, "weight_decay, momentum, nesterov, momentum_style or adjust_lr of group %d", g); return; }
+  }
+  if (a->adamw_groups != b->adamw_groups) { snprintf(out, n, "the AdamW groups' hyperparameters"); return; }
+  if (a->on_nonfinite != b->on_nonfinite) { snprintf(out, n, "muon_desc.on_nonfinite (%u vs %u)", a->on_nonfinite, b->on_nonfinite); return; }
+  if (a->rounding != b->rounding) { snprintf(out, n, "muon_desc.rounding (%u vs %u)", a->rounding, b->rounding); return; }
+  if (a->seed != b->seed) { snprintf(out, n, "muon_desc.seed"); return; }
+  if (muon__f2u(a->grad_scale) != muon__f2u(b->grad_scale)) { snprintf(out, n, "the gradient scale (%g vs %g)", (double)a->grad_scale, (double)b->grad_scale); return; }
+  if (a->round_bytes != b->round_bytes) { snprintf(out, n, "muon_dist_config.round_bytes (%llu vs %llu)", (unsigned long long)a->round_bytes, (unsigned long long)b->round_bytes); return; }
+  if (a->round_robin != b->round_robin || a->custom != b->custom || a->vote != b->vote) { snprintf(out, n, "muon_dist_config (round_robin, assign, gather/redistribute or unchecked_commit)"); return; }
+  snprintf(out, n, "the hyperparameters of a group numbered %d or higher", MUON__AGREE_GROUPS);
+}
+
+static muon_status muon__plan_collective(muon_optimizer *opt);
+
+/* The record exchange; *replanned says whether every rank just re-planned together. */
+static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t status, int *replanned) {
+  int P = opt->comm.size, me = opt->comm.rank, r, i, nm = opt->n_matrices, stale = 0, planners = -1, steppers = -1;
+  unsigned char mine[MUON__RECORD_BYTES], *all;
+  muon__record rec, *recs;
+  muon_status st;
+  *replanned = 0;
+  memset(&rec, 0, sizeof rec);
+  rec.kind = kind;
+  rec.status = status;
+  rec.plan = opt->plan.ready ? muon__plan_hash(&opt->plan) | 1 : 0;
+  muon__settings(opt, &rec);
+  for (i = 0; kind == 1 && status == MUON_OK && i < nm; i++) {
+    int v = opt->host_verdicts[i];
+    if (v) rec.skips++;
+    if (v == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad) rec.bad = (uint32_t)i + 1;
+  }
+  for (i = 0; kind == 1 && status == MUON_OK && i < opt->n_adamw; i++)
+    if (opt->host_verdicts[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad_adamw) rec.bad_adamw = (uint64_t)i + 1;
+  muon__record_io(&rec, mine, 1);
+  all = (unsigned char *)muon__alloc(&opt->allocator, (size_t)P * MUON__RECORD_BYTES);
+  recs = (muon__record *)muon__alloc(&opt->allocator, (size_t)P * sizeof *recs);
+  if (!all || !recs) {
+    muon__free(&opt->allocator, all);
+    muon__free(&opt->allocator, recs);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating %d agreement records failed", P);
+  }
+  st = muon__allgather(opt, mine, all, MUON__RECORD_BYTES, kind == 1 ? "muon_step: agreeing on the step" : "muon_plan: agreeing on the plan");
+  for (r = 0; st == MUON_OK && r < P; r++) muon__record_io(&recs[r], all + (size_t)r * MUON__RECORD_BYTES, 0);
+  muon__free(&opt->allocator, all);
+  if (st != MUON_OK) { muon__free(&opt->allocator, recs); return st; }
+  for (r = 0; r < P; r++) {
+    if (recs[r].kind == 2 && planners < 0) planners = r;
+    if (recs[r].kind == 1 && steppers < 0) steppers = r;
+    if (!recs[r].plan || recs[r].plan != recs[0].plan) stale = 1;
+  }
+  /* Failures first, then disagreement: the same verdict on every rank. */
+  if (status != MUON_OK) st = (muon_status)status;   /* this rank's own message stands */
+  for (r = 0; r < P && st == MUON_OK; r++)
+    if (recs[r].status != MUON_OK)
+      st = muon__fail(opt, recs[r].status < MUON_STATUS_COUNT ? (muon_status)recs[r].status : MUON_ERR_BACKEND,
+                      "%s: rank %d could not go on (%s); nothing was applied%s", kind == 1 ? "muon_step" : "muon_plan", r,
+                      muon_status_string((muon_status)recs[r].status), r == me ? "" : " (see that rank's message)");
+  for (r = 1; r < P && st == MUON_OK; r++)
+    if (recs[r].settings != recs[0].settings) {
+      char what[200];
+      muon__what_differs(&recs[0], &recs[r], what, sizeof what);
+      st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks 0 and %d disagree on %s; nothing was applied",
+                      kind == 1 ? "muon_step" : "muon_plan", r, what);
+    }
+  if (st == MUON_OK && (planners >= 0 || stale)) {
+    /* Someone plans (muon_plan, or a stale plan): everyone plans, now, together. */
+    st = muon__plan_collective(opt);
+    *replanned = 1;
+    if (st == MUON_OK && kind == 1 && planners >= 0)
+      st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_step: rank %d called muon_plan while this rank (%d) called muon_step: every rank re-planned; nothing was applied (muon_plan is collective: call it on every rank or on none)", planners, me);
+    (void)steppers;
+  }
+  if (st == MUON_OK && kind == 1 && !*replanned) {
+    for (r = 0; r < P && st == MUON_OK; r++) {
+      if (recs[r].bad) {
+        int g, j, found = -1;
+        for (g = 0; g < opt->plan.n_globals && found < 0; g++)
+          for (j = 0; j < opt->plan.globals[g].n_holders; j++)
+            if (opt->plan.globals[g].holders[j].rank == r && opt->plan.globals[g].holders[j].local == (int)recs[r].bad - 1) { found = g; break; }
+        st = muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix '%s' (global %d) has NaN or Inf on rank %d; nothing was applied",
+                        found >= 0 ? opt->plan.globals[found].name : "?", found, r);
+      } else if (recs[r].bad_adamw) {
+        st = muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %llu on rank %d has NaN or Inf; nothing was applied",
+                        (unsigned long long)recs[r].bad_adamw - 1, r);
+      }
+    }
+    for (r = 0, opt->plan.any_skip = 0; r < P; r++) if (recs[r].skips) opt->plan.any_skip = 1;
+  }
+  muon__free(&opt->allocator, recs);
+  return st;
+}
+
+/* Which matrices this step skips (absent or non-finite gradients, with on_nonfinite SKIP), the
+   same on every rank: the per-matrix flags are exchanged only when some rank has a skip. */
 static muon_status muon__agree_skips(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, L = pl->max_local + 1, i, g, j, r, nm = opt->n_matrices;
+  int P = pl->P, L = pl->max_local + 1, i, g, j, nm = opt->n_matrices;
   unsigned char *mine = pl->flags + (size_t)P * L;
   const int *v = opt->host_verdicts;
   muon_status st;
-  if ((st = muon__verdicts(opt)) != MUON_OK) return st;
-  for (i = 0; i < opt->n_adamw; i++) {
-    muon__adamw *p = &opt->adamw[i];
-    p->skip = v[nm + i] != 0;
-  }
+  for (i = 0; i < opt->n_adamw; i++) opt->adamw[i].skip = v[nm + i] != 0;
+  for (g = 0; g < pl->n_globals; g++) pl->globals[g].skip = 0;
   if (!opt->distributed) {
     for (i = 0; i < nm; i++) {
       muon__matrix *x = &opt->matrices[i];
@@ -3217,24 +3425,16 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
         return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d ('%s') has NaN or Inf; nothing was applied", i, opt->adamw[i].name);
     return MUON_OK;
   }
-  memset(mine, 0, (size_t)L);
-  for (i = 0; i < nm; i++) mine[i] = (unsigned char)v[i];
-  for (i = 0; i < opt->n_adamw; i++)
-    if (v[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !mine[L - 1]) mine[L - 1] = (unsigned char)(1 + (i < 254 ? i : 254));
-  if ((st = muon__allgather(opt, mine, pl->flags, (size_t)L, "muon_step: agreeing on skipped matrices")) != MUON_OK) return st;
-  for (g = 0; g < pl->n_globals; g++) {
-    muon__global *x = &pl->globals[g];
-    x->skip = 0;
-    for (j = 0; j < x->n_holders; j++) {
-      unsigned char f = pl->flags[(size_t)x->holders[j].rank * L + x->holders[j].local];
-      if (f == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR)
-        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix '%s' (global %d) has NaN or Inf on rank %d; nothing was applied", x->name, g, x->holders[j].rank);
-      if (f) x->skip = 1;
+  if (pl->any_skip) {
+    memset(mine, 0, (size_t)L);
+    for (i = 0; i < nm; i++) mine[i] = (unsigned char)v[i];
+    if ((st = muon__allgather(opt, mine, pl->flags, (size_t)L, "muon_step: agreeing on skipped matrices")) != MUON_OK) return st;
+    for (g = 0; g < pl->n_globals; g++) {
+      muon__global *x = &pl->globals[g];
+      for (j = 0; j < x->n_holders; j++)
+        if (pl->flags[(size_t)x->holders[j].rank * L + x->holders[j].local]) x->skip = 1;
     }
   }
-  for (r = 0; r < P; r++)
-    if (pl->flags[(size_t)r * L + L - 1])
-      return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d on rank %d has NaN or Inf; nothing was applied", pl->flags[(size_t)r * L + L - 1] - 1, r);
   for (i = 0; i < nm; i++) {
     muon__matrix *x = &opt->matrices[i];
     x->skip = !x->size || x->global < 0 || pl->globals[x->global].skip;
@@ -3248,25 +3448,42 @@ static void muon__prefix(size_t *displs, const size_t *counts, int P) {
   for (p = 0; p < P; p++) { displs[p] = at; at += counts[p]; }
 }
 
+/* A failure of this rank's own work (the compute backend) during the rounds does not stop the
+   rank: it keeps taking part in every collective, with whatever its buffers hold, so that its
+   peers are not left waiting, and reports the failure at the commit vote. Only a failed
+   collective stops the rounds at once. */
+static void muon__local(muon_optimizer *opt, muon_status st) {
+  if (st != MUON_OK && opt->step_status == MUON_OK) opt->step_status = st;
+}
+
 /* One alltoallv of the plan's send/recv buffers; through host buffers when the compute backend
-   holds device memory and the communicator takes host memory. */
+   holds device memory and the communicator takes host memory. Returns only the collective's
+   failure; the staging copies' go to muon__local. */
 static muon_status muon__exchange(muon_optimizer *opt, const size_t *cnt, const char *op) {
   muon__plan *pl = &opt->plan;
   int P = pl->P;
   size_t sent = cnt[2 * P - 1] + cnt[P - 1], got = cnt[4 * P - 1] + cnt[3 * P - 1];  /* last displacement + count */
   muon_status st;
   if (!pl->stage) return muon__alltoallv(opt, pl->send, pl->recv, cnt, op);
-  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->host_send, pl->send, sent * sizeof(float), 1, 0), op);
-  if ((st = muon__sync(opt, op)) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK) {
+    st = opt->compute.vt->copy(opt->compute.ctx, pl->host_send, pl->send, sent * sizeof(float), 1, 0);
+    opt->stats.backend_calls++;
+    muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
+  }
   if ((st = muon__alltoallv(opt, pl->host_send, pl->host_recv, cnt, op)) != MUON_OK) return st;
-  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->recv, pl->host_recv, got * sizeof(float), 0, 1), op);
+  if (opt->step_status == MUON_OK) {
+    st = opt->compute.vt->copy(opt->compute.ctx, pl->recv, pl->host_recv, got * sizeof(float), 0, 1);
+    opt->stats.backend_calls++;
+    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, op));
+  }
   return MUON_OK;
 }
 
-/* Newton-Schulz of round r's owned operands, batch by batch (see muon__plan_batches). */
+/* Newton-Schulz of round r's owned operands, batch by batch (see muon__plan_batches), and the
+   non-finite check of each result, read at the commit. */
 static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
   muon__plan *pl = &opt->plan;
-  int i = pl->order_start[r], end = pl->order_start[r + 1];
+  int i = pl->order_start[r], end = pl->order_start[r + 1], k;
   while (i < end) {
     const muon__global *x = &pl->globals[pl->order[i]];
     int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, b = 0;
@@ -3275,6 +3492,11 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
     while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(opt, &pl->globals[pl->order[i + b]], x)) b++;
     MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, pl->gathered + x->xoff, b, m, n,
                                                       muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
+    for (k = 0; k < b; k++) {
+      int g = pl->order[i + k];
+      MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, pl->gathered + pl->globals[g].xoff, MUON_DTYPE_FP32,
+                                                    (size_t)m * n, &pl->out_flags[g]), "muon_step: checking Newton-Schulz outputs");
+    }
     opt->stats.ns_calls += b;
     opt->stats.ns_batches++;
     ws = opt->compute.vt->ns_workspace(opt->compute.ctx, b, m, n, muon__global_hparams(opt, x));
@@ -3284,27 +3506,40 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
   return MUON_OK;
 }
 
-static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
+/* Counts of one direction of round r: out (U from sources to owners) or back (O to holders). */
+static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, me = pl->me, g, j, n, out_any = 0, back_any = 0;
-  size_t *cnt = pl->counts, *dsp = cnt + P, *rcnt = dsp + P, *rdsp = rcnt + P, *cur = rdsp + P, xend = 0;
-  muon_status st;
-
-  /* Gather: U pieces to owners. The message src -> owner holds src's pieces in round order. */
-  memset(cnt, 0, 5 * (size_t)P * sizeof(size_t));
+  int P = pl->P, me = pl->me, g, j, any = 0;
+  size_t *dsp = cnt + P, *rcnt = dsp + P, *rdsp = rcnt + P;
+  memset(cnt, 0, 4 * (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     for (j = 0; !x->skip && j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
-      if (h->rank != h->source || h->source == x->owner) continue;
-      out_any = 1;
-      if (h->rank == me) cnt[x->owner] += muon__piece_size(&h->piece);
-      if (x->owner == me) rcnt[h->rank] += muon__piece_size(&h->piece);
+      size_t n = muon__piece_size(&h->piece);
+      if (back ? h->rank == x->owner : h->rank != h->source || h->source == x->owner) continue;
+      any = 1;
+      if (back) {
+        if (x->owner == me) cnt[h->rank] += n;
+        if (h->rank == me) rcnt[x->owner] += n;
+      } else {
+        if (h->rank == me) cnt[x->owner] += n;
+        if (x->owner == me) rcnt[h->rank] += n;
+      }
     }
   }
   muon__prefix(dsp, cnt, P);
   muon__prefix(rdsp, rcnt, P);
-  memcpy(cur, dsp, (size_t)P * sizeof(size_t));
+  return any;
+}
+
+/* U of every piece this rank sends to an owner, in round order per destination. */
+static muon_status muon__fill_send(muon_optimizer *opt, int r, const size_t *out) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, g;
+  size_t *cur = pl->counts + 8 * (size_t)P;
+  muon_status st;
+  memcpy(cur, out + P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
@@ -3312,9 +3547,16 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
     if ((st = muon__u_piece(opt, &opt->matrices[x->local], pl->send + cur[x->owner])) != MUON_OK) return st;
     cur[x->owner] += muon__piece_size(&h->piece);
   }
-  if (out_any && (st = muon__exchange(opt, cnt, "muon_step: gather (U to owners)")) != MUON_OK) return st;
+  return MUON_OK;
+}
 
-  /* The operands of the matrices this rank owns: its own piece, then the received ones. */
+/* The owner's part: operands from its own piece and the received ones, Newton-Schulz, then O
+   cut into its own stash and into the send buffer for every other holder. */
+static muon_status muon__owner_work(muon_optimizer *opt, int r, const size_t *out, const size_t *back) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, g, j, n;
+  size_t *cur = pl->counts + 8 * (size_t)P, xend = 0;
+  muon_status st;
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *own;
@@ -3325,7 +3567,7 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
     if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 1)) != MUON_OK) return st;
-  memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
+  memcpy(cur, out + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     if (x->skip || x->owner != me) continue;
@@ -3339,21 +3581,6 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
   if ((st = muon__pack(opt, n, pl->recv, pl->gathered, 1)) != MUON_OK) return st;
   if ((st = muon__orthogonalize_round(opt, r)) != MUON_OK) return st;
   if (xend * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = xend * sizeof(float);
-
-  /* Redistribute: O pieces back to every holder, replicas included. */
-  memset(cnt, 0, 5 * (size_t)P * sizeof(size_t));
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
-    for (j = 0; !x->skip && j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
-      if (h->rank == x->owner) continue;
-      back_any = 1;
-      if (x->owner == me) cnt[h->rank] += muon__piece_size(&h->piece);
-      if (h->rank == me) rcnt[x->owner] += muon__piece_size(&h->piece);
-    }
-  }
-  muon__prefix(dsp, cnt, P);
-  muon__prefix(rdsp, rcnt, P);
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *own;
@@ -3362,7 +3589,7 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
     pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 0)) != MUON_OK) return st;
-  memcpy(cur, dsp, (size_t)P * sizeof(size_t));
+  memcpy(cur, back + P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     if (x->skip || x->owner != me) continue;
@@ -3373,9 +3600,15 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
       cur[h->rank] += muon__piece_size(&h->piece);
     }
   }
-  if ((st = muon__pack(opt, n, pl->send, pl->gathered, 0)) != MUON_OK) return st;
-  if (back_any && (st = muon__exchange(opt, cnt, "muon_step: redistribute (O to holders)")) != MUON_OK) return st;
-  memcpy(cur, rdsp, (size_t)P * sizeof(size_t));
+  return muon__pack(opt, n, pl->send, pl->gathered, 0);
+}
+
+/* O of every piece received from an owner, into the stash. */
+static muon_status muon__receive(muon_optimizer *opt, int r, const size_t *back) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, g;
+  size_t *cur = pl->counts + 8 * (size_t)P;
+  memcpy(cur, back + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *mine;
@@ -3385,6 +3618,21 @@ static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
                                              mine->size * sizeof(float), 0, 0), "muon_step: receiving O");
     cur[x->owner] += mine->size;
   }
+  return MUON_OK;
+}
+
+/* Round r: U pieces to owners (gather) -> Newton-Schulz on the owners -> O back to every holder
+   (redistribute). The message src -> owner holds src's pieces in round order. */
+static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
+  muon__plan *pl = &opt->plan;
+  size_t *out = pl->counts, *back = pl->counts + 4 * (size_t)pl->P;
+  int out_any = muon__round_counts(opt, r, 0, out), back_any = muon__round_counts(opt, r, 1, back);
+  muon_status st;
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__fill_send(opt, r, out));
+  if (out_any && (st = muon__exchange(opt, out, "muon_step: gather (U to owners)")) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__owner_work(opt, r, out, back));
+  if (back_any && (st = muon__exchange(opt, back, "muon_step: redistribute (O to holders)")) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__receive(opt, r, back));
   return MUON_OK;
 }
 
@@ -3414,6 +3662,8 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
       MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, full + mn, 1, x->rows < x->cols ? x->rows : x->cols,
                                                         x->rows < x->cols ? x->cols : x->rows, muon__global_hparams(opt, x), pl->ns_ws),
                     "muon_step: Newton-Schulz");
+      MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, full + mn, MUON_DTYPE_FP32, mn, &pl->out_flags[g]),
+                    "muon_step: checking Newton-Schulz outputs");
       opt->stats.ns_calls++;
       opt->stats.ns_batches++;
       if ((st = muon__pack(opt, 1, full, full, 0)) != MUON_OK) return st;
@@ -3497,19 +3747,104 @@ static muon_status muon__commit(muon_optimizer *opt) {
   return MUON_OK;
 }
 
+/* The commit vote: every rank says whether all its work succeeded and which of the O it owns
+   are not finite (momentum overflow, extreme NS coefficients); all apply or none does. Without a
+   dist config, or with unchecked_commit, each rank decides alone. */
+static muon_status muon__vote(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, r, g, n_bad = 0, first_bad = -1, skip = opt->on_nonfinite == MUON_NONFINITE_SKIP;
+  long long mine[3], *all = NULL;
+  muon_status st = MUON_OK;
+  for (g = 0; opt->step_status == MUON_OK && g < pl->n_globals; g++)
+    if (pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g]) {
+      n_bad++;
+      if (first_bad < 0) first_bad = g;
+    }
+  if (opt->distributed && !opt->dist.unchecked_commit) {
+    mine[0] = opt->step_status;
+    mine[1] = n_bad;
+    mine[2] = first_bad;
+    all = (long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(long long));
+    if (!all) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the commit vote failed");
+    if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) { muon__free(&opt->allocator, all); return st; }
+    for (r = 0, n_bad = 0; r < P && st == MUON_OK; r++) {
+      if (all[3 * r] != MUON_OK)
+        st = r == me ? (muon_status)all[3 * r]
+                     : muon__fail(opt, all[3 * r] > 0 && all[3 * r] < MUON_STATUS_COUNT ? (muon_status)all[3 * r] : MUON_ERR_BACKEND,
+                                  "muon_step: rank %d failed this step (%s); nothing was applied on any rank", r, muon_status_string((muon_status)all[3 * r]));
+      if (all[3 * r + 1] && first_bad < 0) first_bad = (int)all[3 * r + 2];
+      n_bad += (int)all[3 * r + 1];
+    }
+    if (opt->step_status != MUON_OK) st = opt->step_status;   /* this rank's own message stands */
+    muon__free(&opt->allocator, all);
+  } else {
+    st = opt->step_status;
+  }
+  if (st != MUON_OK || !n_bad) return st;
+  if (!skip)
+    return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the Newton-Schulz output of matrix '%s' (global %d) is not finite (momentum overflow or extreme ns_coefficients?); nothing was applied",
+                      pl->globals[first_bad].name, first_bad);
+  /* Skip them: which ones is known to their owners, so say it once more, only now. */
+  if (opt->distributed && !opt->dist.unchecked_commit) {
+    unsigned char *flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
+    if (!flags) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the skip list failed");
+    for (g = 0; g < pl->n_globals; g++) flags[(size_t)P * pl->n_globals + g] = pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g];
+    st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals, "muon_step: agreeing on non-finite outputs");
+    for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
+      for (r = 0; r < P; r++) if (flags[(size_t)r * pl->n_globals + g]) pl->globals[g].skip = 1;
+    muon__free(&opt->allocator, flags);
+    if (st != MUON_OK) return st;
+  } else {
+    for (g = 0; g < pl->n_globals; g++) if (pl->globals[g].owner == me && pl->host_out[g]) pl->globals[g].skip = 1;
+  }
+  for (g = 0; g < opt->n_matrices; g++)
+    if (opt->matrices[g].global >= 0 && pl->globals[opt->matrices[g].global].skip) opt->matrices[g].skip = 1;
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_plan(muon_optimizer *opt) {
+  int replanned;
+  if (!opt) return MUON_ERR_ARG;
+  if (!opt->distributed) return muon__plan_local(opt);
+  return muon__agree(opt, 2, MUON_OK, &replanned);
+}
+
+/* Distributed: agree (re-planning together when needed), then the skips. */
+static muon_status muon__dist_begin(muon_optimizer *opt) {
+  int tries, replanned;
+  muon_status st;
+  for (tries = 0; tries < 2; tries++) {
+    muon_status v = muon__verdicts(opt);
+    if ((st = muon__agree(opt, 1, (uint32_t)v, &replanned)) != MUON_OK) return st;
+    if (!replanned) return muon__agree_skips(opt);
+  }
+  return muon__fail(opt, MUON_ERR_ASSIGN, "muon_step: the ranks' plans still differ after planning together");
+}
+
 MUON_API muon_status muon_step(muon_optimizer *opt) {
   muon_status st;
   int r;
   if (!opt) return MUON_ERR_ARG;
-  if (!opt->plan.ready && (st = muon_plan(opt)) != MUON_OK) return st;
-  if ((st = muon__agree_skips(opt)) != MUON_OK) return st;
+  opt->step_status = MUON_OK;
+  if (opt->distributed) {
+    st = muon__dist_begin(opt);
+  } else if ((opt->plan.ready || (st = muon__plan_local(opt)) == MUON_OK) && (st = muon__verdicts(opt)) == MUON_OK) {
+    st = muon__agree_skips(opt);
+  }
+  if (st != MUON_OK) return st;
   if (opt->dist.gather) {
     if ((st = muon__custom_exchange(opt)) != MUON_OK) return st;
   } else {
     for (r = 0; r < opt->plan.n_rounds; r++)
       if ((st = muon__exchange_round(opt, r)) != MUON_OK) return st;
   }
-  if ((st = muon__sync(opt, "muon_step: before the update")) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK && opt->plan.n_globals) {
+    st = opt->compute.vt->copy(opt->compute.ctx, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int), 1, 0);
+    opt->stats.backend_calls++;
+    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, "muon_step: reading the output checks"));
+  }
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
+  if ((st = muon__vote(opt)) != MUON_OK) return st;
   if ((st = muon__commit(opt)) != MUON_OK) return st;
   opt->stats.steps++;
   return MUON_OK;
@@ -3623,6 +3958,16 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   return MUON_OK;
 }
 
+/* n little-endian floats of a blob: all finite (and not negative, for a second moment)? */
+static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
+  size_t i;
+  for (i = 0; i < n; i++) {
+    uint32_t u = muon__get32(&p);
+    if ((u & 0x7f800000u) == 0x7f800000u || (nonneg && (u >> 31) && (u & 0x7fffffffu))) return 0;
+  }
+  return 1;
+}
+
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
   const unsigned char *p = (const unsigned char *)buf, *end;
   const unsigned char *body, *adamw_groups;
@@ -3709,7 +4054,10 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       if (r != (uint32_t)x->rows || c != (uint32_t)x->cols || n != (uint64_t)x->size)
         return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
                           i, x->name, x->rows, x->cols, x->size, r, c, (unsigned long long)n);
-      if (pass) { if ((st = muon__get_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break; } else p += 4 * x->size;
+      if (pass) { if ((st = muon__get_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break; continue; }
+      if (!muon__blob_finite(p, x->size, 0))
+        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i, x->name);
+      p += 4 * x->size;
     }
     for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
       muon__adamw *a = &opt->adamw[i];
@@ -3723,6 +4071,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
         if ((st = muon__get_state(opt, &p, a->exp_avg, a->size, tmp)) == MUON_OK)
           st = muon__get_state(opt, &p, a->exp_avg_sq, a->size, tmp);
       } else {
+        if (!muon__blob_finite(p, a->size, 0) || !muon__blob_finite(p + 4 * a->size, a->size, 1))
+          return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the moments of AdamW param %d ('%s') hold NaN, Inf or a negative second moment", i, a->name);
         p += 8 * a->size;
       }
     }

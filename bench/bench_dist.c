@@ -10,6 +10,8 @@
                 `muonrun -n 1` measures, taken beside the P-rank runs instead of in another launch.
      batched    muon's own exchange: muon_auto_config with fsdp = world (SHARD(0) over all
                 ranks), owners balanced by NS flops, one alltoallv out and one back per round.
+     unchecked  batched without the commit vote (muon_dist_config.unchecked_commit): what the
+                "all ranks apply or none does" allgather costs per step.
      permatrix  the seeds' literal algorithm: muon_layout_config with SHARD(0) layouts and a
                 gather / redistribute pair that moves ONE matrix per call (one alltoallv each way
                 per matrix), like examples/custom_vtable.c; same owners as batched.
@@ -30,7 +32,7 @@
    short on 2 cores).
 
    usage: bench_dist [--layers N] [--steps N] [--warmup N] [--configs a,b,...] [--gemm builtin|cblas]
-     --configs  any of single,batched,permatrix,moonlight (default all)
+     --configs  any of single,batched,unchecked,permatrix,moonlight (default all)
      --gemm     default: CBLAS when compiled with -DMUON_USE_CBLAS, else the built-in GEMM
 
    Build: gcc -std=c99 -O3 -march=native [-DMUON_USE_CBLAS $(pkg-config --cflags openblas)] -I. \
@@ -70,8 +72,8 @@ typedef struct bench {
   int *done;              /* per config: ran */
 } bench;
 
-enum { C_SINGLE, C_BATCHED, C_PERMATRIX, C_MOONLIGHT, N_CONFIGS };
-static const char *config_name[N_CONFIGS] = { "single", "batched", "permatrix", "moonlight" };
+enum { C_SINGLE, C_BATCHED, C_UNCHECKED, C_PERMATRIX, C_MOONLIGHT, N_CONFIGS };
+static const char *config_name[N_CONFIGS] = { "single", "batched", "unchecked", "permatrix", "moonlight" };
 
 typedef struct result {
   double step_s;          /* median of the slowest rank's step */
@@ -212,9 +214,10 @@ static void run_config(bench *b, int cfg, result *res) {
   memset(&s0, 0, sizeof s0);
   memset(&s1, 0, sizeof s1);
   reset_params(b);
-  if (cfg == C_BATCHED) {
+  if (cfg == C_BATCHED || cfg == C_UNCHECKED) {
     memset(&ad, 0, sizeof ad);
     ad.fsdp = &b->world;
+    ad.unchecked_commit = cfg == C_UNCHECKED;   /* no commit vote: one allgather less per step */
     dc = muon_auto_config(&ad);
     desc.comm = &b->world;
     desc.dist = &dc;
@@ -342,11 +345,11 @@ int main(int argc, char **argv) {
   bench b;
   muon_gloo_desc gd = muon_gloo_default_desc();
   char err[512], b1[32], b2[32], b3[32], b4[32], b5[32];
-  const char *configs = "single,batched,permatrix,moonlight";
+  const char *configs = "single,batched,unchecked,permatrix,moonlight";
   static const char *names[PER_LAYER] = { "attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj" };
   static const int dims[PER_LAYER][2] = { { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 3072, 768 }, { 768, 3072 } };
   result res[N_CONFIGS];
-  int i, k, c, run[N_CONFIGS] = { 0, 0, 0, 0 };
+  int i, k, c, run[N_CONFIGS] = { 0, 0, 0, 0, 0 };
   double start = now_s(), flops = 0, formula;
 
   memset(&b, 0, sizeof b);
@@ -365,7 +368,7 @@ int main(int argc, char **argv) {
       else if (!strcmp(argv[i], "cblas")) b.gemm = MUON_GEMM_CBLAS;
       else { fprintf(stderr, "--gemm builtin|cblas\n"); return 2; }
     } else {
-      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,permatrix,moonlight] "
+      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,unchecked,permatrix,moonlight] "
                       "[--gemm builtin|cblas]\n", argv[0]);
       return 2;
     }
@@ -491,6 +494,11 @@ int main(int argc, char **argv) {
                r->workspace / ((double)b.local_floats * 4), mib(r->exchange, b4, sizeof b4),
                (snprintf(err, sizeof err, "%.1f MiB", r->state / 1048576.0), err));
       }
+      if (run[C_BATCHED] && run[C_UNCHECKED] && b.P > 1)
+        printf("\n-- the commit vote (all ranks apply or none does) --\n"
+               "  step time with / without it = %.3fx (%+.1f ms per step); collectives per step: %.0f vs %.0f\n",
+               res[C_BATCHED].step_s / res[C_UNCHECKED].step_s, 1e3 * (res[C_BATCHED].step_s - res[C_UNCHECKED].step_s),
+               res[C_BATCHED].coll, res[C_UNCHECKED].coll);
       if (run[C_BATCHED] && run[C_PERMATRIX] && b.P > 1)
         printf("\n-- batched vs per-matrix gather/redistribute --\n"
                "  step time: per-matrix / batched = %.2fx; collectives per step: %.0f vs %.0f (%.1fx fewer batched); "

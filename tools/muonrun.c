@@ -33,6 +33,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #define MUONRUN_MAX_RANKS 1024
 #define MUONRUN_LINE_MAX 65536 /* a longer line is forwarded in pieces */
@@ -161,6 +164,7 @@ static void signal_all(child *c, int n, int sig) {
 }
 
 int main(int argc, char **argv) {
+  pid_t parent = getpid();
   int n = 0, argi = 1, i;
   const char *store_parent = NULL;
   double timeout = 0, grace = 3;
@@ -292,6 +296,10 @@ int main(int argc, char **argv) {
       sigaction(SIGINT, &dfl, NULL);
       sigaction(SIGTERM, &dfl, NULL);
       sigaction(SIGHUP, &dfl, NULL);
+#ifdef __linux__
+      prctl(PR_SET_PDEATHSIG, SIGKILL);   /* muonrun killed, even by SIGKILL: its ranks go too */
+      if (getppid() != parent) _exit(127);
+#endif
       if (dup2(p[0][1], 1) < 0 || dup2(p[1][1], 2) < 0) _exit(127);
       snprintf(num, sizeof num, "%d", i);
       setenv("MUON_RANK", num, 1);
