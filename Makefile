@@ -169,6 +169,10 @@ $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/m
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_agree: tests/test_agree.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_agree_san: tests/test_agree.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
+	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist_san: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
 	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
@@ -176,7 +180,8 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san muonrun $(STRATEGIES)) $(CUDA_BINS)
+             test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san \
+             muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
 test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
@@ -197,6 +202,8 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	  "$(RUN) -n 1 $(BUILD)/test_dist" "$(RUN) -n 2 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist" \
 	  "$(RUN) -n 4 $(BUILD)/test_dist" "$(RUN) -n 8 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist_san" \
 	  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
+	  "$(RUN) -n 1 $(BUILD)/test_agree" "$(RUN) -n 2 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree" \
+	  "$(RUN) -n 4 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree_san" \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  $(CUDA_TESTS)
 

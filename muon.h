@@ -471,7 +471,10 @@ typedef struct muon_dist_config {
   size_t round_bytes;              /* gathered bytes per owner per exchange round; 0 = 64 MiB    */
   int unchecked_commit;            /* 1: no commit vote (one allgather less per step). A rank that
                                       fails late (its backend, a non-finite O it owns) then stops
-                                      alone while the others apply. Off: all apply or none does */
+                                      alone while the others apply, and what they apply for the
+                                      matrices that rank owns is meaningless. Reload a checkpoint
+                                      on every rank after such an error. 0 (default): all apply
+                                      or none does */
 } muon_dist_config;
 
 /* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to

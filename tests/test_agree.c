@@ -1,0 +1,903 @@
+/* test_agree.c - "ranks agree or nobody moves", over Gloo, multi-process. Run under muonrun:
+
+     muonrun -n N build/test_agree          (N = 1 runs the cases that need no second rank)
+
+   Every case runs on every rank. Where ranks must agree, each rank's status is allgathered on
+   the world communicator and compared; "nothing applied" means that every local parameter
+   piece and every momentum buffer (muon_get_momentum) is bitwise what it was before the step,
+   on every rank; "equals a run" means bitwise equality with a second optimizer, stepped in
+   lockstep on the same ranks with the same data, to which the incident never happened.
+
+   The world is created with a Gloo timeout of 10 s (MUON_GLOO_TIMEOUT overrides it): no case
+   expects a timeout, so one that happens is a hang that the library should have avoided, and
+   it costs seconds, not the default 300. Each case says in a comment what it would catch.
+
+   The test's own collectives (gather_int, all_true, expect_all, expect_unchanged, ...) share
+   the world communicator with muon's: they are called on every rank in the same order, never
+   in a rank-dependent branch (Gloo aborts the process on a message longer than the receive).
+   AGREE_TRACE=1 prints every expected status as it is checked. */
+#define MUON_IMPLEMENTATION
+#include "../examples/common.h"
+#include "test.h"
+
+#include <signal.h>
+#include <time.h>
+
+#define MAXM 10      /* matrices per test model */
+#define MAXP 64      /* ranks */
+
+static ex_world W;
+
+/* ---- helpers: world-wide exchanges ------------------------------------------------------------ */
+static void gather_int(int v, int *all) {
+  if (W.world.vt->allgather(W.world.ctx, &v, all, sizeof v) != MUON_OK) {
+    int r;
+    for (r = 0; r < W.size; r++) all[r] = -1;
+  }
+}
+static long long gather_ll_max(long long v) {
+  long long all[MAXP], m = v;
+  int r;
+  if (W.world.vt->allgather(W.world.ctx, &v, all, sizeof v) != MUON_OK) return -1;
+  for (r = 0; r < W.size; r++) if (all[r] > m) m = all[r];
+  return m;
+}
+static int all_true(int v) {
+  int all[MAXP], r, ok = 1;
+  gather_int(v, all);
+  for (r = 0; r < W.size; r++) ok &= all[r] == 1;
+  return ok;
+}
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static int has(const char *msg, const char *needle) { return strstr(msg, needle) != NULL; }
+
+/* This rank got `want`, and so did every other rank (the statuses are allgathered). */
+static void expect_all(const char *what, muon_status st, muon_status want, const muon_optimizer *opt) {
+  int all[MAXP], r;
+  if (getenv("AGREE_TRACE")) { printf("TRACE %s: %s %s\n", what, muon_status_string(st), opt ? muon_error(opt) : ""); fflush(stdout); }
+  gather_int((int)st, all);
+  CHECK(st == want, "%s: rank %d returned %s, want %s (%s)", what, W.rank, muon_status_string(st),
+        muon_status_string(want), opt ? muon_error(opt) : "");
+  for (r = 0; r < W.size; r++)
+    if (r != W.rank)
+      CHECK(all[r] == (int)want, "%s: rank %d saw rank %d return %s, want %s on every rank", what, W.rank, r,
+            all[r] >= 0 && all[r] < MUON_STATUS_COUNT ? muon_status_string((muon_status)all[r]) : "?", muon_status_string(want));
+}
+
+/* ---- helpers: test matrices (as test_dist.c) ------------------------------------------------- */
+typedef struct tmat {      /* a matrix of a test model: full values and this rank's piece */
+  char name[32];
+  int rows, cols;
+  muon_layout layout;
+  long long *idx;
+  size_t n;
+  float *w, *g, *w0;
+} tmat;
+
+static void tmat_init(tmat *t, const char *name, int rows, int cols, const muon_layout *l, float gscale) {
+  size_t e;
+  memset(t, 0, sizeof *t);
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->rows = rows;
+  t->cols = cols;
+  if (l) t->layout = *l;
+  t->idx = (long long *)malloc((size_t)rows * cols * sizeof(long long));
+  t->n = ex_piece(l, rows, cols, t->idx);
+  t->w = (float *)malloc((t->n + 1) * sizeof(float));
+  t->g = (float *)malloc((t->n + 1) * sizeof(float));
+  t->w0 = (float *)malloc((t->n + 1) * sizeof(float));
+  for (e = 0; e < t->n; e++) {
+    t->w[e] = t->w0[e] = ex_value(ex_hash(name, 1), t->idx[e]);
+    t->g[e] = gscale * (0.25f + 0.5f * (ex_value(ex_hash(name, 2), t->idx[e]) + 1.0f) * 0.5f); /* never 0 */
+  }
+}
+static void tmat_free(tmat *t) { free(t->idx); free(t->w); free(t->g); free(t->w0); }
+
+/* How a matrix of a model is laid out over the world. */
+enum { K_SHARD0, K_SHARD1, K_REPL, K_WHOLE };
+typedef struct mspec { const char *name; int rows, cols, kind, group; } mspec;
+
+/* Every rank holds a piece of each (at P <= 4 no piece is empty): FSDP rows, TP columns, DDP. */
+static const mspec STD[3] = { { "a", 16, 24, K_SHARD0, 0 }, { "b", 24, 16, K_SHARD1, 0 }, { "c", 12, 20, K_REPL, 0 } };
+/* More matrices than ranks, so that some owner has two and a small round_bytes splits rounds. */
+static const mspec MANY[8] = { { "m0", 16, 24, K_SHARD0, 0 }, { "m1", 16, 20, K_SHARD0, 0 }, { "m2", 16, 16, K_SHARD0, 0 },
+                               { "m3", 16, 28, K_SHARD0, 0 }, { "m4", 16, 12, K_SHARD0, 0 }, { "m5", 16, 32, K_SHARD0, 0 },
+                               { "m6", 16, 8, K_SHARD0, 0 }, { "m7", 16, 18, K_SHARD0, 0 } };
+
+static muon_layout layout_for(int kind) {
+  muon_layout l;
+  memset(&l, 0, sizeof l);
+  if (kind == K_SHARD0) { l.n_levels = 1; l.levels[0] = muon_shard(0, &W.world); }
+  if (kind == K_SHARD1) { l.n_levels = 1; l.levels[0] = muon_shard(1, &W.world); }
+  if (kind == K_REPL) { l.n_levels = 1; l.levels[0] = muon_replicate(&W.world); }
+  return l;
+}
+
+typedef struct model {
+  muon_optimizer *opt;
+  int n;
+  tmat t[MAXM];
+  int idx[MAXM];           /* local matrix index, -1 if this rank does not hold it */
+} model;
+
+/* group1, if not NULL, becomes group 1 (muon_add_group) before the matrices are registered. */
+static int model_open_g(model *m, const muon_desc *d, const mspec *s, int n, const muon_hparams *group1) {
+  int i, ok = 1;
+  memset(m, 0, sizeof *m);
+  for (i = 0; i < n; i++) {
+    muon_layout l = layout_for(s[i].kind);
+    tmat_init(&m->t[i], s[i].name, s[i].rows, s[i].cols, &l, 1.0f);
+    m->idx[i] = -1;
+  }
+  m->n = n;
+  if (muon_create(&m->opt, d) != MUON_OK) { m->opt = NULL; return 0; }
+  if (group1 && muon_add_group(m->opt, group1, NULL) != MUON_OK) { printf("rank %d: add_group: %s\n", W.rank, muon_error(m->opt)); ok = 0; }
+  for (i = 0; i < n; i++) {
+    muon_matrix mm = muon_default_matrix();
+    mm.name = m->t[i].name; mm.param = m->t[i].w; mm.grad = m->t[i].g;
+    mm.rows = m->t[i].rows; mm.cols = m->t[i].cols; mm.layout = &m->t[i].layout; mm.group = s[i].group;
+    if (muon_add_matrix(m->opt, &mm, &m->idx[i]) != MUON_OK) { printf("rank %d: add %s: %s\n", W.rank, s[i].name, muon_error(m->opt)); ok = 0; }
+  }
+  return ok;
+}
+static int model_open(model *m, const muon_desc *d, const mspec *s, int n) { return model_open_g(m, d, s, n, NULL); }
+static void model_close(model *m) {
+  int i;
+  muon_destroy(m->opt);
+  for (i = 0; i < m->n; i++) tmat_free(&m->t[i]);
+  memset(m, 0, sizeof *m);
+}
+static int find(const model *m, const char *name) {
+  int i;
+  for (i = 0; i < m->n && strcmp(m->t[i].name, name); i++) {}
+  return i;
+}
+
+/* Copies of every local parameter piece and momentum buffer. */
+typedef struct snap { int n; float *p[MAXM + 1], *m[MAXM + 1]; size_t pn[MAXM + 1], mn[MAXM + 1]; } snap;
+static void snap_take(const model *md, snap *s) {
+  int i;
+  memset(s, 0, sizeof *s);
+  s->n = md->n;
+  for (i = 0; i < md->n; i++) {
+    const float *mom = NULL;
+    size_t mn = 0;
+    if (md->idx[i] < 0) continue;
+    s->pn[i] = md->t[i].n;
+    s->p[i] = (float *)malloc((s->pn[i] + 1) * sizeof(float));
+    memcpy(s->p[i], md->t[i].w, s->pn[i] * sizeof(float));
+    muon_get_momentum(md->opt, md->idx[i], &mom, &mn);
+    s->mn[i] = mn;
+    s->m[i] = (float *)malloc((mn + 1) * sizeof(float));
+    if (mn) memcpy(s->m[i], mom, mn * sizeof(float));
+  }
+}
+static int snap_same_one(const model *md, const snap *s, int i) {
+  const float *mom = NULL;
+  size_t mn = 0;
+  if (md->idx[i] < 0) return 1;
+  if (memcmp(s->p[i], md->t[i].w, s->pn[i] * sizeof(float)) != 0) return 0;
+  if (muon_get_momentum(md->opt, md->idx[i], &mom, &mn) != MUON_OK || mn != s->mn[i]) return 0;
+  return mn == 0 || memcmp(s->m[i], mom, mn * sizeof(float)) == 0;
+}
+static int snap_same(const model *md, const snap *s) {
+  int i, ok = 1;
+  for (i = 0; i < s->n; i++) ok &= snap_same_one(md, s, i);
+  return ok;
+}
+static void snap_free(snap *s) {
+  int i;
+  for (i = 0; i <= MAXM; i++) { free(s->p[i]); free(s->m[i]); }
+  memset(s, 0, sizeof *s);
+}
+/* Nothing applied: this rank's parameters and momentum are bitwise as in the snapshot, and
+   every other rank says the same of its own. */
+static void expect_unchanged(const char *what, const model *md, const snap *s) {
+  int mine = snap_same(md, s), all = all_true(mine);
+  CHECK(mine, "%s: rank %d's parameters or momentum changed (something was applied)", what, W.rank);
+  CHECK(all, "%s: some rank's parameters or momentum changed (rank %d's view)", what, W.rank);
+}
+
+/* Matrix i of a and of b: parameters and momentum bitwise equal. */
+static int same_matrix(const model *a, const model *b, int i) {
+  const float *ma = NULL, *mb = NULL;
+  size_t na = 0, nb = 0;
+  if (a->idx[i] < 0 || b->idx[i] < 0) return a->idx[i] < 0 && b->idx[i] < 0;
+  if (a->t[i].n != b->t[i].n || memcmp(a->t[i].w, b->t[i].w, a->t[i].n * sizeof(float)) != 0) return 0;
+  muon_get_momentum(a->opt, a->idx[i], &ma, &na);
+  muon_get_momentum(b->opt, b->idx[i], &mb, &nb);
+  return na == nb && (na == 0 || memcmp(ma, mb, na * sizeof(float)) == 0);
+}
+/* The first n matrices of a and b equal on every rank. */
+static void expect_equal(const char *what, const model *a, const model *b, int n) {
+  int i, mine = 1;
+  for (i = 0; i < n; i++)
+    if (!same_matrix(a, b, i)) {
+      if (mine) printf("  rank %d: %s: matrix '%s' differs from the reference run\n", W.rank, what, a->t[i].name);
+      mine = 0;
+    }
+  CHECK(mine, "%s: rank %d differs from the run where nothing happened", what, W.rank);
+  CHECK(all_true(mine), "%s: some rank differs from the reference run", what);
+}
+static int changed(const tmat *t) { return t->n == 0 || memcmp(t->w, t->w0, t->n * sizeof(float)) != 0; }
+
+static muon_desc desc_for(const muon_dist_config *cfg) {
+  muon_desc d = muon_default_desc();
+  d.hparams.lr = 0.02f;
+  d.comm = &W.world;
+  d.dist = cfg;
+  return d;
+}
+
+/* Steps both models (the one under test and the reference) and expects MUON_OK everywhere. */
+static void step_both(const char *what, model *a, model *b) {
+  char buf[160];
+  muon_status st = muon_step(a->opt);
+  snprintf(buf, sizeof buf, "%s (run under test)", what);
+  expect_all(buf, st, MUON_OK, a->opt);
+  if (!b) return;
+  st = muon_step(b->opt);
+  snprintf(buf, sizeof buf, "%s (reference run)", what);
+  expect_all(buf, st, MUON_OK, b->opt);
+}
+
+/* ==== 1. a rank adds a matrix after the first step ============================================
+   Catches: only the adding rank re-planning (the others would exchange with a stale plan:
+   counts that disagree, a hang, or a rank-local failure); a status that differs between ranks;
+   a global list or owner that misses the new matrix; a re-plan that perturbs the other
+   matrices (compared bitwise with a run that never added it); the new matrix not updated, or
+   updated differently from the same matrix on one device. */
+static void case_add_matrix(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  tmat x;
+  muon_layout whole;
+  char xname[32];
+  int gc[MAXP], r, g, last = W.size - 1, found = 0, owner_ok = 0;
+  TEST_CASE("1. one rank adds a matrix after step 1: all re-plan, the step succeeds everywhere, others bitwise unaffected");
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup: %s", A.opt ? muon_error(A.opt) : "create"); return; }
+  step_both("step 1", &A, &B);
+  gather_int(muon_global_count(A.opt), gc);
+  for (r = 0; r < W.size; r++) CHECK(gc[r] == 3, "before the add rank %d sees %d global matrices, want 3", r, gc[r]);
+  memset(&whole, 0, sizeof whole);
+  snprintf(xname, sizeof xname, "only_on_rank%d", last);
+  tmat_init(&x, xname, 8, 12, &whole, 1.0f);
+  if (W.rank == last) {
+    muon_matrix m = muon_default_matrix();
+    m.name = x.name; m.param = x.w; m.grad = x.g; m.rows = x.rows; m.cols = x.cols; m.layout = &whole;
+    CHECK(muon_add_matrix(A.opt, &m, NULL) == MUON_OK, "add: %s", muon_error(A.opt));
+  }
+  step_both("step 2, after the add", &A, &B);
+  gather_int(muon_global_count(A.opt), gc);
+  for (r = 0; r < W.size; r++) CHECK(gc[r] == 4, "after the add rank %d sees %d global matrices, want 4 (3 + 1)", r, gc[r]);
+  for (g = 0; g < muon_global_count(A.opt); g++) {
+    muon_matrix_info info;
+    int owner = -1;
+    if (muon_global_info(A.opt, g, &info, &owner) == MUON_OK && !strcmp(info.name, xname)) {
+      found = 1;
+      owner_ok = owner == last && info.n_holders == 1 && info.holders[0] == last;
+    }
+  }
+  CHECK(found && owner_ok, "rank %d: the new matrix is %s in the global list (owner must be its only holder, rank %d)",
+        W.rank, found ? "misplaced" : "missing", last);
+  expect_equal("the other matrices after the re-planned step", &A, &B, 3);
+  step_both("step 3", &A, &B);
+  expect_equal("the other matrices after step 3", &A, &B, 3);
+  if (W.rank == last) {
+    /* The same matrix on one device, two steps from the same start: bitwise the same. */
+    muon_desc rd = muon_default_desc();
+    muon_optimizer *ref = NULL;
+    muon_matrix m = muon_default_matrix();
+    float *w = (float *)malloc(x.n * sizeof(float));
+    memcpy(w, x.w0, x.n * sizeof(float));
+    rd.hparams = d.hparams;
+    m.name = x.name; m.param = w; m.grad = x.g; m.rows = x.rows; m.cols = x.cols;
+    if (muon_create(&ref, &rd) == MUON_OK && muon_add_matrix(ref, &m, NULL) == MUON_OK) {
+      CHECK(muon_step(ref) == MUON_OK && muon_step(ref) == MUON_OK, "single-device reference: %s", muon_error(ref));
+      CHECK(changed(&x), "the new matrix was not updated");
+      CHECK(memcmp(w, x.w, x.n * sizeof(float)) == 0, "the new matrix differs from the same matrix stepped on one device");
+    } else {
+      CHECK(0, "single-device reference setup");
+    }
+    muon_destroy(ref);
+    free(w);
+  }
+  tmat_free(&x);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 2. one rank changes a group's Newton-Schulz settings ====================================
+   Catches: the other ranks stepping with their old plan (they would succeed while the changed
+   rank fails, or the exchange would hang); a re-plan that silently accepts different NS
+   settings per rank; a message that does not say what differs or where; anything applied by
+   a failed step; a rank that stays stuck after the setting is restored (the re-plan must then
+   happen together), or whose result afterwards differs from a run without the incident. */
+static void case_ns_change(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  muon_hparams orig, hp;
+  snap s;
+  char ranks[32];
+  int last = W.size - 1;
+  muon_status st;
+  if (W.size < 2) return;
+  TEST_CASE("2. one rank changes ns_steps after step 1: MUON_ERR_MISMATCH everywhere, nothing applied; restoring heals");
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, &B);
+  muon_get_group(A.opt, 0, &orig);
+  hp = orig;
+  hp.ns_steps = orig.ns_steps + 1;
+  if (W.rank == last) CHECK(muon_set_group(A.opt, 0, &hp) == MUON_OK, "set_group: %s", muon_error(A.opt));
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("step with different ns_steps on one rank", st, MUON_ERR_MISMATCH, A.opt);
+  snprintf(ranks, sizeof ranks, "ranks 0 and %d", last);
+  CHECK(has(muon_error(A.opt), "Newton-Schulz settings of group 0"), "rank %d: message '%s' does not name the NS settings of group 0", W.rank, muon_error(A.opt));
+  CHECK(has(muon_error(A.opt), ranks), "rank %d: message '%s' does not name %s", W.rank, muon_error(A.opt), ranks);
+  expect_unchanged("the mismatched step", &A, &s);
+  snap_free(&s);
+  if (W.rank == last) CHECK(muon_set_group(A.opt, 0, &orig) == MUON_OK, "restore: %s", muon_error(A.opt));
+  step_both("step 2, setting restored", &A, &B);
+  expect_equal("after the restored step", &A, &B, 3);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 3. other settings that must match ========================================================
+   Catches, per setting: a rank applying its own lr / weight decay / gradient scale (different
+   parameters on different replicas of the same matrix, silently); on_nonfinite differing (one
+   rank would skip a matrix that another applies); round_bytes differing (different rounds: a
+   hang or mismatched exchange, or the plan check blaming a custom assign that does not exist);
+   a status that differs between ranks, a message that does not name the setting, group and
+   ranks, and anything applied by the failed step. */
+enum { MM_LR, MM_WD, MM_NONFINITE, MM_SCALE, MM_ROUND_BYTES };
+static void mismatch_case(int kind) {
+  static const char *const titles[5] = {
+    "3a. lr differs on one rank (muon_set_lr): MUON_ERR_MISMATCH everywhere naming lr of group 0, nothing applied",
+    "3b. weight_decay differs on one rank: MUON_ERR_MISMATCH everywhere naming it, nothing applied",
+    "3c. desc.on_nonfinite differs at creation: MUON_ERR_MISMATCH everywhere naming it, nothing applied",
+    "3d. muon_set_grad_scale differs on one rank: MUON_ERR_MISMATCH everywhere naming it, nothing applied",
+    "3e. round_bytes differs at creation: MUON_ERR_MISMATCH naming round_bytes (not a custom assign), nothing applied" };
+  static const char *const needles[5] = { "lr of group 0", "weight_decay, momentum", "on_nonfinite", "gradient scale", "round_bytes" };
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d;
+  model A;
+  snap s;
+  char ranks[32];
+  int last = W.size - 1, mine = W.rank == last;
+  muon_status st;
+  if (W.size < 2) return;
+  TEST_CASE(titles[kind]);
+  if (kind == MM_ROUND_BYTES && mine) cfg.round_bytes = 1;   /* every owner one matrix per round: other rounds */
+  d = desc_for(&cfg);
+  if (kind == MM_NONFINITE && mine) d.on_nonfinite = MUON_NONFINITE_SKIP;
+  if (!model_open(&A, &d, MANY, 8)) { CHECK(0, "setup"); return; }
+  if (kind != MM_NONFINITE && kind != MM_ROUND_BYTES) {
+    step_both("step 1 (settings still equal)", &A, NULL);
+    if (mine) {
+      muon_hparams hp;
+      muon_get_group(A.opt, 0, &hp);
+      if (kind == MM_LR) CHECK(muon_set_lr(A.opt, 0, hp.lr * 0.5f) == MUON_OK, "set_lr");
+      if (kind == MM_WD) { hp.weight_decay *= 2; CHECK(muon_set_group(A.opt, 0, &hp) == MUON_OK, "set_group"); }
+      if (kind == MM_SCALE) CHECK(muon_set_grad_scale(A.opt, 0.5f) == MUON_OK, "set_grad_scale");
+    }
+  }
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all(needles[kind], st, MUON_ERR_MISMATCH, A.opt);
+  snprintf(ranks, sizeof ranks, "ranks 0 and %d", last);
+  CHECK(has(muon_error(A.opt), needles[kind]), "rank %d: message '%s' does not name '%s'", W.rank, muon_error(A.opt), needles[kind]);
+  CHECK(has(muon_error(A.opt), ranks), "rank %d: message '%s' does not name %s", W.rank, muon_error(A.opt), ranks);
+  if (kind == MM_ROUND_BYTES)
+    CHECK(!has(muon_error(A.opt), "assign"), "rank %d: message '%s' blames an assign", W.rank, muon_error(A.opt));
+  expect_unchanged(needles[kind], &A, &s);
+  snap_free(&s);
+  model_close(&A);
+}
+
+/* ==== 4. a state blob with other NS settings, loaded on one rank ===============================
+   Catches: muon_state_load changing a group's NS settings without making the plan stale, or
+   the agreement missing it (the loading rank would orthogonalise with other coefficients than
+   its peers, or the ranks would fail differently); anything applied by the failed step. */
+static void case_state_ns(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  snap s;
+  int last = W.size - 1, i;
+  muon_status st;
+  if (W.size < 2) return;
+  TEST_CASE("4. one rank loads a state saved with other NS settings: MUON_ERR_MISMATCH everywhere, nothing applied");
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, NULL);
+  if (W.rank == last) {
+    /* A twin of A with 3 NS steps instead of 5; it never steps, so it talks to no one. */
+    muon_desc hd = d;
+    muon_optimizer *h = NULL;
+    void *blob = NULL;
+    size_t n = 0;
+    hd.hparams.ns_steps = d.hparams.ns_steps - 2;
+    if (muon_create(&h, &hd) == MUON_OK) {
+      for (i = 0; i < 3; i++) {
+        muon_matrix m = muon_default_matrix();
+        m.name = A.t[i].name; m.param = A.t[i].w; m.grad = A.t[i].g; m.rows = A.t[i].rows; m.cols = A.t[i].cols;
+        m.layout = &A.t[i].layout;
+        CHECK(muon_add_matrix(h, &m, NULL) == MUON_OK, "twin add: %s", muon_error(h));
+      }
+      n = muon_state_size(h);
+      blob = malloc(n);
+      CHECK(muon_state_save(h, blob, n) == MUON_OK, "twin save: %s", muon_error(h));
+      CHECK(muon_state_load(A.opt, blob, n) == MUON_OK, "load: %s", muon_error(A.opt));
+      {
+        muon_hparams hp;
+        muon_get_group(A.opt, 0, &hp);
+        CHECK(hp.ns_steps == hd.hparams.ns_steps, "the load did not take the blob's ns_steps");
+      }
+    } else {
+      CHECK(0, "twin create");
+    }
+    free(blob);
+    muon_destroy(h);
+  }
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("step after the load", st, MUON_ERR_MISMATCH, A.opt);
+  CHECK(has(muon_error(A.opt), "Newton-Schulz settings of group 0"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+  expect_unchanged("the step after the load", &A, &s);
+  snap_free(&s);
+  model_close(&A);
+}
+
+/* ==== 5. muon_plan on one rank while the others call muon_step =================================
+   Catches: a hang (the planner's collectives not matching the steppers'); the steppers going
+   ahead with the step (they must fail, having spent their collectives on planning); the planner
+   failing; anything applied; and the next regular step not matching a run where it never
+   happened (a plan left half-built, a step counter advanced). */
+static void case_plan_vs_step(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  snap s;
+  int all[MAXP], r, last = W.size - 1;
+  double t0, dt;
+  muon_status st;
+  if (W.size < 2) return;
+  TEST_CASE("5. muon_plan on one rank, muon_step on the others: all return, steppers MISMATCH naming muon_plan, planner OK");
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, &B);
+  snap_take(&A, &s);
+  t0 = now_s();
+  st = W.rank == last ? muon_plan(A.opt) : muon_step(A.opt);
+  dt = now_s() - t0;
+  gather_int((int)st, all);
+  for (r = 0; r < W.size; r++)
+    CHECK(all[r] == (r == last ? MUON_OK : MUON_ERR_MISMATCH), "rank %d returned %s, want %s", r,
+          all[r] >= 0 && all[r] < MUON_STATUS_COUNT ? muon_status_string((muon_status)all[r]) : "?",
+          r == last ? "MUON_OK (muon_plan)" : "MUON_ERR_MISMATCH (muon_step)");
+  if (W.rank != last) CHECK(has(muon_error(A.opt), "muon_plan"), "rank %d: message '%s' does not name muon_plan", W.rank, muon_error(A.opt));
+  CHECK(dt < 2.0, "rank %d took %.3f s to return", W.rank, dt);
+  expect_unchanged("the step that met a muon_plan", &A, &s);
+  snap_free(&s);
+  step_both("step 2 on every rank", &A, &B);
+  expect_equal("after the next step", &A, &B, 3);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 6. a NaN gradient on one rank ============================================================
+   ERROR catches: a rank that does not see the NaN (it is on another rank) stepping on, ranks
+   failing with different statuses, a message without the matrix or the rank, anything applied.
+   SKIP catches: the matrix skipped only on the rank holding the NaN (its replicas/shards would
+   diverge), other matrices not updated, or updated differently from a run where that gradient
+   was absent on all ranks; momentum of the skipped matrix touched; a skip that leaks into the
+   next step. */
+static void case_nan_grad(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  snap s;
+  char rk[32];
+  int last = W.size - 1, bi;
+  float keep;
+  muon_status st;
+  TEST_CASE("6a. NaN gradient on one rank, on_nonfinite ERROR: MUON_ERR_NONFINITE everywhere naming matrix and rank, nothing applied");
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, NULL);
+  bi = find(&A, "b");
+  keep = A.t[bi].g[0];
+  if (W.rank == last) A.t[bi].g[0] = NAN;
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("NaN step", st, MUON_ERR_NONFINITE, A.opt);
+  snprintf(rk, sizeof rk, "rank %d", last);
+  CHECK(has(muon_error(A.opt), "'b'") && has(muon_error(A.opt), rk), "rank %d: message '%s' does not name matrix 'b' and %s",
+        W.rank, muon_error(A.opt), rk);
+  expect_unchanged("the NaN step", &A, &s);
+  snap_free(&s);
+  A.t[bi].g[0] = keep;
+  step_both("the step after the NaN is gone", &A, NULL);
+  model_close(&A);
+
+  TEST_CASE("6b. NaN gradient on one rank, SKIP: skipped on every rank, others updated = run with that gradient absent");
+  d.on_nonfinite = MUON_NONFINITE_SKIP;
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, &B);
+  snap_take(&A, &s);
+  if (W.rank == last) A.t[bi].g[0] = NAN;
+  muon_set_grad(B.opt, B.idx[bi], NULL);
+  step_both("step 2 (NaN vs absent)", &A, &B);
+  {
+    int mine = snap_same_one(&A, &s, bi);
+    CHECK(mine, "rank %d: the skipped matrix 'b' changed", W.rank);
+    CHECK(all_true(mine), "matrix 'b' changed on some rank");
+    CHECK(!snap_same_one(&A, &s, find(&A, "a")) && !snap_same_one(&A, &s, find(&A, "c")), "rank %d: a healthy matrix was not updated", W.rank);
+  }
+  expect_equal("NaN-skipped vs absent", &A, &B, 3);
+  A.t[bi].g[0] = keep;
+  muon_set_grad(B.opt, B.idx[bi], B.t[bi].g);
+  step_both("step 3 (gradients back)", &A, &B);
+  expect_equal("the step after the skip", &A, &B, 3);
+  snap_free(&s);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 7. non-finite Newton-Schulz outputs ======================================================
+   The gradients are finite, so only the output check can catch these. Catches: an overflowed
+   momentum (SGD style, nesterov: U = G + mu (mu B + G) > FLT_MAX) or absurd coefficients
+   writing Inf/NaN into parameters; the non-owners (who never see the output) applying while
+   the owner refuses; with SKIP, the matrix skipped only on its owner, or the others not
+   updated as in a run without that matrix's gradient. */
+static void set_huge(tmat *t) {
+  size_t e;
+  for (e = 0; e < t->n; e++) t->g[e] = 3e38f;
+}
+static int all_finite(const model *m) {
+  int i;
+  size_t e;
+  for (i = 0; i < m->n; i++)
+    for (e = 0; m->idx[i] >= 0 && e < m->t[i].n; e++) if (!isfinite(m->t[i].w[e])) return 0;
+  return 1;
+}
+static void nonfinite_output_case(int coefficients, int skip) {
+  static const char *const titles[4] = {
+    "7a. SGD momentum overflow (grads 3e38), ERROR: MUON_ERR_NONFINITE 'Newton-Schulz output' everywhere, nothing applied",
+    "7b. SGD momentum overflow (grads 3e38), SKIP: that matrix skipped everywhere, others = run without its gradient",
+    "7c. ns_coefficients (1e30, 1e30, 1e30) on every rank, ERROR: MUON_ERR_NONFINITE everywhere, nothing applied",
+    "7d. ns_coefficients (1e30, 1e30, 1e30) on every rank, SKIP: that matrix skipped everywhere, others updated" };
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  mspec sp[3];
+  muon_hparams g1;
+  model A, B;
+  snap s;
+  int bi, k;
+  muon_status st;
+  TEST_CASE(titles[2 * coefficients + skip]);
+  memcpy(sp, STD, sizeof sp);
+  if (!coefficients) d.hparams.momentum_style = MUON_MOMENTUM_SGD;
+  else sp[1].group = 1;                        /* "b" in a group of its own with absurd coefficients */
+  if (skip) d.on_nonfinite = MUON_NONFINITE_SKIP;
+  if (coefficients) {
+    g1 = d.hparams;
+    for (k = 0; k < MUON_NS_MAX_STEPS; k++) g1.ns_coefficients[k][0] = g1.ns_coefficients[k][1] = g1.ns_coefficients[k][2] = 1e30f;
+  }
+  if (!model_open_g(&A, &d, sp, 3, coefficients ? &g1 : NULL) || !model_open_g(&B, &d, sp, 3, coefficients ? &g1 : NULL)) {
+    CHECK(0, "setup");
+    return;
+  }
+  bi = find(&A, "b");
+  if (!coefficients) set_huge(&A.t[bi]);
+  muon_set_grad(B.opt, B.idx[bi], NULL);       /* the reference: that matrix's gradient absent */
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  if (!skip) {
+    expect_all("non-finite output step", st, MUON_ERR_NONFINITE, A.opt);
+    CHECK(has(muon_error(A.opt), "Newton-Schulz output") && has(muon_error(A.opt), "'b'"),
+          "rank %d: message '%s' does not name the Newton-Schulz output of 'b'", W.rank, muon_error(A.opt));
+    expect_unchanged("the non-finite output step", &A, &s);
+    CHECK(all_true(all_finite(&A)), "some rank holds a non-finite parameter");
+  } else {
+    int mine;
+    expect_all("non-finite output step, SKIP", st, MUON_OK, A.opt);
+    st = muon_step(B.opt);
+    expect_all("reference step", st, MUON_OK, B.opt);
+    mine = snap_same_one(&A, &s, bi);
+    CHECK(mine, "rank %d: matrix 'b' (non-finite output) was applied", W.rank);
+    CHECK(all_true(mine), "matrix 'b' was applied on some rank");
+    CHECK(!snap_same_one(&A, &s, find(&A, "a")) && !snap_same_one(&A, &s, find(&A, "c")), "rank %d: a healthy matrix was not updated", W.rank);
+    expect_equal("skipped output vs absent gradient", &A, &B, 3);
+    CHECK(all_true(all_finite(&A)), "some rank holds a non-finite parameter");
+  }
+  snap_free(&s);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 8. the commit vote: a late local failure =================================================
+   A compute backend = the CPU backend with every slot forwarded, whose newton_schulz fails while
+   `armed`. Catches: the failing rank leaving its peers waiting in the exchange (they would hang
+   until the Gloo timeout); the peers applying while the failing rank does not (replicas and
+   shards diverge); a status or message that does not say who failed; the failed step leaving
+   a trace in the next one. With unchecked_commit the documented trade-off must hold exactly:
+   the failing rank fails alone and the others apply. */
+typedef struct faulty { muon_compute inner; int armed; } faulty;
+#define FB_TEXT "injected newton_schulz fault (test_agree)"
+#define IN(ctx) (((faulty *)(ctx))->inner)
+static void *fb_alloc(void *c, size_t b) { return IN(c).vt->alloc(IN(c).ctx, b); }
+static void fb_free(void *c, void *p) { IN(c).vt->free(IN(c).ctx, p); }
+static muon_status fb_copy(void *c, void *d, const void *s, size_t b, int th, int fh) { return IN(c).vt->copy(IN(c).ctx, d, s, b, th, fh); }
+static muon_status fb_zero(void *c, void *d, size_t b) { return IN(c).vt->zero(IN(c).ctx, d, b); }
+static muon_status fb_pack(void *c, const muon_piece_copy *o, int n, float *p, float *x, int t) { return IN(c).vt->pack(IN(c).ctx, o, n, p, x, t); }
+static muon_status fb_momentum(void *c, size_t n, float *m, const void *g, const muon_momentum_args *a, int up, float *u) {
+  return IN(c).vt->momentum(IN(c).ctx, n, m, g, a, up, u);
+}
+static size_t fb_ns_workspace(void *c, int b, int m, int n, const muon_hparams *hp) { return IN(c).vt->ns_workspace(IN(c).ctx, b, m, n, hp); }
+static muon_status fb_newton_schulz(void *c, float *X, int b, int m, int n, const muon_hparams *hp, void *ws) {
+  if (((faulty *)c)->armed) return MUON_ERR_BACKEND;
+  return IN(c).vt->newton_schulz(IN(c).ctx, X, b, m, n, hp, ws);
+}
+static muon_status fb_apply(void *c, size_t n, void *p, const float *O, const muon_apply_args *a) { return IN(c).vt->apply(IN(c).ctx, n, p, O, a); }
+static muon_status fb_adamw(void *c, size_t n, void *p, const void *g, float *m, float *v, const muon_adamw_args *a) {
+  return IN(c).vt->adamw(IN(c).ctx, n, p, g, m, v, a);
+}
+static muon_status fb_nonfinite(void *c, const void *x, muon_dtype t, size_t n, int *f) { return IN(c).vt->nonfinite(IN(c).ctx, x, t, n, f); }
+static muon_status fb_cast(void *c, void *d, muon_dtype dt, const void *s, muon_dtype st, size_t n) { return IN(c).vt->cast(IN(c).ctx, d, dt, s, st, n); }
+static muon_status fb_sync(void *c) { return IN(c).vt->sync(IN(c).ctx); }
+static const char *fb_error(void *c) { return ((faulty *)c)->armed ? FB_TEXT : ""; }
+#undef IN
+static muon_compute_vtable fb_vt;
+static muon_compute faulty_backend(faulty *f) {
+  muon_compute c;
+  f->inner = muon_compute_cpu();
+  f->armed = 0;
+  fb_vt = *f->inner.vt;                        /* version, memory, and any slot added later */
+  fb_vt.alloc = fb_alloc; fb_vt.free = fb_free; fb_vt.copy = fb_copy; fb_vt.zero = fb_zero; fb_vt.pack = fb_pack;
+  fb_vt.momentum = fb_momentum; fb_vt.ns_workspace = fb_ns_workspace; fb_vt.newton_schulz = fb_newton_schulz;
+  fb_vt.apply = fb_apply; fb_vt.adamw = fb_adamw; fb_vt.nonfinite = fb_nonfinite; fb_vt.cast = fb_cast; fb_vt.sync = fb_sync;
+  fb_vt.error = fb_error;
+  fb_vt.alloc_host = NULL; fb_vt.free_host = NULL; fb_vt.destroy = NULL;
+  c.vt = &fb_vt;
+  c.ctx = f;
+  return c;
+}
+
+static double case8_worst_ms = -1, case8_unchecked_worst_ms = -1;
+
+static void case_commit_vote(int unchecked) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d;
+  faulty fa, fbr;
+  muon_compute ca, cb;
+  model A, B;
+  snap s;
+  int owned[MAXP], all[MAXP], r, victim = -1;
+  double t0, dt;
+  muon_status st;
+  char who[32];
+  TEST_CASE(unchecked ? "8b. unchecked_commit: the rank whose NS fails returns MUON_ERR_BACKEND alone, the others MUON_OK"
+                      : "8a. commit vote: NS fails on one owner; every rank errs promptly, nothing applied; the next step = no-fault run");
+  cfg.unchecked_commit = unchecked;
+  ca = faulty_backend(&fa);
+  cb = faulty_backend(&fbr);
+  d = desc_for(&cfg);
+  d.compute = &ca;
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup: %s", A.opt ? muon_error(A.opt) : "create"); return; }
+  d.compute = &cb;
+  if (!model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, &B);
+  /* The victim: the highest rank that owns a matrix (so its newton_schulz slot is called). */
+  gather_int(muon_owned(A.opt, NULL, 0), owned);
+  for (r = 0; r < W.size; r++) if (owned[r] > 0) victim = r;
+  CHECK(victim >= 0, "no rank owns a matrix");
+  fa.armed = W.rank == victim;
+  snap_take(&A, &s);
+  t0 = now_s();
+  st = muon_step(A.opt);
+  dt = now_s() - t0;
+  fa.armed = 0;
+  {
+    long long worst = gather_ll_max((long long)(dt * 1e6));
+    if (unchecked) case8_unchecked_worst_ms = worst / 1e3; else case8_worst_ms = worst / 1e3;
+  }
+  CHECK(dt < 2.0, "rank %d took %.3f s to return (the Gloo timeout is 10 s)", W.rank, dt);
+  gather_int((int)st, all);
+  snprintf(who, sizeof who, "rank %d", victim);
+  if (W.rank == victim) {
+    CHECK(st == MUON_ERR_BACKEND, "victim rank %d returned %s, want MUON_ERR_BACKEND", W.rank, muon_status_string(st));
+    CHECK(has(muon_error(A.opt), FB_TEXT), "victim's message '%s' lacks the backend's text", muon_error(A.opt));
+    CHECK(snap_same(&A, &s), "victim rank %d: its parameters or momentum changed", W.rank);   /* local: no collective here */
+  } else if (!unchecked) {
+    CHECK(st != MUON_OK, "rank %d returned MUON_OK although rank %d failed", W.rank, victim);
+    CHECK(has(muon_error(A.opt), who), "rank %d: message '%s' does not name %s", W.rank, muon_error(A.opt), who);
+  }
+  if (!unchecked) {
+    for (r = 0; r < W.size; r++)
+      CHECK(all[r] == MUON_ERR_BACKEND, "rank %d returned %s, want MUON_ERR_BACKEND on every rank", r,
+            all[r] >= 0 && all[r] < MUON_STATUS_COUNT ? muon_status_string((muon_status)all[r]) : "?");
+    expect_unchanged("the failed step", &A, &s);
+    step_both("step 2 without the fault", &A, &B);
+    expect_equal("after the failed step", &A, &B, 3);
+  } else {
+    for (r = 0; r < W.size; r++)
+      CHECK(all[r] == (r == victim ? MUON_ERR_BACKEND : MUON_OK), "rank %d returned %s, want %s", r,
+            all[r] >= 0 && all[r] < MUON_STATUS_COUNT ? muon_status_string((muon_status)all[r]) : "?",
+            r == victim ? "MUON_ERR_BACKEND" : "MUON_OK (no vote: it applies)");
+  }
+  snap_free(&s);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 9. collectives per step =================================================================
+   Catches: a collective more or less than the design (an extra round trip per step costs ~4 ms
+   here, far more across machines), e.g. the skip flags exchanged when nobody skips, the vote
+   issued with unchecked_commit, or a round issuing no alltoallv. */
+static void collectives_case(int unchecked, int with_skip) {
+  char title[200];
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d;
+  model A;
+  muon_stats s0, s1;
+  snap sn;
+  long long got, want;
+  int P = W.size;
+  snprintf(title, sizeof title, "9. collectives per step: %s, %s = %s", unchecked ? "unchecked_commit" : "commit vote",
+           with_skip ? "a skipped matrix" : "no skips", with_skip ? (unchecked ? "2 + 2*rounds" : "3 + 2*rounds") : (unchecked ? "1 + 2*rounds" : "2 + 2*rounds"));
+  TEST_CASE(title);
+  cfg.unchecked_commit = unchecked;
+  if (!with_skip) cfg.round_bytes = 1;        /* several rounds: the per-round term is exercised */
+  d = desc_for(&cfg);
+  if (!(with_skip ? model_open(&A, &d, STD, 3) : model_open(&A, &d, MANY, 8))) { CHECK(0, "setup"); return; }
+  step_both("step 1 (plans)", &A, NULL);
+  if (with_skip && W.rank == P - 1) muon_set_grad(A.opt, A.idx[0], NULL);   /* 'a' absent on one rank */
+  snap_take(&A, &sn);
+  muon_get_stats(A.opt, &s0);
+  step_both("step 2", &A, NULL);
+  muon_get_stats(A.opt, &s1);
+  got = s1.collectives - s0.collectives;
+  want = (P > 1 ? 2LL * s1.rounds : 0) + (unchecked ? 1 : 2) + (with_skip ? 1 : 0);
+  CHECK(got == want, "rank %d: %lld collectives in a step with %d rounds, want %lld", W.rank, got, s1.rounds, want);
+  if (!with_skip && P > 1) CHECK(s1.rounds >= 2, "only %d rounds: the test wants several", s1.rounds);
+  if (with_skip) CHECK(snap_same_one(&A, &sn, 0), "rank %d: the skipped matrix changed", W.rank);
+  snap_free(&sn);
+  model_close(&A);
+}
+
+/* ==== 10. muon_state_load rejects non-finite and negative moments ==============================
+   The blobs are patched and re-checksummed, so only the value checks can reject them (a finite
+   patch with the same recomputed checksum must load, proving the checksum is right). Catches: a
+   NaN momentum or a negative AdamW second moment (sqrt of it is NaN at the next step) accepted,
+   or a rejected load that changed anything. */
+static void put32le(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
+static uint32_t get32le(const unsigned char *p) { uint32_t v = 0; int i; for (i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i); return v; }
+static uint64_t get64le(const unsigned char *p) { uint64_t v = 0; int i; for (i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i); return v; }
+static void put_float_le(unsigned char *p, float x) { uint32_t u; memcpy(&u, &x, 4); put32le(p, u); }
+static void rechecksum(unsigned char *b, size_t n) {
+  uint64_t h = 14695981039346656037ull;
+  size_t i;
+  for (i = 0; i + 8 < n; i++) { h ^= b[i]; h *= 1099511628211ull; }
+  for (i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+}
+
+static void case_state_values(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  snap s;
+  muon_adamw_param ap = muon_default_adamw_param();
+  float bias[10], dbias[10];
+  unsigned char *orig, *blob, *again;
+  size_t n, off, mom0, adam;
+  muon_hparams hp;
+  const float *mom;
+  size_t mn;
+  int k, ai = -1;
+  muon_status st;
+  TEST_CASE("10. muon_state_load rejects a NaN momentum and a negative AdamW second moment (valid checksums); optimizer unchanged");
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  for (k = 0; k < 10; k++) { bias[k] = 0.1f * (float)k; dbias[k] = 0.01f * (float)(k + 1); }
+  ap.name = "bias"; ap.param = bias; ap.grad = dbias; ap.size = 10;
+  CHECK(muon_add_adamw_param(A.opt, &ap, &ai) == MUON_OK, "add_adamw_param: %s", muon_error(A.opt));
+  step_both("step 1", &A, NULL);
+  n = muon_state_size(A.opt);
+  orig = (unsigned char *)malloc(n);
+  blob = (unsigned char *)malloc(n);
+  again = (unsigned char *)malloc(n);
+  CHECK(muon_state_save(A.opt, orig, n) == MUON_OK, "save: %s", muon_error(A.opt));
+  /* Offsets, from the layout documented above muon_state_save: header 32, group counts 8, one
+     group of 4 * (11 + 3 ns_steps) bytes, one AdamW group of 20, then the matrices. */
+  muon_get_group(A.opt, 0, &hp);
+  off = 32 + 8 + 4 * (11 + 3 * (size_t)hp.ns_steps) + 20;
+  mom0 = off + 16;                                              /* matrix 0's first momentum float */
+  for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 16 + 4 * mn; }
+  adam = off;                                                   /* AdamW param 0: size, step, m, v */
+  muon_get_momentum(A.opt, A.idx[0], &mom, &mn);
+  CHECK(mn > 0 && get32le(orig + mom0 - 16) == 16 && get64le(orig + mom0 - 8) == mn && get32le(orig + mom0) == (memcpy(&k, mom, 4), (uint32_t)k),
+        "rank %d: matrix 0's record is not where the layout says", W.rank);
+  CHECK(get64le(orig + adam) == 10 && get64le(orig + adam + 8) == 1 && adam + 16 + 80 + 8 == n,
+        "rank %d: the AdamW record is not where the layout says (size %llu, step %llu)", W.rank,
+        (unsigned long long)get64le(orig + adam), (unsigned long long)get64le(orig + adam + 8));
+  snap_take(&A, &s);
+
+  memcpy(blob, orig, n);                                        /* a NaN momentum */
+  put32le(blob + mom0, 0x7fc00000u);
+  rechecksum(blob, n);
+  st = muon_state_load(A.opt, blob, n);
+  expect_all("NaN momentum", st, MUON_ERR_STATE, A.opt);
+  CHECK(has(muon_error(A.opt), "NaN"), "message '%s'", muon_error(A.opt));
+  CHECK(muon_state_save(A.opt, again, n) == MUON_OK && memcmp(again, orig, n) == 0, "rank %d: the rejected load changed the state", W.rank);
+  expect_unchanged("the rejected NaN load", &A, &s);
+
+  memcpy(blob, orig, n);                                        /* a negative second moment */
+  put_float_le(blob + adam + 16 + 40, -1e-3f);
+  rechecksum(blob, n);
+  st = muon_state_load(A.opt, blob, n);
+  expect_all("negative second moment", st, MUON_ERR_STATE, A.opt);
+  CHECK(has(muon_error(A.opt), "negative"), "message '%s'", muon_error(A.opt));
+  CHECK(muon_state_save(A.opt, again, n) == MUON_OK && memcmp(again, orig, n) == 0, "rank %d: the rejected load changed the state", W.rank);
+  expect_unchanged("the rejected negative-moment load", &A, &s);
+
+  /* The controls: the same patches with finite, positive values and the same checksum load,
+     and land where the offsets say. */
+  memcpy(blob, orig, n);
+  put_float_le(blob + mom0, 0.5f);
+  put_float_le(blob + adam + 16 + 40, 2e-3f);
+  rechecksum(blob, n);
+  st = muon_state_load(A.opt, blob, n);
+  expect_all("finite control patch", st, MUON_OK, A.opt);
+  muon_get_momentum(A.opt, A.idx[0], &mom, &mn);
+  CHECK(mn > 0 && mom[0] == 0.5f, "rank %d: the control patch did not land in matrix 0's momentum", W.rank);
+  CHECK(muon_state_load(A.opt, orig, n) == MUON_OK, "reloading the original: %s", muon_error(A.opt));
+  snap_free(&s);
+  free(orig); free(blob); free(again);
+  model_close(&A);
+}
+
+int main(int argc, char **argv) {
+  muon_gloo_desc gd = muon_gloo_default_desc();
+  char err[512];
+  int rc;
+  (void)argc; (void)argv;
+  signal(SIGPIPE, SIG_IGN);
+  if (!getenv("MUON_GLOO_TIMEOUT")) gd.timeout_s = 10;
+  memset(&W, 0, sizeof W);
+  if (muon_gloo_create(&gd, &W.world, err, sizeof err) != MUON_OK) { fprintf(stderr, "muon_gloo_create: %s\n", err); return 1; }
+  W.rank = W.world.rank;
+  W.size = W.world.size;
+  if (W.size > MAXP) { fprintf(stderr, "at most %d ranks\n", MAXP); return 1; }
+  case_add_matrix();
+  case_ns_change();
+  mismatch_case(MM_LR);
+  mismatch_case(MM_WD);
+  mismatch_case(MM_NONFINITE);
+  mismatch_case(MM_SCALE);
+  mismatch_case(MM_ROUND_BYTES);
+  case_state_ns();
+  case_plan_vs_step();
+  case_nan_grad();
+  nonfinite_output_case(0, 0);
+  nonfinite_output_case(0, 1);
+  nonfinite_output_case(1, 0);
+  nonfinite_output_case(1, 1);
+  case_commit_vote(0);
+  case_commit_vote(1);
+  collectives_case(0, 0);
+  collectives_case(1, 0);
+  collectives_case(0, 1);
+  collectives_case(1, 1);
+  case_state_values();
+  if (W.rank == 0)
+    printf("case 8: slowest rank returned after %.1f ms (commit vote), %.1f ms (unchecked_commit)\n", case8_worst_ms, case8_unchecked_worst_ms);
+  rc = test_summary();
+  fflush(stdout);
+  muon_comm_destroy(&W.world);
+  return rc;
+}
