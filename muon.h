@@ -128,7 +128,8 @@ MUON_API const char *muon_status_string(muon_status status);
 typedef enum muon_adjust_lr {
   MUON_ADJUST_LR_ORIGINAL = 0,     /* lr * sqrt(max(1, rows/cols))        (torch default) */
   MUON_ADJUST_LR_MATCH_RMS_ADAMW,  /* lr * 0.2 * sqrt(max(rows, cols))                    */
-  MUON_ADJUST_LR_NONE              /* lr                                                   */
+  MUON_ADJUST_LR_NONE,             /* lr                                                   */
+  MUON_ADJUST_LR_SPECTRAL_UNCLAMPED /* lr * sqrt(rows/cols)  (torch 2.15's "spectral_unclamped") */
 } muon_adjust_lr;
 
 typedef enum muon_momentum_style {
@@ -1140,7 +1141,7 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
       return MUON_ERR_ARG;
     }
   if (!(muon__finite(hp->eps) && hp->eps > 0)) { snprintf(buf, size, "muon_hparams.eps must be finite and > 0 (got %g)", (double)hp->eps); return MUON_ERR_ARG; }
-  if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_NONE) { snprintf(buf, size, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)", (int)hp->adjust_lr); return MUON_ERR_ARG; }
+  if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_SPECTRAL_UNCLAMPED) { snprintf(buf, size, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)", (int)hp->adjust_lr); return MUON_ERR_ARG; }
   if ((unsigned)hp->momentum_style > (unsigned)MUON_MOMENTUM_SGD) { snprintf(buf, size, "muon_hparams.momentum_style is not a muon_momentum_style (got %d)", (int)hp->momentum_style); return MUON_ERR_ARG; }
   if ((unsigned)hp->precision > (unsigned)MUON_PRECISION_BF16) { snprintf(buf, size, "muon_hparams.precision is not a muon_precision (got %d)", (int)hp->precision); return MUON_ERR_ARG; }
   if ((unsigned)hp->gemm > (unsigned)MUON_GEMM_CBLAS) { snprintf(buf, size, "muon_hparams.gemm is not a muon_gemm (got %d)", (int)hp->gemm); return MUON_ERR_ARG; }
@@ -1743,6 +1744,7 @@ static float muon__adjusted_lr(const muon_hparams *hp, int rows, int cols) {
   switch (hp->adjust_lr) {
   case MUON_ADJUST_LR_MATCH_RMS_ADAMW: return (float)(lr * 0.2 * sqrt(r > c ? r : c));
   case MUON_ADJUST_LR_NONE: return (float)lr;
+  case MUON_ADJUST_LR_SPECTRAL_UNCLAMPED: return (float)(lr * sqrt(r / c));
   default: return (float)(lr * sqrt(r / c > 1.0 ? r / c : 1.0));
   }
 }

@@ -524,6 +524,38 @@ static void test_determinism(void) {
   muon_destroy(ob);
 }
 
+static void test_spectral_unclamped(void) {
+  /* lr*sqrt(rows/cols), not clamped at 1: with no decay and no momentum the update of a wide and
+     a tall matrix equals adjust_lr NONE at that lr, computed the same way (in double), bit for bit. */
+  enum { R = 12, C = 40 };
+  static float w[2][2][R * C], g[R * C];
+  int shape, run;
+  TEST_CASE("adjust_lr SPECTRAL_UNCLAMPED = lr * sqrt(rows/cols), below 1 for wide matrices too");
+  test_rng = 5;
+  fill(g, R * C);
+  for (shape = 0; shape < 2; shape++) {
+    int rows = shape ? C : R, cols = shape ? R : C;
+    for (run = 0; run < 2; run++) {
+      muon_desc d = muon_default_desc();
+      muon_optimizer *o;
+      muon_matrix m = muon_default_matrix();
+      d.hparams.weight_decay = 0;
+      d.hparams.momentum = 0;
+      d.hparams.nesterov = 0;
+      d.hparams.lr = 0.02f;
+      if (run) d.hparams.adjust_lr = MUON_ADJUST_LR_SPECTRAL_UNCLAMPED;
+      else { d.hparams.adjust_lr = MUON_ADJUST_LR_NONE; d.hparams.lr = (float)(0.02f * sqrt((double)rows / cols)); }
+      test_rng = 9;
+      fill(w[shape][run], R * C);
+      if (muon_create(&o, &d) != MUON_OK) { CHECK(0, "create"); return; }
+      m.param = w[shape][run]; m.grad = g; m.rows = rows; m.cols = cols;
+      CHECK(muon_add_matrix(o, &m, NULL) == MUON_OK && muon_step(o) == MUON_OK, "step: %s", muon_error(o));
+      muon_destroy(o);
+    }
+    CHECK(memcmp(w[shape][0], w[shape][1], sizeof w[shape][0]) == 0, "%d x %d: SPECTRAL_UNCLAMPED differs from lr*sqrt(rows/cols)", rows, cols);
+  }
+}
+
 static void test_orthogonality(void) {
   /* Sanity independent of any reference: NS output's singular values land near 1, so
      O O^T (wide) has a diagonal in roughly [0.5, 1.5] and small off-diagonal terms. */
@@ -557,6 +589,7 @@ int main(void) {
   test_state_matrices_only();
   test_review_regressions();
   test_determinism();
+  test_spectral_unclamped();
   test_orthogonality();
   return test_summary();
 }
