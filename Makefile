@@ -163,6 +163,8 @@ $(BUILD)/test_ns_cblas: tests/test_ns.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm
 $(BUILD)/test_threads: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
+$(BUILD)/test_threads_fast: tests/test_threads.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) -Ofast -march=native $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_threads_san: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
@@ -180,7 +182,7 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san \
+             test_ns_cblas test_threads test_threads_fast test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -194,7 +196,7 @@ test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
 	  "$(BUILD)/test_golden_san $(BUILD)/golden" \
 	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_san $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
-	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_san" \
+	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_fast" "$(BUILD)/test_threads_san" \
 	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
