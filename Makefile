@@ -169,13 +169,13 @@ $(BUILD)/test_threads_san: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_dist: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+$(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_agree: tests/test_agree.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+$(BUILD)/test_agree: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_agree_san: tests/test_agree.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
+$(BUILD)/test_agree_san: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
 	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_dist_san: tests/test_dist.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
+$(BUILD)/test_dist_san: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
 	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	$(PYTHON) tests/ref_muon.py $(BUILD)/golden
