@@ -1034,6 +1034,7 @@ typedef struct muon__plan {
   int any_skip;         /* this step: some rank skips a matrix */
   int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
   int *host_out;
+  unsigned char *out_skips; /* (size + 1) x globals: which non-finite outputs each rank skips */
 } muon__plan;
 
 typedef struct muon__adamw {
@@ -1071,6 +1072,8 @@ struct muon_optimizer {
   int verdicts_cap;
   muon_stats stats;
   muon_status step_status; /* this step: the first failure of this rank's own work */
+  void *agree;          /* the agreement and vote buffers for comm.size ranks, allocated at
+                           creation so that no rank can fail to join them for want of memory */
   muon_comm comm;
   int distributed;      /* a dist config was given */
   muon_dist_config dist;
@@ -1285,6 +1288,7 @@ static muon__seg muon__segs(const muon__piece *p) {
 
 static void muon__plan_free(muon_optimizer *opt);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
+static size_t muon__agree_bytes(int P);
 static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes);
 static void muon__dev_free(muon_optimizer *opt, void *ptr);
 static muon_status muon__dev_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
@@ -1427,6 +1431,11 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->n_groups = 1;
   opt->adamw_groups[0] = desc->adamw;
   opt->n_adamw_groups = 1;
+  if (opt->distributed && !(opt->agree = muon__alloc(&a, muon__agree_bytes(opt->comm.size)))) {
+    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_NOMEM: muon_create: allocating the agreement buffers failed");
+    muon_destroy(opt);
+    return MUON_ERR_NOMEM;
+  }
   *out = opt;
   return MUON_OK;
 }
@@ -1449,6 +1458,7 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   muon__free(&a, opt->adamw);
   muon__free(&a, opt->groups);
   muon__free(&a, opt->adamw_groups);
+  muon__free(&a, opt->agree);
   muon__free(&a, opt);
 }
 
@@ -2571,6 +2581,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->flags);
   muon__dev_free(opt, pl->out_flags);
   muon__free(a, pl->host_out);
+  muon__free(a, pl->out_skips);
   memset(pl, 0, sizeof *pl);
 }
 
@@ -2978,9 +2989,10 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
   pl->out_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_globals * sizeof(int));
   pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
+  pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
   if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
-      !pl->out_flags || !pl->host_out ||
+      !pl->out_flags || !pl->host_out || !pl->out_skips ||
       (pl->stage && (!pl->host_send || !pl->host_recv)))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
                       (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes);
@@ -3263,6 +3275,11 @@ static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
 #undef MUON__IOF
 }
 
+/* The records of P ranks, their wire form, and the commit vote. */
+static size_t muon__agree_bytes(int P) {
+  return (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES + 3 * sizeof(long long));
+}
+
 /* This rank's settings: everything two ranks must share for their updates to be one update. */
 static void muon__settings(const muon_optimizer *opt, muon__record *r) {
   unsigned char buf[4 * (16 + 3 * MUON_NS_MAX_STEPS)], *p;
@@ -3349,17 +3366,11 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   for (i = 0; kind == 1 && status == MUON_OK && i < opt->n_adamw; i++)
     if (opt->host_verdicts[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad_adamw) rec.bad_adamw = (uint64_t)i + 1;
   muon__record_io(&rec, mine, 1);
-  all = (unsigned char *)muon__alloc(&opt->allocator, (size_t)P * MUON__RECORD_BYTES);
-  recs = (muon__record *)muon__alloc(&opt->allocator, (size_t)P * sizeof *recs);
-  if (!all || !recs) {
-    muon__free(&opt->allocator, all);
-    muon__free(&opt->allocator, recs);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating %d agreement records failed", P);
-  }
+  recs = (muon__record *)opt->agree;
+  all = (unsigned char *)(recs + P);
   st = muon__allgather(opt, mine, all, MUON__RECORD_BYTES, kind == 1 ? "muon_step: agreeing on the step" : "muon_plan: agreeing on the plan");
   for (r = 0; st == MUON_OK && r < P; r++) muon__record_io(&recs[r], all + (size_t)r * MUON__RECORD_BYTES, 0);
-  muon__free(&opt->allocator, all);
-  if (st != MUON_OK) { muon__free(&opt->allocator, recs); return st; }
+  if (st != MUON_OK) return st;
   for (r = 0; r < P; r++) {
     if (recs[r].kind == 2 && planners < 0) planners = r;
     if (recs[r].kind == 1 && steppers < 0) steppers = r;
@@ -3403,7 +3414,6 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
     }
     for (r = 0, opt->plan.any_skip = 0; r < P; r++) if (recs[r].skips) opt->plan.any_skip = 1;
   }
-  muon__free(&opt->allocator, recs);
   return st;
 }
 
@@ -3769,9 +3779,8 @@ static muon_status muon__vote(muon_optimizer *opt) {
     mine[0] = opt->step_status;
     mine[1] = n_bad;
     mine[2] = first_bad;
-    all = (long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(long long));
-    if (!all) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the commit vote failed");
-    if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) { muon__free(&opt->allocator, all); return st; }
+    all = (long long *)((unsigned char *)opt->agree + (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES));
+    if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) return st;
     for (r = 0, n_bad = 0; r < P && st == MUON_OK; r++) {
       if (all[3 * r] != MUON_OK)
         st = r == me ? (muon_status)all[3 * r]
@@ -3781,7 +3790,6 @@ static muon_status muon__vote(muon_optimizer *opt) {
       n_bad += (int)all[3 * r + 1];
     }
     if (opt->step_status != MUON_OK) st = opt->step_status;   /* this rank's own message stands */
-    muon__free(&opt->allocator, all);
   } else {
     st = opt->step_status;
   }
@@ -3791,13 +3799,11 @@ static muon_status muon__vote(muon_optimizer *opt) {
                       pl->globals[first_bad].name, first_bad);
   /* Skip them: which ones is known to their owners, so say it once more, only now. */
   if (opt->distributed && !opt->dist.unchecked_commit) {
-    unsigned char *flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
-    if (!flags) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the skip list failed");
+    unsigned char *flags = pl->out_skips;
     for (g = 0; g < pl->n_globals; g++) flags[(size_t)P * pl->n_globals + g] = pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g];
     st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals, "muon_step: agreeing on non-finite outputs");
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
       for (r = 0; r < P; r++) if (flags[(size_t)r * pl->n_globals + g]) pl->globals[g].skip = 1;
-    muon__free(&opt->allocator, flags);
     if (st != MUON_OK) return st;
   } else {
     for (g = 0; g < pl->n_globals; g++) if (pl->globals[g].owner == me && pl->host_out[g]) pl->globals[g].skip = 1;
