@@ -807,6 +807,7 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 #ifndef MUON__IMPLEMENTED
 #define MUON__IMPLEMENTED
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -816,6 +817,10 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 #include <string.h>
 #ifdef MUON_USE_CBLAS
 #include <cblas.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <unistd.h>
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -4105,46 +4110,120 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   return MUON_OK;
 }
 
+/* Checkpoint files. A save writes "<path>.muon-tmp" beside the target, flushes it to disk, and
+   renames it over the target (then flushes the directory), so a failure or a kill at any point
+   leaves the previous checkpoint whole. POSIX gets open/write/fsync/rename; elsewhere stdio and
+   rename (not atomic where rename cannot replace a file). Failures carry the OS's reason. */
+#ifdef MUON_TEST_SAVE_FAULT
+static int muon__save_fault_at;   /* tests: the nth file operation of a save fails (EIO) */
+static int muon__save_op;
+#define MUON__SAVE_FAULT() (++muon__save_op == muon__save_fault_at ? (errno = EIO, 1) : 0)
+#else
+#define MUON__SAVE_FAULT() 0
+#endif
+
+static muon_status muon__file_fail(muon_optimizer *opt, const char *op, const char *what, const char *path, int err) {
+  return muon__fail(opt, MUON_ERR_STATE, "%s: %s '%s' failed: %s", op, what, path, strerror(err));
+}
+
+static muon_status muon__write_file(muon_optimizer *opt, const char *path, char *tmp, const void *buf, size_t n) {
+  const char *op = "muon_state_save_file";
+#if defined(__unix__) || defined(__APPLE__)
+  const unsigned char *p = (const unsigned char *)buf;
+  size_t done = 0;
+  int fd = MUON__SAVE_FAULT() ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), err;
+  const char *slash;
+  if (fd < 0) return muon__file_fail(opt, op, "creating", tmp, errno);
+  while (done < n) {
+    ssize_t w = MUON__SAVE_FAULT() ? -1 : write(fd, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) { err = w < 0 ? errno : EIO; close(fd); remove(tmp); return muon__file_fail(opt, op, "writing", tmp, err); }
+    done += (size_t)w;
+  }
+  if (MUON__SAVE_FAULT() || fsync(fd) != 0) { err = errno; close(fd); remove(tmp); return muon__file_fail(opt, op, "flushing", tmp, err); }
+  if (MUON__SAVE_FAULT() || close(fd) != 0) { err = errno; remove(tmp); return muon__file_fail(opt, op, "closing", tmp, err); }
+  if (MUON__SAVE_FAULT() || rename(tmp, path) != 0) { err = errno; remove(tmp); return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err); }
+  /* The rename itself is durable once the directory is flushed (its name goes where tmp's was). */
+  slash = strrchr(path, '/');
+  if (!slash) strcpy(tmp, ".");
+  else { memcpy(tmp, path, (size_t)(slash - path) + (slash == path)); tmp[(slash - path) + (slash == path)] = '\0'; }
+  fd = MUON__SAVE_FAULT() ? -1 : open(tmp, O_RDONLY);
+  if (fd < 0 || fsync(fd) != 0) {
+    err = errno;
+    if (fd >= 0) close(fd);
+    return muon__file_fail(opt, op, "flushing the directory of", path, err);
+  }
+  close(fd);
+  return MUON_OK;
+#else
+  FILE *f = MUON__SAVE_FAULT() ? NULL : fopen(tmp, "wb");
+  int err;
+  if (!f) return muon__file_fail(opt, op, "creating", tmp, errno);
+  if (MUON__SAVE_FAULT() || fwrite(buf, 1, n, f) != n || fflush(f) != 0) { err = errno; fclose(f); remove(tmp); return muon__file_fail(opt, op, "writing", tmp, err); }
+  if (MUON__SAVE_FAULT() || fclose(f) != 0) { err = errno; remove(tmp); return muon__file_fail(opt, op, "closing", tmp, err); }
+  if (MUON__SAVE_FAULT() || (rename(tmp, path) != 0 && (remove(path), rename(tmp, path) != 0))) {
+    err = errno; remove(tmp); return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err);
+  }
+  return MUON_OK;
+#endif
+}
+
 MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path) {
-  size_t n;
+  size_t n, len;
   void *buf;
-  FILE *f;
+  char *tmp;
   muon_status st;
-  int ok;
   if (!opt) return MUON_ERR_ARG;
   if (!path) return muon__fail(opt, MUON_ERR_ARG, "muon_state_save_file: path is NULL");
   n = muon__state_bytes(opt);
+  len = strlen(path);
   buf = muon__alloc(&opt->allocator, n);
-  if (!buf) return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save_file: allocating %zu bytes failed", n);
+  tmp = buf ? (char *)muon__alloc(&opt->allocator, len + 16) : NULL;
+  if (!tmp) { muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save_file: allocating %zu bytes failed", n); }
+  snprintf(tmp, len + 16, "%s.muon-tmp", path);
+#ifdef MUON_TEST_SAVE_FAULT
+  muon__save_op = 0;
+#endif
   st = muon_state_save(opt, buf, n);
-  if (st == MUON_OK) {
-    f = fopen(path, "wb");
-    ok = f && fwrite(buf, 1, n, f) == n;
-    if (f && fclose(f) != 0) ok = 0;
-    if (!ok) st = muon__fail(opt, MUON_ERR_STATE, "muon_state_save_file: writing '%s' failed", path);
-  }
+  if (st == MUON_OK) st = muon__write_file(opt, path, tmp, buf, n);
+  muon__free(&opt->allocator, tmp);
   muon__free(&opt->allocator, buf);
   return st;
 }
 
+/* Read in chunks, not by the size ftell reports: a directory or a pipe then fails with the OS's
+   reason instead of an absurd allocation. */
 MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path) {
   FILE *f;
-  long len;
-  void *buf;
+  unsigned char *buf = NULL, *grown;
+  size_t len = 0, cap = 0, got;
   muon_status st;
+  int err;
   if (!opt) return MUON_ERR_ARG;
   if (!path) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load_file: path is NULL");
+  errno = 0;
   f = fopen(path, "rb");
-  if (!f) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load_file: cannot open '%s'", path);
-  if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-    fclose(f);
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load_file: cannot read the size of '%s'", path);
+  if (!f) return muon__file_fail(opt, "muon_state_load_file", "opening", path, errno);
+  for (;;) {
+    if (len == cap) {
+      size_t want = cap ? 2 * cap : (size_t)1 << 16;
+      if (want > MUON__MAX_FLOATS) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_STATE, "muon_state_load_file: '%s' is too large", path); }
+      grown = (unsigned char *)muon__alloc(&opt->allocator, want);
+      if (!grown) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load_file: allocating %zu bytes failed", want); }
+      if (len) memcpy(grown, buf, len);
+      muon__free(&opt->allocator, buf);
+      buf = grown;
+      cap = want;
+    }
+    errno = 0;
+    got = fread(buf + len, 1, cap - len, f);
+    len += got;
+    if (got == 0) break;
   }
-  buf = muon__alloc(&opt->allocator, (size_t)len);
-  if (!buf) { fclose(f); return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load_file: allocating %ld bytes failed", len); }
-  if (fread(buf, 1, (size_t)len, f) != (size_t)len) st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load_file: reading '%s' failed", path);
-  else st = muon_state_load(opt, buf, (size_t)len);
+  err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
+  if (err) st = muon__file_fail(opt, "muon_state_load_file", "reading", path, err);
+  else st = muon_state_load(opt, buf, len);
   muon__free(&opt->allocator, buf);
   return st;
 }

@@ -1,5 +1,6 @@
 /* test_api.c - the public API on one device: bad input, allocation failure, non-finite
    gradients, state save/load, skipped matrices, determinism, the empty optimizer. */
+#define MUON_TEST_SAVE_FAULT   /* muon__save_fault_at: fail the nth file operation of a save */
 #define MUON_IMPLEMENTATION
 #include "muon.h"
 #include "test.h"
@@ -524,6 +525,67 @@ static void test_determinism(void) {
   muon_destroy(ob);
 }
 
+/* The bytes of a file (NULL if it cannot be read); *n gets the size. */
+static unsigned char *slurp(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  unsigned char *b;
+  long len;
+  if (!f) return NULL;
+  if (fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) { fclose(f); return NULL; }
+  b = (unsigned char *)malloc((size_t)len + 1);
+  *n = fread(b, 1, (size_t)len, f);
+  fclose(f);
+  return b;
+}
+
+static void test_checkpoint_files(void) {
+  static model a;
+  const char *path = "build/atomic_state.bin";
+  muon_optimizer *o;
+  unsigned char *old_file, *now, *blob;
+  size_t n_old = 0, n_now = 0, n_blob;
+  int k;
+  TEST_CASE("muon_state_save_file: a failure at each file operation leaves the previous checkpoint whole and says why");
+  model_init(&a, 21);
+  o = make_opt(&a, NULL);
+  if (!o) { CHECK(0, "create"); return; }
+  run_steps(o, &a, 0, 1);
+  CHECK(muon_state_save_file(o, path) == MUON_OK, "first save: %s", muon_error(o));
+  old_file = slurp(path, &n_old);
+  run_steps(o, &a, 1, 3);   /* the state moves on: a new save would differ */
+  n_blob = muon_state_size(o);
+  blob = (unsigned char *)malloc(n_blob);
+  CHECK(muon_state_save(o, blob, n_blob) == MUON_OK && (n_blob != n_old || memcmp(blob, old_file, n_blob) != 0), "state did not change");
+  /* operations: 1 create the temporary, 2 write, 3 fsync, 4 close, 5 rename, 6 flush the directory */
+  for (k = 1; k <= 6; k++) {
+    muon_status st;
+    FILE *t;
+    muon__save_fault_at = k;
+    st = muon_state_save_file(o, path);
+    muon__save_fault_at = 0;
+    CHECK(st == MUON_ERR_STATE && strstr(muon_error(o), strerror(EIO)), "fault at operation %d: %s (%s)", k, muon_status_string(st), muon_error(o));
+    now = slurp(path, &n_now);
+    if (k <= 5) CHECK(now && n_now == n_old && memcmp(now, old_file, n_old) == 0, "fault at operation %d: the previous checkpoint was damaged", k);
+    else CHECK(now && n_now == n_blob && memcmp(now, blob, n_blob) == 0, "fault after the rename: the new checkpoint is not in place");
+    free(now);
+    t = fopen("build/atomic_state.bin.muon-tmp", "rb");
+    CHECK(!t, "fault at operation %d left the temporary file behind", k);
+    if (t) fclose(t);
+  }
+  CHECK(muon_state_save_file(o, path) == MUON_OK, "save: %s", muon_error(o));
+  now = slurp(path, &n_now);
+  CHECK(now && n_now == n_blob && memcmp(now, blob, n_blob) == 0, "the saved file is not the state");
+  free(now);
+
+  TEST_CASE("checkpoint files: a directory, a missing directory and a missing file fail with the OS's reason");
+  CHECK(muon_state_load_file(o, "build") == MUON_ERR_STATE && strstr(muon_error(o), strerror(EISDIR)), "directory: %s", muon_error(o));
+  CHECK(muon_state_save_file(o, "build/no-such-dir/x.bin") == MUON_ERR_STATE && strstr(muon_error(o), strerror(ENOENT)), "missing dir: %s", muon_error(o));
+  CHECK(muon_state_load_file(o, "build/no-such-file.bin") == MUON_ERR_STATE && strstr(muon_error(o), strerror(ENOENT)), "missing file: %s", muon_error(o));
+  free(old_file);
+  free(blob);
+  muon_destroy(o);
+}
+
 static void test_spectral_unclamped(void) {
   /* lr*sqrt(rows/cols), not clamped at 1: with no decay and no momentum the update of a wide and
      a tall matrix equals adjust_lr NONE at that lr, computed the same way (in double), bit for bit. */
@@ -590,6 +652,7 @@ int main(void) {
   test_review_regressions();
   test_determinism();
   test_spectral_unclamped();
+  test_checkpoint_files();
   test_orthogonality();
   return test_summary();
 }
