@@ -567,7 +567,8 @@ MUON_API muon_adamw_param muon_default_adamw_param(void);
 MUON_API muon_status muon_create(muon_optimizer **opt, const muon_desc *desc);
 /* Frees everything the optimizer allocated; never the user's param/grad buffers. NULL is fine. */
 MUON_API void muon_destroy(muon_optimizer *opt);
-/* The last error message of this optimizer ("" if none). Valid until the next call on it. */
+/* The last error message of this optimizer ("" if none). Valid until the next call on it.
+   muon_error(NULL): why this thread's last muon_create failed (opt is then NULL). */
 MUON_API const char *muon_error(const muon_optimizer *opt);
 
 /* Param groups (torch's param_groups): a new group with its own hyperparameters. Distributed:
@@ -636,6 +637,7 @@ typedef struct muon_stats {
   long long backend_calls;         /* compute backend slots called (sync included)               */
   long long syncs;                 /* of which sync: where the host waits for the backend        */
   long long ns_batches;            /* newton_schulz calls (each orthogonalises a batch)           */
+  long long skipped;               /* matrices skipped by successful steps (absent or non-finite) */
 } muon_stats;
 
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
@@ -983,6 +985,7 @@ typedef struct muon__matrix {
   size_t size;          /* elements of param/grad/momentum held here */
   float *momentum;      /* backend memory */
   int own_momentum;     /* allocated by muon (else the trainer's buffer) */
+  int told_absent;      /* the logger heard that its gradient is absent */
   int skip;             /* this step: absent or non-finite gradient */
   muon_layout layout;
   muon__piece piece;
@@ -1129,8 +1132,29 @@ static muon_status muon__fail(muon_optimizer *opt, muon_status status, const cha
   return status;
 }
 
+/* A failed muon_create has no optimizer to keep its message: it goes to the logger, if any, and
+   to a per-thread buffer that muon_error(NULL) returns (stb_image's failure reason, per thread). */
+#if defined(__cplusplus) && __cplusplus >= 201103L
+#define MUON__THREAD_LOCAL thread_local
+#elif defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L && !defined(__STDC_NO_THREADS__)
+#define MUON__THREAD_LOCAL _Thread_local
+#elif defined(__GNUC__) || defined(__clang__)
+#define MUON__THREAD_LOCAL __thread
+#elif defined(_MSC_VER)
+#define MUON__THREAD_LOCAL __declspec(thread)
+#else
+#define MUON__THREAD_LOCAL   /* no thread-local storage known: one buffer for all threads */
+#endif
+static MUON__THREAD_LOCAL char muon__create_error[480];
+
+static void muon__create_fail(const muon_desc *desc, const char *msg) {
+  snprintf(muon__create_error, sizeof muon__create_error, "%s", msg);
+  if (desc) muon__log(&desc->logger, MUON_LOG_ERROR, msg);
+}
+
 MUON_API const char *muon_error(const muon_optimizer *opt) {
-  return opt ? opt->error : "muon_error: opt is NULL";
+  if (opt) return opt->error;
+  return muon__create_error[0] ? muon__create_error : "muon_error: opt is NULL";
 }
 
 /* Checks one group's hyperparameters; writes the message into buf. */
@@ -1348,12 +1372,13 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   muon_optimizer *opt;
   char msg[400];
   muon_status st;
-  if (!out) { if (desc) muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
+  if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
   *out = NULL;
-  if (!desc) return MUON_ERR_ARG;
+  muon__create_error[0] = '\0';
+  if (!desc) { muon__create_fail(NULL, "MUON_ERR_ARG: muon_create: desc is NULL"); return MUON_ERR_ARG; }
   a = desc->allocator;
   if (!a.alloc != !a.free) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_desc.allocator: set both alloc and free, or neither");
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.allocator: set both alloc and free, or neither");
     return MUON_ERR_ARG;
   }
   if (!a.alloc) { a.alloc = muon__default_alloc; a.free = muon__default_free; a.user_data = NULL; }
@@ -1361,11 +1386,11 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
       (st = muon__check_adamw_hparams(&desc->adamw, msg, sizeof msg)) != MUON_OK) {
     char full[480];
     snprintf(full, sizeof full, "%s: muon_desc: %s", muon_status_string(st), msg);
-    muon__log(&desc->logger, MUON_LOG_ERROR, full);
+    muon__create_fail(desc, full);
     return st;
   }
   if ((unsigned)desc->on_nonfinite > (unsigned)MUON_NONFINITE_SKIP) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
     return MUON_ERR_ARG;
   }
   if (desc->comm) {
@@ -1378,7 +1403,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     if (bad) {
       char full[300];
       snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
-      muon__log(&desc->logger, MUON_LOG_ERROR, full);
+      muon__create_fail(desc, full);
       return MUON_ERR_ARG;
     }
   }
@@ -1395,21 +1420,21 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     if (bad) {
       char full[300];
       snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
-      muon__log(&desc->logger, MUON_LOG_ERROR, full);
+      muon__create_fail(desc, full);
       return MUON_ERR_ARG;
     }
   }
   if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
     return MUON_ERR_ARG;
   }
   if (desc->dist && !desc->dist->gather != !desc->dist->redistribute) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
     return MUON_ERR_ARG;
   }
   opt = (muon_optimizer *)muon__alloc(&a, sizeof *opt);
   if (!opt) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_NOMEM: muon_create: allocating the optimizer failed");
+    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the optimizer failed");
     return MUON_ERR_NOMEM;
   }
   memset(opt, 0, sizeof *opt);
@@ -1428,7 +1453,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->groups = (muon_hparams *)muon__alloc(&a, sizeof(muon_hparams));
   opt->adamw_groups = (muon_adamw_hparams *)muon__alloc(&a, sizeof(muon_adamw_hparams));
   if (!opt->groups || !opt->adamw_groups) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_NOMEM: muon_create: allocating the parameter groups failed");
+    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the parameter groups failed");
     muon_destroy(opt);
     return MUON_ERR_NOMEM;
   }
@@ -1437,7 +1462,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->adamw_groups[0] = desc->adamw;
   opt->n_adamw_groups = 1;
   if (opt->distributed && !(opt->agree = muon__alloc(&a, muon__agree_bytes(opt->comm.size)))) {
-    muon__log(&desc->logger, MUON_LOG_ERROR, "MUON_ERR_NOMEM: muon_create: allocating the agreement buffers failed");
+    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the agreement buffers failed");
     muon_destroy(opt);
     return MUON_ERR_NOMEM;
   }
@@ -3226,8 +3251,14 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
     if ((st = muon__sync(opt, "muon_step: reading the non-finite verdicts")) != MUON_OK) return st;
   }
   for (i = 0; i < opt->n_matrices; i++) {
-    const muon__matrix *x = &opt->matrices[i];
+    muon__matrix *x = &opt->matrices[i];
     opt->host_verdicts[i] = !x->size ? 0 : !x->grad ? 1 : opt->host_verdicts[i] ? 2 : 0;
+    if (opt->host_verdicts[i] == 1 && !x->told_absent) {   /* a trainer that binds gradients late */
+      char msg[200];
+      snprintf(msg, sizeof msg, "muon_step: matrix %d ('%s') has no gradient: skipped until muon_set_grad gives it one (said once per matrix)", i, x->name);
+      muon__log(&opt->logger, MUON_LOG_WARN, msg);
+      x->told_absent = 1;
+    }
   }
   for (i = 0; i < opt->n_adamw; i++)
     opt->host_verdicts[opt->n_matrices + i] = !opt->adamw[i].grad ? 1 : opt->host_verdicts[opt->n_matrices + i] ? 2 : 0;
@@ -3862,6 +3893,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
   if ((st = muon__vote(opt)) != MUON_OK) return st;
   if ((st = muon__commit(opt)) != MUON_OK) return st;
+  for (r = 0; r < opt->n_matrices; r++) opt->stats.skipped += opt->matrices[r].skip;
   opt->stats.steps++;
   return MUON_OK;
 }
@@ -4102,8 +4134,18 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     a.weight_decay = muon__get_float(&adamw_groups);
     opt->adamw_groups[i] = a;
   }
-  for (i = 0; i < (int)ng; i++)
+  for (i = 0; i < (int)ng; i++) {
+    unsigned char x[4 * (11 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
     if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
+    muon__put_hparams(&px, &opt->groups[i]);
+    muon__put_hparams(&py, &groups[i]);
+    if (px - x != py - y || memcmp(x, y, (size_t)(px - x)) != 0) {   /* as torch's load_state_dict does */
+      char msg[200];
+      snprintf(msg, sizeof msg, "muon_state_load: group %d's hyperparameters replaced by the state's (lr %g -> %g)",
+               i, (double)opt->groups[i].lr, (double)groups[i].lr);
+      muon__log(&opt->logger, MUON_LOG_INFO, msg);
+    }
+  }
   memcpy(opt->groups, groups, ng * sizeof(muon_hparams));
   muon__free(&opt->allocator, groups);
   opt->stats.steps = (long long)steps;

@@ -586,6 +586,64 @@ static void test_checkpoint_files(void) {
   muon_destroy(o);
 }
 
+typedef struct { int warns, infos; char last[600]; } log_count;
+static void count_log(muon_log_level level, const char *msg, void *user) {
+  log_count *c = (log_count *)user;
+  if (level == MUON_LOG_WARN) c->warns++;
+  if (level == MUON_LOG_INFO) c->infos++;
+  snprintf(c->last, sizeof c->last, "%s", msg);
+}
+
+static void test_dropin(void) {
+  muon_desc d = muon_default_desc();
+  muon_optimizer *o = NULL;
+  muon_matrix m = muon_default_matrix();
+  muon_stats st;
+  log_count lc;
+  static float w[6 * 10], g[6 * 10];
+  memset(&st, 0, sizeof st);
+  unsigned char *blob;
+  size_t n;
+  int k;
+  TEST_CASE("a failing muon_create without a logger: muon_error(NULL) says why");
+  d.hparams.lr = -1;
+  CHECK(muon_create(&o, &d) == MUON_ERR_ARG && o == NULL, "bad lr accepted");
+  CHECK(strstr(muon_error(NULL), "lr") != NULL, "muon_error(NULL) = '%s'", muon_error(NULL));
+  d.hparams.lr = 0.02f;
+  CHECK(muon_create(&o, &d) == MUON_OK, "create");
+  CHECK(strstr(muon_error(NULL), "lr") == NULL, "a successful muon_create keeps the old failure: '%s'", muon_error(NULL));
+
+  TEST_CASE("a matrix whose gradient is still absent: said once through the logger, counted in stats");
+  memset(&lc, 0, sizeof lc);
+  muon_destroy(o);
+  d.logger.func = count_log;
+  d.logger.user_data = &lc;
+  CHECK(muon_create(&o, &d) == MUON_OK, "create");
+  test_rng = 3;
+  fill(w, 60);
+  fill(g, 60);
+  m.name = "lazy"; m.param = w; m.grad = NULL; m.rows = 6; m.cols = 10;
+  CHECK(muon_add_matrix(o, &m, NULL) == MUON_OK, "add");
+  for (k = 0; k < 3; k++) CHECK(muon_step(o) == MUON_OK, "step %d: %s", k, muon_error(o));
+  CHECK(lc.warns == 1 && strstr(lc.last, "lazy"), "warnings %d, last '%s'", lc.warns, lc.last);
+  CHECK(muon_get_stats(o, &st) == MUON_OK && st.skipped == 3, "stats.skipped %lld, want 3", st.skipped);
+  CHECK(muon_set_grad(o, 0, g) == MUON_OK && muon_step(o) == MUON_OK && muon_get_stats(o, &st) == MUON_OK && st.skipped == 3,
+        "skipped after its gradient was bound (stats.skipped %lld)", st.skipped);
+
+  TEST_CASE("muon_state_load says through the logger which group's hyperparameters it replaced");
+  n = muon_state_size(o);
+  blob = (unsigned char *)malloc(n);
+  CHECK(muon_state_save(o, blob, n) == MUON_OK, "save");
+  CHECK(muon_set_lr(o, 0, 0.01f) == MUON_OK, "set lr");
+  lc.infos = 0;
+  CHECK(muon_state_load(o, blob, n) == MUON_OK, "load: %s", muon_error(o));
+  CHECK(lc.infos == 1 && strstr(lc.last, "group 0") && strstr(lc.last, "0.01 -> 0.02"), "infos %d, last '%s'", lc.infos, lc.last);
+  lc.infos = 0;
+  CHECK(muon_state_load(o, blob, n) == MUON_OK && lc.infos == 0, "an identical load still logs (%d)", lc.infos);
+  free(blob);
+  muon_destroy(o);
+}
+
 static void test_spectral_unclamped(void) {
   /* lr*sqrt(rows/cols), not clamped at 1: with no decay and no momentum the update of a wide and
      a tall matrix equals adjust_lr NONE at that lr, computed the same way (in double), bit for bit. */
@@ -653,6 +711,7 @@ int main(void) {
   test_determinism();
   test_spectral_unclamped();
   test_checkpoint_files();
+  test_dropin();
   test_orthogonality();
   return test_summary();
 }
