@@ -43,7 +43,7 @@ $(BUILD):
 # ---- every public header alone, as C99 and as C++17, declarations and implementation --------
 check-headers: | $(BUILD)
 	@for h in $(HEADERS); do \
-	  printf '#include "muon.h"\n#include "%s"\n' $$h > $(BUILD)/hdr.c; \
+	  printf '#include "%s"\n' $$h > $(BUILD)/hdr.c; \
 	  $(CC) $(CWARN) -fsyntax-only -I. $(BUILD)/hdr.c && \
 	  $(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(BUILD)/hdr.c || exit 1; \
 	done

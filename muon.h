@@ -1009,6 +1009,7 @@ typedef struct muon__global {
   int local;            /* this rank's matrix index, -1 if none */
   int round;
   size_t xoff;          /* owner: offset of its NS operand in the round's gathered buffer */
+  unsigned long long ns; /* owner: hash of its NS settings, the batch key with the shape */
   int skip;             /* this step, agreed by all ranks */
   int n_holders;        /* ranks with a non-empty piece, ascending */
   int mine;             /* this rank's entry in holders, -1 if none */
@@ -2272,39 +2273,6 @@ static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, 
   if (x != X) memcpy(X, x, mn * sizeof(float));
 }
 
-/* Full rows x cols matrix <-> NS operand X (m x n, m <= n): tall matrices are transposed. */
-static void muon__to_operand(float *X, const float *U, int rows, int cols) {
-  int i, j;
-  if (rows <= cols) { memcpy(X, U, (size_t)rows * cols * sizeof(float)); return; }
-  for (i = 0; i < rows; i++)
-    for (j = 0; j < cols; j++) X[(size_t)j * rows + i] = U[(size_t)i * cols + j];
-}
-
-static void muon__from_operand(float *U, const float *X, int rows, int cols) {
-  int i, j;
-  if (rows <= cols) { memcpy(U, X, (size_t)rows * cols * sizeof(float)); return; }
-  for (i = 0; i < rows; i++)
-    for (j = 0; j < cols; j++) U[(size_t)i * cols + j] = X[(size_t)j * rows + i];
-}
-
-MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp) {
-  char msg[400];
-  int m, n;
-  float *X;
-  if (!in || !out || !hp || rows <= 0 || cols <= 0) return !hp || !in || !out ? MUON_ERR_ARG : MUON_ERR_SHAPE;
-  if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
-  m = rows < cols ? rows : cols;
-  n = rows < cols ? cols : rows;
-  if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
-  X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n)) * sizeof(float));
-  if (!X) return MUON_ERR_NOMEM;
-  muon__to_operand(X, in, rows, cols);
-  muon__newton_schulz(X, m, n, hp, X + (size_t)m * n);
-  muon__from_operand(out, X, rows, cols);
-  free(X);
-  return MUON_OK;
-}
-
 /* ---------------------------------------------------------------------------------------------
    The CPU compute backend: host memory, the element-wise formulas and the Newton-Schulz above.
    ctx is the allocator to use (NULL: malloc/free). */
@@ -2485,6 +2453,27 @@ static muon_piece_copy muon__whole(int rows, int cols, size_t piece, size_t oper
   op.r0 = 0; op.c0 = 0; op.h = rows; op.w = cols; op.f0 = 0; op.f1 = (long long)rows * cols;
   op.rows = rows; op.cols = cols; op.piece = piece; op.operand = operand;
   return op;
+}
+
+/* The operand of a whole matrix (transposed when tall) goes through the CPU backend's pack. */
+MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp) {
+  char msg[400];
+  int m, n;
+  float *X;
+  muon_piece_copy op;
+  if (!in || !out || !hp || rows <= 0 || cols <= 0) return !hp || !in || !out ? MUON_ERR_ARG : MUON_ERR_SHAPE;
+  if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
+  m = rows < cols ? rows : cols;
+  n = rows < cols ? cols : rows;
+  if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
+  X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n)) * sizeof(float));
+  if (!X) return MUON_ERR_NOMEM;
+  op = muon__whole(rows, cols, 0, 0);
+  (void)muon__cpu_pack(NULL, &op, 1, (float *)in, X, 1);   /* only reads `in` */
+  muon__newton_schulz(X, m, n, hp, X + (size_t)m * n);
+  (void)muon__cpu_pack(NULL, &op, 1, out, X, 0);
+  free(X);
+  return MUON_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -2848,10 +2837,11 @@ static const muon_hparams *muon__global_hparams(const muon_optimizer *opt, const
   return &opt->groups[opt->matrices[x->local].group];
 }
 
-static int muon__same_batch(const muon_optimizer *opt, const muon__global *x, const muon__global *y) {
+/* Same operand shape and NS settings (x->ns, set at planning for the matrices a rank owns). */
+static int muon__same_batch(const muon__global *x, const muon__global *y) {
   int mx = x->rows < x->cols ? x->rows : x->cols, nx = x->rows < x->cols ? x->cols : x->rows;
   int my = y->rows < y->cols ? y->rows : y->cols, ny = y->rows < y->cols ? y->cols : y->rows;
-  return mx == my && nx == ny && muon__ns_hash(muon__global_hparams(opt, x)) == muon__ns_hash(muon__global_hparams(opt, y));
+  return mx == my && nx == ny && x->ns == y->ns;
 }
 
 /* Per round: the owned matrices in batch order (a stable insertion sort by operand shape and NS
@@ -2860,6 +2850,8 @@ static void muon__plan_batches(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   int r, g, n = 0, i, j;
   pl->ns_ws_bytes = 0;
+  for (g = 0; g < pl->n_globals; g++)
+    if (pl->globals[g].owner == pl->me) pl->globals[g].ns = muon__ns_hash(muon__global_hparams(opt, &pl->globals[g]));
   for (r = 0; r < pl->n_rounds; r++) {
     int first = n;
     size_t xoff = 0;
@@ -2869,7 +2861,7 @@ static void muon__plan_batches(muon_optimizer *opt) {
       if (x->owner != pl->me) continue;
       i = n;                                      /* after the last one of its batch, if any */
       for (j = n - 1; j >= first; j--)
-        if (muon__same_batch(opt, &pl->globals[pl->order[j]], x)) { i = j + 1; break; }
+        if (muon__same_batch(&pl->globals[pl->order[j]], x)) { i = j + 1; break; }
       memmove(pl->order + i + 1, pl->order + i, (size_t)(n - i) * sizeof(int));
       pl->order[i] = g;
       n++;
@@ -2878,7 +2870,7 @@ static void muon__plan_batches(muon_optimizer *opt) {
       const muon__global *x = &pl->globals[pl->order[i]];
       int m = x->rows < x->cols ? x->rows : x->cols, nn = x->rows < x->cols ? x->cols : x->rows, b = 0;
       size_t ws;
-      while (i + b < n && muon__same_batch(opt, &pl->globals[pl->order[i + b]], x)) {
+      while (i + b < n && muon__same_batch(&pl->globals[pl->order[i + b]], x)) {
         pl->globals[pl->order[i + b]].xoff = xoff;
         xoff += (size_t)m * nn;
         b++;
@@ -3384,7 +3376,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt);
 
 /* The record exchange; *replanned says whether every rank just re-planned together. */
 static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t status, int *replanned) {
-  int P = opt->comm.size, me = opt->comm.rank, r, i, nm = opt->n_matrices, stale = 0, planners = -1, steppers = -1;
+  int P = opt->comm.size, me = opt->comm.rank, r, i, nm = opt->n_matrices, stale = 0, planners = -1;
   unsigned char mine[MUON__RECORD_BYTES], *all;
   muon__record rec, *recs;
   muon_status st;
@@ -3409,7 +3401,6 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   if (st != MUON_OK) return st;
   for (r = 0; r < P; r++) {
     if (recs[r].kind == 2 && planners < 0) planners = r;
-    if (recs[r].kind == 1 && steppers < 0) steppers = r;
     if (!recs[r].plan || recs[r].plan != recs[0].plan) stale = 1;
   }
   /* Failures first, then disagreement: the same verdict on every rank. */
@@ -3432,7 +3423,6 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
     *replanned = 1;
     if (st == MUON_OK && kind == 1 && planners >= 0)
       st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_step: rank %d called muon_plan while this rank (%d) called muon_step: every rank re-planned; nothing was applied (muon_plan is collective: call it on every rank or on none)", planners, me);
-    (void)steppers;
   }
   if (st == MUON_OK && kind == 1 && !*replanned) {
     for (r = 0; r < P && st == MUON_OK; r++) {
@@ -3540,7 +3530,7 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
     int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, b = 0;
     size_t ws;
     if (x->skip) { i++; continue; }
-    while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(opt, &pl->globals[pl->order[i + b]], x)) b++;
+    while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(&pl->globals[pl->order[i + b]], x)) b++;
     MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, pl->gathered + x->xoff, b, m, n,
                                                       muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
     for (k = 0; k < b; k++) {

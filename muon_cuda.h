@@ -18,7 +18,7 @@
        c++ train.o muon_cuda.o -L/usr/local/cuda/lib64 -lcudart -lcublas
        cc  train.o muon_cuda.o -L/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++ -lm
 
-   (nvcc's host code is C++: a C linker needs -lstdc++ for its launch stubs.)
+   (nvcc's host code is C++, so linking with a C compiler needs -lstdc++ as well.)
 
    Why -fmad=false: the element-wise formulas (momentum, the update, AdamW, the roundings) are
    muon.h's own MUON__HD functions, compiled for host and device, and written as separate
@@ -94,9 +94,7 @@
 #ifndef MUON_CUDA_H
 #define MUON_CUDA_H
 
-#ifndef MUON_H
-#error "muon_cuda.h needs muon.h: #include \"muon.h\" before \"muon_cuda.h\""
-#endif
+#include "muon.h"
 
 #ifdef __cplusplus
 extern "C" {
