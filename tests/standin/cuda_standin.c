@@ -99,6 +99,7 @@ static char g_msg[512];
 static cudaError_t g_last_error;   /* call-time error: cudaGetLastError returns and resets it  */
 static cudaError_t g_sticky;       /* execution-time error: stays until reset                  */
 static int g_tf32_used;
+static double g_hang_s = 30;       /* MUON_STANDIN_HANG_S                                      */
 
 /* Arena. */
 static unsigned char *g_base;      /* NULL if the reservation failed                          */
@@ -132,7 +133,7 @@ typedef struct pinned {
 static pinned *g_pinned;
 
 /* Queued work. */
-enum { OP_COPY, OP_SET, OP_KERNEL, OP_GEMM, OP_NRM2, OP_RECORD, OP_WAIT };
+enum { OP_COPY, OP_SET, OP_KERNEL, OP_GEMM, OP_NRM2, OP_RECORD, OP_WAIT, OP_EXTERN };
 
 typedef struct gemm_params {
   int ta, tb, m, n, k;
@@ -161,6 +162,7 @@ typedef struct op {
     struct { const float *x; int n, incx; float *result; } nrm2;
     struct { struct CUevent_st *ev; unsigned long long gen; } record;
     struct { int stream_id; unsigned long long seq; } wait;
+    struct { muon_standin_progress progress; void (*release)(void *); void *arg; char what[64]; } ext;
   } u;
 } op;
 
@@ -170,6 +172,7 @@ struct CUstream_st {
   unsigned flags;
   int destroyed;
   op *head, *tail;
+  unsigned long long queried;      /* tail seq at the last cudaStreamQuery                     */
 };
 static struct CUstream_st g_null_stream;
 static struct CUstream_st *g_streams;
@@ -186,6 +189,7 @@ struct CUevent_st {
   int rec_stream_id;
   unsigned long long rec_seq;      /* op seq of the latest record                             */
   double t_ms;                     /* host time when the latest record executed               */
+  unsigned long long queried;      /* rec_gen at the last cudaEventQuery                       */
 };
 static struct CUevent_st *g_events;
 
@@ -277,6 +281,8 @@ static void init_locked(void) {
   g_inited = 1;
   s = getenv("MUON_STANDIN_VERBOSE");
   g_verbose = s && *s && strcmp(s, "0") != 0;
+  s = getenv("MUON_STANDIN_HANG_S");
+  if (s && *s && atof(s) > 0) g_hang_s = atof(s);
   s = getenv("MUON_STANDIN_ARENA_MB");
   if (s && *s) {
     char *end;
@@ -557,27 +563,36 @@ static void op_push(struct CUstream_st *s, op *o) {
 
 static void op_free(op *o) {
   if (o->kind == OP_KERNEL) free(o->u.kernel.args);
+  if (o->kind == OP_EXTERN && o->u.ext.release) o->u.ext.release(o->u.ext.arg);
   if (o->kind == OP_RECORD) o->u.record.ev->pending--;
   free(o);
 }
 
-static void exec_op(op *o);
+static int exec_op(op *o);
 
-/* Runs the ops of s with seq <= upto, in order. Ops are popped before they run, so a wait op
-   that runs another stream never re-enters this one (waits only point at earlier ops). */
+/* Runs the ops of s with seq <= upto, in order; returns 1 if it stopped at an operation that
+   cannot complete yet (an external one waiting for another process, or a wait for a stream that
+   is stopped so). That op stays at the head. A wait op only points at earlier ops, so running
+   another stream from it never re-enters this one. */
 static unsigned long long g_ran;
-static void run_stream(struct CUstream_st *s, unsigned long long upto) {
+static char g_blocked_what[64];    /* the last operation that could not complete              */
+static int run_stream(struct CUstream_st *s, unsigned long long upto) {
   while (s->head && s->head->seq <= upto) {
     op *o = s->head;
-    s->head = o->next;
-    if (!s->head) s->tail = NULL;
-    g_ran++;
-    if (g_sticky == cudaSuccess) exec_op(o);
-    else if (o->kind == OP_RECORD && o->u.record.gen > o->u.record.ev->done_gen)
+    if (g_sticky == cudaSuccess) {
+      if (!exec_op(o)) return 1;
+    } else if (o->kind == OP_RECORD && o->u.record.gen > o->u.record.ev->done_gen) {
       o->u.record.ev->done_gen = o->u.record.gen; /* dead context: discard the work, but let
                                                      events complete (with the error) */
+    }
+    if (s->head == o) {
+      s->head = o->next;
+      if (!s->head) s->tail = NULL;
+    }
+    g_ran++;
     op_free(o);
   }
+  return 0;
 }
 
 /* Frees blocks and pinned buffers whose cudaFree came while work was queued, once that work has
@@ -607,6 +622,8 @@ static void reclaim(void) {
   }
 }
 
+static void wait_blocked(double *t0, const char *call);
+
 /* A flush: run the given work with the arena open, then close it. */
 static void flush_begin(void) { g_ran = 0; }
 static void flush_end(void) {
@@ -615,24 +632,61 @@ static void flush_end(void) {
   reclaim();
 }
 
-static void flush_stream(struct CUstream_st *s) {
+static int flush_stream(struct CUstream_st *s) {
+  int blocked;
   flush_begin();
-  run_stream(s, ULLONG_MAX);
+  blocked = run_stream(s, ULLONG_MAX);
   flush_end();
+  return blocked;
 }
 
 /* Runs every queue. Order, which a correct program cannot observe: newest stream first, the NULL
-   stream last (program order would hide a missing cross-stream dependency more often). */
-static void run_all(void) {
+   stream last (program order would hide a missing cross-stream dependency more often). Returns 1
+   if some stream stopped at an operation that cannot complete yet. */
+static int run_all(void) {
   struct CUstream_st *s;
-  for (s = g_streams; s; s = s->next) run_stream(s, ULLONG_MAX);
-  run_stream(&g_null_stream, ULLONG_MAX);
+  int blocked = 0;
+  for (s = g_streams; s; s = s->next) blocked |= run_stream(s, ULLONG_MAX);
+  blocked |= run_stream(&g_null_stream, ULLONG_MAX);
+  return blocked;
 }
 
-static void flush_all(void) {
+static int flush_all(void) {
+  int blocked;
   flush_begin();
-  run_all();
+  blocked = run_all();
   flush_end();
+  return blocked;
+}
+
+/* Before a synchronous copy or memset: every queue runs as far as it can, and the NULL stream
+   (the legacy default stream, which such calls wait for) to its end. Leaves a flush open. */
+static void run_legacy(const char *call) {
+  double t0 = 0;
+  for (;;) {
+    flush_begin();
+    run_all();
+    if (!g_null_stream.head || g_sticky != cudaSuccess) return;
+    flush_end();
+    wait_blocked(&t0, call);
+  }
+}
+
+/* A synchronising call found an operation that cannot complete yet: let other threads and
+   processes run, then try again. A GPU would wait forever; after MUON_STANDIN_HANG_S seconds
+   (default 30) the stand-in says what it waits for and aborts, so a test fails instead of hanging. */
+static void wait_blocked(double *t0, const char *call) {
+  struct timespec ts = { 0, 50000 };
+  double t = now_ms();
+  if (*t0 == 0) *t0 = t;
+  else if (t - *t0 > g_hang_s * 1e3) {
+    fprintf(stderr, "cuda_standin: %s has waited %.0f s for \"%s\", which never completes; a GPU would "
+            "hang here forever (MUON_STANDIN_HANG_S). Aborting.\n", call, (t - *t0) / 1e3, g_blocked_what);
+    abort();
+  }
+  unlock();
+  nanosleep(&ts, NULL);
+  lock();
 }
 
 /* =============================================================================================
@@ -842,7 +896,8 @@ static void exec_kernel(op *o) {
 #endif
 }
 
-static void exec_op(op *o) {
+/* Returns 0 if the op cannot complete yet (it stays queued), else 1. */
+static int exec_op(op *o) {
   switch (o->kind) {
   case OP_RECORD: {
     struct CUevent_st *e = o->u.record.ev;
@@ -850,18 +905,21 @@ static void exec_op(op *o) {
       e->done_gen = o->u.record.gen;
       e->t_ms = now_ms();
     }
-    return;
+    return 1;
   }
   case OP_WAIT: {
     struct CUstream_st *t = stream_by_id(o->u.wait.stream_id);
-    if (t) run_stream(t, o->u.wait.seq);
-    return;
+    return !(t && run_stream(t, o->u.wait.seq));
   }
   default: break;
   }
   arena_open();
-  if (!g_open) return; /* mprotect failed: fault() was called */
+  if (!g_open) return 1; /* mprotect failed: fault() was called */
   switch (o->kind) {
+  case OP_EXTERN:
+    if (o->u.ext.progress(o->u.ext.arg)) return 1;
+    snprintf(g_blocked_what, sizeof g_blocked_what, "%s", o->u.ext.what);
+    return 0;
   case OP_COPY: memmove(o->u.copy.dst, o->u.copy.src, o->u.copy.bytes); break;
   case OP_SET: memset(o->u.set.dst, o->u.set.value, o->u.set.bytes); break;
   case OP_KERNEL: exec_kernel(o); break;
@@ -869,6 +927,7 @@ static void exec_op(op *o) {
   case OP_NRM2: *o->u.nrm2.result = nrm2(o->u.nrm2.x, o->u.nrm2.n, o->u.nrm2.incx); break;
   default: break;
   }
+  return 1;
 }
 
 /* =============================================================================================
@@ -1220,8 +1279,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpy
   if (inject(K_cudaMemcpy)) { unlock(); return rt_err(cudaErrorInvalidValue); }
   e = check_copy("cudaMemcpy", dst, src, count, kind);
   if (e != cudaSuccess) { unlock(); return rt_err(e); }
-  flush_begin();
-  run_all();
+  run_legacy("cudaMemcpy");
   if (g_sticky == cudaSuccess && count) {
     if (in_arena(dst) || in_arena(src)) arena_open(); /* host-to-host needs no arena */
     if (g_open || !(in_arena(dst) || in_arena(src))) memmove(dst, src, count);
@@ -1267,8 +1325,7 @@ cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
   if (inject(K_cudaMemset)) { unlock(); return rt_err(cudaErrorInvalidValue); }
   e = check_set("cudaMemset", devPtr, count);
   if (e != cudaSuccess) { unlock(); return rt_err(e); }
-  flush_begin();
-  run_all();
+  run_legacy("cudaMemset");
   if (g_sticky == cudaSuccess && count) {
     arena_open();
     if (g_open) memset(devPtr, value, count);
@@ -1353,12 +1410,18 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   enter(K_cudaStreamSynchronize);
   s = stream_of(stream);
   if (!s) { note("cudaStreamSynchronize(%p): unknown or destroyed stream", (void *)stream); unlock(); return rt_err(cudaErrorInvalidResourceHandle); }
-  flush_stream(s);
+  {
+    double t0 = 0;
+    while (flush_stream(s) && g_sticky == cudaSuccess) wait_blocked(&t0, "cudaStreamSynchronize");
+  }
   e = g_sticky;
   unlock();
   return rt_err(e);
 }
 
+/* The GPU is busy, then makes progress: the first query after new work was queued reports
+   cudaErrorNotReady without running anything (so one query is never a sync), a later one runs
+   the queue as far as it can (so a polling loop finishes, as on a GPU). */
 cudaError_t cudaStreamQuery(cudaStream_t stream) {
   struct CUstream_st *s;
   cudaError_t e;
@@ -1366,15 +1429,20 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   s = stream_of(stream);
   if (!s) e = cudaErrorInvalidResourceHandle;
   else if (g_sticky != cudaSuccess) e = g_sticky;
-  else e = s->head ? cudaErrorNotReady : cudaSuccess;
+  else if (s->tail && s->tail->seq > s->queried) { s->queried = s->tail->seq; e = cudaErrorNotReady; }
+  else {
+    if (s->head) flush_stream(s);
+    e = g_sticky != cudaSuccess ? g_sticky : s->head ? cudaErrorNotReady : cudaSuccess;
+  }
   unlock();
   return rt_err(e);
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
   cudaError_t e;
+  double t0 = 0;
   enter(K_cudaDeviceSynchronize);
-  flush_all();
+  while (flush_all() && g_sticky == cudaSuccess) wait_blocked(&t0, "cudaDeviceSynchronize");
   e = g_sticky;
   unlock();
   return rt_err(e);
@@ -1444,11 +1512,16 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   enter(K_cudaEventSynchronize);
   v = event_of(event);
   if (!v) { unlock(); return rt_err(cudaErrorInvalidResourceHandle); }
-  if (!event_done(v)) {
-    struct CUstream_st *s = stream_by_id(v->rec_stream_id);
-    flush_begin();
-    if (s) run_stream(s, v->rec_seq);
-    flush_end();
+  {
+    double t0 = 0;
+    while (!event_done(v) && g_sticky == cudaSuccess) {
+      struct CUstream_st *s = stream_by_id(v->rec_stream_id);
+      int blocked;
+      flush_begin();
+      blocked = s && run_stream(s, v->rec_seq);
+      flush_end();
+      if (blocked) wait_blocked(&t0, "cudaEventSynchronize");
+    }
   }
   e = g_sticky;
   unlock();
@@ -1462,7 +1535,15 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   v = event_of(event);
   if (!v) e = cudaErrorInvalidResourceHandle;
   else if (g_sticky != cudaSuccess) e = g_sticky;
-  else e = event_done(v) ? cudaSuccess : cudaErrorNotReady;
+  else if (event_done(v)) e = cudaSuccess;
+  else if (v->rec_gen > v->queried) { v->queried = v->rec_gen; e = cudaErrorNotReady; }  /* as cudaStreamQuery */
+  else {
+    struct CUstream_st *s = stream_by_id(v->rec_stream_id);
+    flush_begin();
+    if (s) run_stream(s, v->rec_seq);
+    flush_end();
+    e = g_sticky != cudaSuccess ? g_sticky : event_done(v) ? cudaSuccess : cudaErrorNotReady;
+  }
   unlock();
   return rt_err(e);
 }
@@ -1915,8 +1996,15 @@ cublasStatus_t cublasSnrm2_v2(cublasHandle_t handle, int n, const float *x, int 
     return CUBLAS_STATUS_SUCCESS;
   }
   if (touches_arena(result, sizeof(float))) { note("cublasSnrm2: pointer mode HOST but result %p is device memory", (void *)result); unlock(); return CUBLAS_STATUS_INVALID_VALUE; }
-  flush_begin();
-  run_stream(s, ULLONG_MAX);
+  {
+    double t0 = 0;
+    for (;;) {
+      flush_begin();
+      if (!run_stream(s, ULLONG_MAX) || g_sticky != cudaSuccess) break;
+      flush_end();
+      wait_blocked(&t0, "cublasSnrm2");
+    }
+  }
   if (g_sticky == cudaSuccess) {
     float r = 0.0f;
     if (!empty) {
@@ -1986,4 +2074,39 @@ const char *muon_standin_last_message(void) {
   m = g_msg;
   unlock();
   return m;
+}
+
+/* =============================================================================================
+   Hooks for other stand-ins
+   ============================================================================================= */
+cudaError_t muon_standin_enqueue(cudaStream_t stream, muon_standin_progress progress, void (*release)(void *),
+                                 void *arg, const char *what) {
+  struct CUstream_st *s;
+  op *o;
+  lock();
+  init_locked();
+  s = stream_of(stream);
+  if (!s || !progress) {
+    note("muon_standin_enqueue(%s): unknown or destroyed stream %p", what ? what : "?", (void *)stream);
+    unlock();
+    return rt_err(s ? cudaErrorInvalidValue : cudaErrorInvalidResourceHandle);
+  }
+  o = op_new(OP_EXTERN);
+  if (!o) { unlock(); return rt_err(cudaErrorMemoryAllocation); }
+  o->u.ext.progress = progress;
+  o->u.ext.release = release;
+  o->u.ext.arg = arg;
+  snprintf(o->u.ext.what, sizeof o->u.ext.what, "%s", what ? what : "external operation");
+  op_push(s, o);
+  unlock();
+  return cudaSuccess;
+}
+
+int muon_standin_is_device(const void *p, size_t bytes) {
+  int r;
+  lock();
+  init_locked();
+  r = bytes ? dev_range(p, bytes, 0) != NULL : dev_block(p) != NULL;
+  unlock();
+  return r;
 }

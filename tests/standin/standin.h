@@ -75,6 +75,54 @@ int muon_standin_tf32_used(void);
    Set MUON_STANDIN_VERBOSE=1 to have every such message printed to stderr as it happens. */
 const char *muon_standin_last_message(void);
 
+/* ---- For other stand-ins (tests/standin/nccl_standin.c) -----------------------------------
+   An external operation queued on a stream. When the stream reaches it, progress(arg) runs with
+   the stand-in's lock held and the arena open (device memory readable and writable); it returns
+   1 when the operation is complete, 0 when it cannot complete yet (it waits for another
+   process). A stream stops at an incomplete operation, and so do streams that wait on an event
+   behind it. Synchronising calls retry it until it completes, and abort the process with a
+   message after MUON_STANDIN_HANG_S seconds (default 30), where a GPU would hang forever; a
+   query retries it once (see cudaStreamQuery). release(arg), if set, runs once the operation is
+   complete or discarded (after a sticky error). progress must not call the CUDA stand-in.
+   Returns cudaErrorInvalidResourceHandle for an unknown stream. `what` names it in messages. */
+typedef int (*muon_standin_progress)(void *arg);
+cudaError_t muon_standin_enqueue(cudaStream_t stream, muon_standin_progress progress, void (*release)(void *arg),
+                                 void *arg, const char *what);
+
+/* 1 if [p, p + bytes) lies inside one live cudaMalloc block (bytes 0: p inside one), else 0. */
+int muon_standin_is_device(const void *p, size_t bytes);
+
+/* ---- NCCL stand-in (tests/standin/nccl_standin.c) ----------------------------------------
+   Links instead of libnccl, next to the CUDA stand-in, with the real <nccl.h>: ncclGetVersion,
+   ncclGetUniqueId, ncclCommInitRank(Config), ncclCommSplit, ncclCommFinalize/Destroy/Abort,
+   ncclCommGetAsyncError, ncclGetErrorString, ncclGetLastError, ncclCommCount/UserRank/CuDevice,
+   ncclGroupStart/End, ncclSend, ncclRecv, ncclAllGather; nothing else is defined. Ranks are local
+   processes sharing POSIX shared memory; the model and its strictness are described at the top of
+   nccl_standin.c.
+
+   muon_standin_nccl_fail: the nth (1-based, counted from now) future occurrence fails; 0 clears.
+     "ncclCommInitRankConfig" -> the nth init (ncclCommInitRank or ncclCommInitRankConfig) returns
+                                 ncclSystemError before doing anything
+     "ncclCommSplit"          -> the nth ncclCommSplit returns ncclSystemError before doing anything
+                                 (a collective: inject on every rank, or the others wait)
+     "ncclGroupEnd"           -> the nth group launch (an outermost ncclGroupEnd, or an operation
+                                 issued outside a group) returns ncclSystemError; its operations
+                                 are discarded
+     "async"                  -> the nth group operation this process executes (when its stream
+                                 first runs it) sets the async error ncclSystemError ("injected")
+                                 on its communicator instead of completing
+   The environment variable MUON_STANDIN_NCCL_FAIL="name:nth[,name:nth...]" is read at the first
+   NCCL call of the process. An unknown name is reported on stderr and ignored. */
+void muon_standin_nccl_fail(const char *call, int nth);
+
+/* Calls so far of an implemented NCCL function, by name ("ncclSend", ...); "launch" counts group
+   launches, "progress" the times queued group operations were driven. -1 for an unknown name. */
+long long muon_standin_nccl_calls(const char *call);
+
+/* The NCCL stand-in's explanation of its most recent error, "" if none. Mismatches and hang aborts
+   are always printed to stderr; MUON_STANDIN_VERBOSE=1 prints every error as it happens. */
+const char *muon_standin_nccl_last_message(void);
+
 #ifdef __cplusplus
 }
 #endif
