@@ -212,7 +212,7 @@ typedef enum muon_nonfinite {
    (muon_gloo.h, muon_nccl.h, or your framework) fills the vtable; the core never knows which one
    it talks to and calls it only through wrappers that check and count. Every slot takes ctx first
    and returns muon_status; a failing slot should leave its native message for `error`. */
-#define MUON_COMM_VTABLE_VERSION 2
+#define MUON_COMM_VTABLE_VERSION 3
 
 /* Where a buffer lives, from the core's point of view. */
 #define MUON_MEMORY_HOST 0
@@ -239,6 +239,14 @@ typedef struct muon_comm_vtable {
      and a device compute backend the core stages the exchange through host buffers. allgather
      always takes host memory: it carries only small control data. */
   int memory;
+  /* Version 3, optional. Set by a device communicator whose alltoallv only QUEUES the exchange
+     in the compute backend's order (a CUDA stream) and returns: wait then blocks until everything
+     queued so far has finished, within the backend's timeout, and on a timeout or a peer's
+     failure breaks the communicator (so nothing queued can hang) and returns MUON_ERR_TIMEOUT /
+     MUON_ERR_COMM. The core calls it before every host wait on the compute backend that follows
+     an alltoallv, so a dead peer is an error, not a hang. NULL: alltoallv is complete when it
+     returns (every host communicator). */
+  muon_status (*wait)(void *ctx);
 } muon_comm_vtable;
 
 typedef struct muon_comm {
@@ -636,6 +644,7 @@ typedef struct muon_stats {
                                       nothing to move, as on one rank, issues no alltoallv)      */
   long long backend_calls;         /* compute backend slots called (sync included)               */
   long long syncs;                 /* of which sync: where the host waits for the backend        */
+  long long comm_waits;            /* waits for exchanges a device communicator queued (vt->wait) */
   long long ns_batches;            /* newton_schulz calls (each orthogonalises a batch)           */
   long long skipped;               /* matrices skipped by successful steps (absent or non-finite) */
 } muon_stats;
@@ -948,7 +957,7 @@ static muon_status muon__self_allgather(void *ctx, const void *send, void *recv,
 }
 
 static const muon_comm_vtable muon__self_vtable = {
-  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL, MUON_MEMORY_HOST
+  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL, MUON_MEMORY_HOST, NULL
 };
 
 MUON_API muon_comm muon_comm_self(void) {
@@ -1073,6 +1082,7 @@ struct muon_optimizer {
   int n_adamw;
   muon_compute compute;
   int device;           /* the compute backend's memory is not the host's */
+  int comm_queued;      /* an alltoallv was queued and not yet waited for (comm vt->wait) */
   float grad_scale;
   muon_rounding rounding;
   unsigned long long seed;
@@ -1317,6 +1327,7 @@ static muon__seg muon__segs(const muon__piece *p) {
 }
 
 static void muon__plan_free(muon_optimizer *opt);
+static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
 static size_t muon__agree_bytes(int P);
 static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes);
@@ -1424,6 +1435,12 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
       muon__create_fail(desc, full);
       return MUON_ERR_ARG;
     }
+  }
+  if (desc->comm && desc->comm->vt->version >= 2 && desc->comm->vt->memory == MUON_MEMORY_DEVICE &&
+      (!desc->compute || desc->compute->vt->memory != MUON_MEMORY_DEVICE)) {
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.comm exchanges device memory (e.g. NCCL) but muon_desc.compute is a "
+                            "host backend: set desc.compute to the device's backend (muon_cuda_create)");
+    return MUON_ERR_ARG;
   }
   if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
@@ -2407,6 +2424,7 @@ MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long i
    failure into a message that names the operation and the backend's own text. */
 static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const char *op) {
   const char *native = opt->compute.vt->error ? opt->compute.vt->error(opt->compute.ctx) : NULL;
+  (void)muon__comm_wait(opt, op);   /* queued exchanges first: the drain below must not hang */
   if (st == MUON_OK) st = MUON_ERR_BACKEND;
   st = muon__fail(opt, st, "%s: the compute backend failed: %s; nothing was applied", op,
                   native && *native ? native : muon_status_string(st));
@@ -2442,6 +2460,8 @@ static muon_status muon__dev_zero(muon_optimizer *opt, void *ptr, size_t bytes, 
   return MUON_OK;
 }
 static muon_status muon__sync(muon_optimizer *opt, const char *op) {
+  muon_status st;
+  if ((st = muon__comm_wait(opt, op)) != MUON_OK) return st;
   opt->stats.syncs++;
   MUON__BACKEND(opt, opt->compute.vt->sync(opt->compute.ctx), op);
   return MUON_OK;
@@ -2541,6 +2561,7 @@ static uint64_t muon__fnv1a(const unsigned char *p, size_t n) {
    Communication wrappers: every collective goes through these, which count and explain. */
 static muon_status muon__comm_fail(muon_optimizer *opt, muon_status st, const char *op) {
   const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+  opt->comm_queued = 0;   /* a failed communicator has dropped what it queued (vt->wait) */
   if (st != MUON_ERR_TIMEOUT) st = MUON_ERR_COMM;
   return muon__fail(opt, st, "%s failed on rank %d of %d: %s; nothing was applied", op, opt->comm.rank,
                     opt->comm.size, native && *native ? native : muon_status_string(st));
@@ -2557,11 +2578,23 @@ static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float
   int P = opt->comm.size, me = opt->comm.rank, p;
   muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, send, counts, counts + P, recv, counts + 2 * P, counts + 3 * P);
   opt->stats.collectives++;
+  if (opt->comm.vt->version >= 3 && opt->comm.vt->wait) opt->comm_queued = 1;
   for (p = 0; p < P; p++)
     if (p != me) {
       opt->stats.bytes_sent += (long long)(counts[p] * sizeof(float));
       opt->stats.bytes_received += (long long)(counts[2 * P + p] * sizeof(float));
     }
+  return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
+}
+
+/* The host is about to wait for the compute backend: first for the exchanges a device
+   communicator queued, under its timeout (a compute sync would wait forever on a dead peer). */
+static muon_status muon__comm_wait(muon_optimizer *opt, const char *op) {
+  muon_status st;
+  if (!opt->comm_queued) return MUON_OK;
+  opt->comm_queued = 0;
+  opt->stats.comm_waits++;
+  st = opt->comm.vt->wait(opt->comm.ctx);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
@@ -2580,6 +2613,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   const muon_allocator *a = &opt->allocator;
   int g;
+  (void)muon__comm_wait(opt, "freeing the exchange buffers");   /* nothing queued may still use them */
   for (g = 0; g < pl->n_globals; g++) {
     muon__free(a, pl->globals[g].holders);
     muon__free(a, pl->globals[g].holder_ranks);
@@ -3880,6 +3914,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
     opt->stats.backend_calls++;
     if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, "muon_step: reading the output checks"));
   }
+  if ((st = muon__comm_wait(opt, "muon_step: the exchanges")) != MUON_OK) return st;
   if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
   if ((st = muon__vote(opt)) != MUON_OK) return st;
   if ((st = muon__commit(opt)) != MUON_OK) return st;

@@ -124,6 +124,11 @@ MUON_API muon_status muon_cuda_create(muon_compute *out, const muon_cuda_desc *d
    Never NULL. */
 MUON_API const char *muon_cuda_last_error(const muon_compute *c);
 
+/* The cudaStream_t every slot queues its work on (desc.stream, or the backend's own), for
+   ordering other work against it, e.g. muon_nccl_desc.compute_stream. NULL if c is not a live
+   muon_cuda backend (or it runs on the legacy default stream). */
+MUON_API void *muon_cuda_stream(const muon_compute *c);
+
 #ifdef __cplusplus
 }
 #endif
@@ -1077,6 +1082,11 @@ MUON_API const char *muon_cuda_last_error(const muon_compute *c) {
   if (!c || !c->vt) return "muon_cuda: no backend (muon_cuda_create failed for lack of host memory, or it was destroyed)";
   if (c->vt == &muon_cuda__vtable) return muon_cuda__error(c->ctx);
   return c->vt->error ? c->vt->error(c->ctx) : "";
+}
+
+MUON_API void *muon_cuda_stream(const muon_compute *c) {
+  if (!c || c->vt != &muon_cuda__vtable || !c->ctx) return NULL;
+  return (void *)((muon_cuda__ctx *)c->ctx)->stream;
 }
 
 #endif /* MUON_CUDA__IMPLEMENTED */

@@ -634,7 +634,7 @@ static const char *fault_error(void *ctx) {
   fault_comm *f = (fault_comm *)ctx;
   return f->inner.vt->error ? f->inner.vt->error(f->inner.ctx) : "";
 }
-static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST };
+static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST, NULL };
 
 static int fault_rank(int mode) {
   ex_world w;
