@@ -12,7 +12,7 @@ BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 GLOO_LIBS   := -lgloo -lstdc++ -pthread -lm
 INC      := -I. -Itests -Iexamples
-HEADERS  := muon.h muon_gloo.h muon_cuda.h
+HEADERS  := muon.h muon_gloo.h muon_cuda.h muon_nccl.h
 DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev
 
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
@@ -55,6 +55,9 @@ ifeq ($(HAVE_CUDA),1)
 	@printf '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#include "muon_cuda.h"\n' > $(BUILD)/impl_cuda.c
 	@$(CC) $(CWARN) -fsyntax-only $(STANDIN) -I. $(BUILD)/impl_cuda.c
 	@$(CXX) $(CXXWARN) -fsyntax-only $(STANDIN) -x c++ -I. $(BUILD)/impl_cuda.c
+	@printf '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#define MUON_NCCL_IMPLEMENTATION\n#include "muon_nccl.h"\n' > $(BUILD)/impl_nccl.c
+	@$(CC) $(CWARN) -fsyntax-only $(CUDA_INC) -I. $(BUILD)/impl_nccl.c
+	@$(CXX) $(CXXWARN) -fsyntax-only $(CUDA_INC) -x c++ -I. $(BUILD)/impl_nccl.c
 endif
 	@echo "headers: C99 and C++17 clean"
 
@@ -103,6 +106,37 @@ $(BUILD)/cuda/muonrun: $(BUILD)/muonrun | $(BUILD)/cuda
 $(addprefix $(BUILD)/cuda/,$(STRATEGIES)): $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) -O2 -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
 
+# ---- NCCL: muon_nccl.h compiled against the real nccl.h; linked against the real libnccl (to
+# prove the calls exist), and run on the stand-ins: every strategy with CUDA compute + NCCL.
+NCCL_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib -lnccl
+$(BUILD)/nccl: | $(BUILD)
+	@mkdir -p $(BUILD)/nccl
+$(BUILD)/nccl/muon_nccl.o: examples/muon_nccl.c muon.h muon_nccl.h | $(BUILD)/nccl
+	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. -c $< -o $@
+$(BUILD)/cuda/nccl_standin.o: tests/standin/nccl_standin.c tests/standin/standin.h | $(BUILD)/cuda
+	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
+$(BUILD)/cuda/test_nccl_standin: tests/standin/test_nccl_standin.c $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o tests/test.h
+	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o -o $@ -lm -pthread
+$(BUILD)/cuda/nccl_standin_san.o: tests/standin/nccl_standin.c tests/standin/standin.h | $(BUILD)/cuda
+	$(CC) $(CWARN) $(SAN) -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
+NCCL_STANDIN := $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o
+# AddressSanitizer + UBSan over everything at once: muon.h, muon_cuda.h, muon_nccl.h, both stand-ins.
+$(BUILD)/nccl/test_nccl_san: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o tests/test.h
+	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o -o $@ -lm -pthread
+$(BUILD)/nccl/test_nccl: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN) tests/test.h
+	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
+# Links muon_nccl.o with the real libnccl / libcudart / libcublas: runs only on a GPU (test-gpu).
+$(BUILD)/gpu/test_nccl: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
+	$(CC) $(CWARN) -O2 $(CUDA_INC) $(INC) $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
+$(BUILD)/nccl/bench_nccl: bench/bench_nccl.c muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
+	$(CC) $(CWARN) -O2 $(STANDIN) -I. $< $(NCCL_STANDIN) -o $@ -lm -pthread
+$(BUILD)/gpu/bench_nccl: bench/bench_nccl.c muon.h muon_cuda.h muon_nccl.h $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
+	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
+$(BUILD)/nccl/muonrun: $(BUILD)/muonrun | $(BUILD)/nccl
+	cp $< $@
+$(addprefix $(BUILD)/nccl/,$(STRATEGIES)): $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
+	$(CC) $(CWARN) -O2 -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
+
 # ---- on a real GPU: the same suites linked against nvcc's object and the real libraries -------
 GPU_LINK := $(BUILD)/cuda/muon_cuda.o $(CUDA_LIBS) -lstdc++
 $(BUILD)/gpu: | $(BUILD)
@@ -118,8 +152,8 @@ $(addprefix $(BUILD)/gpu/,$(STRATEGIES)): $(BUILD)/gpu/%: examples/%.c examples/
 
 # World size 1, and several Gloo ranks sharing the one GPU; compute-sanitizer where installed.
 SANITIZER ?= $(CUDA_HOME)/bin/compute-sanitizer
-test-gpu: $(addprefix $(BUILD)/gpu/,test_cuda_slots test_cuda muonrun $(STRATEGIES))
-	@tests/run.sh "$(BUILD)/gpu/test_cuda_slots" "$(BUILD)/gpu/test_cuda" \
+test-gpu: $(addprefix $(BUILD)/gpu/,test_cuda_slots test_cuda test_nccl muonrun $(STRATEGIES))
+	@tests/run.sh "$(BUILD)/gpu/test_cuda_slots" "$(BUILD)/gpu/test_cuda" "$(BUILD)/gpu/muonrun -n 1 $(BUILD)/gpu/test_nccl" \
 	  "tests/run_examples.sh $(BUILD)/gpu $(STRATEGIES)" \
 	  "if [ -x $(SANITIZER) ]; then $(SANITIZER) --tool memcheck --error-exitcode 1 $(BUILD)/gpu/test_cuda_slots && \
 	     $(SANITIZER) --tool racecheck --error-exitcode 1 $(BUILD)/gpu/test_cuda_slots; \
@@ -132,17 +166,31 @@ $(BUILD)/gpu/bench_gpu: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUI
 	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. $< $(GPU_LINK) -o $@ -lm
 $(BUILD)/cuda/bench_gpu_standin: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) -O2 $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
-bench-gpu: $(BUILD)/gpu/bench_gpu
+# The distributed step over NCCL on 1, 2, 4, 8 GPUs of this node (up to NGPU), each against the
+# one-GPU time measured first in the same run.
+NGPU ?= 1
+bench-gpu: $(BUILD)/gpu/bench_gpu $(BUILD)/gpu/bench_nccl $(BUILD)/gpu/muonrun
 	@$(TORCH_PYTHON) bench/bench_torch.py | tee $(BUILD)/gpu/bench_torch.txt
 	@t=$$(sed -n 's/^torch\.optim\.Muon step: \([0-9.]*\) ms$$/\1/p' $(BUILD)/gpu/bench_torch.txt); \
 	 $(BUILD)/gpu/bench_gpu $${t:+--torch-ms $$t}
+	@for m in 124m 1.5b; do for n in 1 2 4 8; do [ $$n -le $(NGPU) ] || continue; \
+	   $(BUILD)/gpu/muonrun -n $$n --timeout 600 $(BUILD)/gpu/bench_nccl --model $$m \
+	     $$([ $$n -eq 1 ] && echo --save $(BUILD)/gpu/bench_nccl.$$m.txt || echo --base $(BUILD)/gpu/bench_nccl.$$m.txt) || exit 1; \
+	 done; done
 
-CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san test_cuda bench_gpu_standin muonrun $(STRATEGIES)) $(BUILD)/gpu/bench_gpu
+CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san test_cuda bench_gpu_standin muonrun $(STRATEGIES)) $(BUILD)/gpu/bench_gpu \
+             $(BUILD)/cuda/test_nccl_standin $(BUILD)/gpu/test_nccl $(BUILD)/gpu/bench_nccl \
+             $(addprefix $(BUILD)/nccl/,test_nccl test_nccl_san bench_nccl muonrun $(STRATEGIES))
 ifeq ($(HAVE_CUDA),1)
 CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" \
               "$(BUILD)/cuda/test_cuda" \
               "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
-              "tests/run_examples.sh $(BUILD)/cuda $(STRATEGIES)"
+              "tests/run_examples.sh $(BUILD)/cuda $(STRATEGIES)" \
+              $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
+              $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
+              "$(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
+              "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
+              "tests/run_examples.sh --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)"
 else
 CUDA_BINS  :=
 CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUDA compile, link and stand-in tests skipped'; echo '0 passed, 0 failed, 1 skipped'"

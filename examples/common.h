@@ -1,6 +1,7 @@
 /* common.h - what every distributed example shares, so each example shows only its strategy.
 
-   - ex_init: the Gloo world from the environment muonrun (or torchrun / mpirun) sets.
+   - ex_init: the Gloo world from the environment muonrun (or torchrun / mpirun) sets; built
+     with -DEX_NCCL (which implies -DEX_CUDA), an NCCL world instead.
    - ex_mesh: the group along one dimension of a row-major device mesh.
    - ex_run: a synthetic model trained for a few steps with the given config, next to a
      single-device run of the same data in the same program, and the bitwise check.
@@ -16,9 +17,15 @@
 
 #include "muon.h"
 #include "muon_gloo.h"
+#if defined(EX_NCCL) && !defined(EX_CUDA)
+#define EX_CUDA
+#endif
 #ifdef EX_CUDA
 #include <cuda_runtime_api.h>
 #include "muon_cuda.h"
+#endif
+#ifdef EX_NCCL
+#include "muon_nccl.h"
 #endif
 
 #include <math.h>
@@ -49,9 +56,10 @@ static inline void ex_die(const ex_world *w, const char *what, const char *why) 
   exit(1);
 }
 
+static const muon_compute *ex_compute(const ex_world *w);
+
 static inline ex_world ex_init(int argc, char **argv) {
   ex_world w;
-  muon_gloo_desc gd = muon_gloo_default_desc();
   char err[512];
   int i;
   memset(&w, 0, sizeof w);
@@ -60,7 +68,18 @@ static inline ex_world ex_init(int argc, char **argv) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) w.steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quiet")) w.quiet = 1;
   }
-  if (muon_gloo_create(&gd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_gloo_create", err);
+#ifdef EX_NCCL
+  {   /* exchanges and compute on one stream: the CUDA backend's */
+    muon_nccl_desc nd = muon_nccl_default_desc();
+    nd.stream = muon_cuda_stream(ex_compute(NULL));
+    if (muon_nccl_create(&nd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_nccl_create", err);
+  }
+#else
+  {
+    muon_gloo_desc gd = muon_gloo_default_desc();
+    if (muon_gloo_create(&gd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_gloo_create", err);
+  }
+#endif
   w.rank = w.world.rank;
   w.size = w.world.size;
   return w;
@@ -70,7 +89,11 @@ static inline ex_world ex_init(int argc, char **argv) {
 static inline muon_comm ex_mesh(ex_world *w, const int *dims, int ndims, int dim) {
   muon_comm c;
   char err[512];
+#ifdef EX_NCCL
+  if (muon_nccl_mesh_subgroup(&w->world, dims, ndims, dim, &c, err, sizeof err) != MUON_OK) ex_die(w, "muon_nccl_mesh_subgroup", err);
+#else
   if (muon_gloo_mesh_subgroup(&w->world, dims, ndims, dim, &c, err, sizeof err) != MUON_OK) ex_die(w, "muon_gloo_mesh_subgroup", err);
+#endif
   return c;
 }
 
@@ -196,12 +219,12 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   ex_slice *sl;
   int n_local = 0, i, k, s, t, n_sl = 0, *tp_dims, *experts, local;
   double maxdiff = 0, loss;
-  long long bad = 0, sums[2], *all_sums;
+  long long bad = 0, sums[3], *all_sums, moved = 0;
   for (i = 0; i < n_specs; i++) n_sl += specs[i].count > 1 ? specs[i].count : 1;
   sl = (ex_slice *)calloc((size_t)n_sl, sizeof *sl);
   tp_dims = (int *)calloc((size_t)n_sl + 1, sizeof(int));
   experts = (int *)calloc((size_t)n_sl + 1, sizeof(int));
-  all_sums = (long long *)calloc(2 * (size_t)w->size, sizeof(long long));
+  all_sums = (long long *)calloc(3 * (size_t)w->size, sizeof(long long));
   desc.hparams.lr = 0.02f;
   desc.comm = &w->world;
   desc.dist = &cfg;
@@ -318,9 +341,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (muon_step(ref) != MUON_OK) ex_die(w, "muon_step (reference)", muon_error(ref));
     /* The loss, summed over ranks (fixed point so the allgather stays integral). */
     sums[0] = (long long)(mine * 1e6);
-    sums[1] = 0;
+    sums[1] = sums[2] = 0;
     if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "loss");
-    for (k = 0, loss = 0; k < w->size; k++) loss += (double)all_sums[2 * k] / 1e6;
+    for (k = 0, loss = 0; k < w->size; k++) loss += (double)all_sums[3 * k] / 1e6;
     if (!w->quiet && w->rank == 0) printf("step %d  loss %.4f\n", t, loss);
   }
   /* The check: every local piece against the same elements of the single-device result. */
@@ -342,13 +365,16 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
            w->rank, muon_owned(opt, NULL, 0), muon_global_count(opt), st.ns_calls, st.bytes_sent, st.bytes_received, st.collectives);
   sums[0] = bad;
   sums[1] = (long long)(maxdiff * 1e9);
+  sums[2] = st.bytes_sent + st.bytes_received + st.control_bytes;
   if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "check");
   for (k = 0, bad = 0, maxdiff = 0; k < w->size; k++) {
-    bad += all_sums[2 * k];
-    if (all_sums[2 * k + 1] / 1e9 > maxdiff) maxdiff = all_sums[2 * k + 1] / 1e9;
+    bad += all_sums[3 * k];
+    if (all_sums[3 * k + 1] / 1e9 > maxdiff) maxdiff = all_sums[3 * k + 1] / 1e9;
+    moved += all_sums[3 * k + 2];
   }
-  if (w->rank == 0) {
-    if (!bad) printf("check: bitwise equal to single device (max |diff| = 0)\n");
+  if (w->rank == 0) {   /* the bytes let tests compare communicators: they must move the same */
+    if (!bad) printf("check: bitwise equal to single device (max |diff| = 0); %lld bytes moved, %lld collectives on rank 0\n",
+                     moved, st.collectives);
     else printf("check: %lld elements differ from single device (max |diff| = %g)\n", bad, maxdiff);
   }
   for (s = 0; s < n_local; s++) {

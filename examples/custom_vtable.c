@@ -9,7 +9,7 @@ typedef struct framework {
   muon_comm *world;
   size_t *counts;            /* 4 x world: send counts, displs, recv counts, displs */
   float *zeros;
-  float *host_local, *host_full;  /* staging when muon's buffers are on a GPU (EX_CUDA) */
+  float *host_send, *host_recv;   /* staging when muon's buffers are on a GPU and the comm is Gloo */
 } framework;
 
 static muon_status round_robin(void *state, const muon_matrix_info *m, int n, int world_size, int *owner) {
@@ -26,6 +26,25 @@ static void rows_of(const muon_matrix_info *m, int world, int r, size_t *lo, siz
   *n = (a + c < (size_t)m->rows ? a + c : (size_t)m->rows) - a;
 }
 
+/* One alltoallv of the framework's communicator over muon's buffers (GPU memory with EX_CUDA):
+   as they are when the communicator takes device memory (NCCL, which only queues: so wait),
+   else through host copies. */
+static muon_status exchange(framework *f, const float *send, size_t send_n, float *recv, size_t recv_n) {
+  const muon_comm *c = f->world;
+  int P = c->size;
+  size_t *sc = f->counts, *sd = sc + P, *rc = sd + P, *rd = rc + P;
+  muon_status st;
+  if (c->vt->memory == MUON_MEMORY_DEVICE) {
+    st = c->vt->alltoallv(c->ctx, send ? send : f->zeros, sc, sd, recv ? recv : f->zeros, rc, rd);
+    return st == MUON_OK && c->vt->wait ? c->vt->wait(c->ctx) : st;
+  }
+  if (!EX_ON_DEVICE) return c->vt->alltoallv(c->ctx, send ? send : f->zeros, sc, sd, recv ? recv : f->zeros, rc, rd);
+  if (send) ex_get(NULL, f->host_send, send, send_n);
+  st = c->vt->alltoallv(c->ctx, send ? f->host_send : f->zeros, sc, sd, recv ? f->host_recv : f->zeros, rc, rd);
+  if (st == MUON_OK && recv) ex_put(NULL, recv, f->host_recv, recv_n);
+  return st;
+}
+
 /* Every rank sends its rows to the owner, which receives them in rank order: the full matrix. */
 static muon_status gather(void *state, const muon_matrix_info *m, const float *local, float *full, int owner) {
   framework *f = (framework *)state;
@@ -38,14 +57,7 @@ static muon_status gather(void *state, const muon_matrix_info *m, const float *l
     rc[r] = f->world->rank == owner ? n * (size_t)m->cols : 0;
     rd[r] = lo * (size_t)m->cols;
   }
-  if (EX_ON_DEVICE) {   /* muon hands over GPU buffers; this framework's communicator takes host memory */
-    muon_status st;
-    if (local) ex_get(NULL, f->host_local, local, m->local_size);
-    st = f->world->vt->alltoallv(f->world->ctx, local ? f->host_local : f->zeros, sc, sd, full ? f->host_full : f->zeros, rc, rd);
-    if (st == MUON_OK && full) ex_put(NULL, full, f->host_full, (size_t)m->rows * m->cols);
-    return st;
-  }
-  return f->world->vt->alltoallv(f->world->ctx, local ? local : f->zeros, sc, sd, full ? full : f->zeros, rc, rd);
+  return exchange(f, local, m->local_size, full, (size_t)m->rows * m->cols);
 }
 
 /* The owner sends each rank its rows back. */
@@ -60,14 +72,7 @@ static muon_status redistribute(void *state, const muon_matrix_info *m, const fl
     rc[r] = r == owner ? m->local_size : 0;
     rd[r] = 0;
   }
-  if (EX_ON_DEVICE) {
-    muon_status st;
-    if (full) ex_get(NULL, f->host_full, full, (size_t)m->rows * m->cols);
-    st = f->world->vt->alltoallv(f->world->ctx, full ? f->host_full : f->zeros, sc, sd, local ? f->host_local : f->zeros, rc, rd);
-    if (st == MUON_OK && local) ex_put(NULL, local, f->host_local, m->local_size);
-    return st;
-  }
-  return f->world->vt->alltoallv(f->world->ctx, full ? full : f->zeros, sc, sd, local ? local : f->zeros, rc, rd);
+  return exchange(f, full, (size_t)m->rows * m->cols, local, m->local_size);
 }
 
 int main(int argc, char **argv) {
@@ -81,8 +86,8 @@ int main(int argc, char **argv) {
   fw.world = &w.world;
   fw.counts = (size_t *)malloc(4 * (size_t)w.size * sizeof(size_t));
   fw.zeros = &zero;
-  fw.host_local = (float *)malloc(128 * 32 * sizeof(float));   /* the largest matrix */
-  fw.host_full = (float *)malloc(128 * 32 * sizeof(float));
+  fw.host_send = (float *)malloc(128 * 32 * sizeof(float));   /* the largest matrix */
+  fw.host_recv = (float *)malloc(128 * 32 * sizeof(float));
   memset(specs, 0, sizeof specs);
   for (i = 0; i < 5; i++) {
     specs[i].name = names[i]; specs[i].rows = rows[i]; specs[i].cols = cols[i]; specs[i].expert = -1;
@@ -95,7 +100,7 @@ int main(int argc, char **argv) {
   cfg.state = &fw;
   rc = ex_run(&w, "custom_vtable", specs, 5, NULL, &cfg, 1);
   free(fw.counts);
-  free(fw.host_local);
-  free(fw.host_full);
+  free(fw.host_send);
+  free(fw.host_recv);
   return ex_finish(&w, NULL, 0, rc);
 }

@@ -1,7 +1,12 @@
 #!/bin/sh
 # Runs every strategy example at the world sizes it supports, 10 steps each, and counts an
-# example run as passed when it exits 0 and rank 0 prints the bitwise check line.
-# usage: tests/run_examples.sh BUILD_DIR example...
+# example run as passed when it exits 0 and rank 0 prints the bitwise check line. Each check
+# line is kept in BUILD_DIR/<example>.n<N>.check; with --same-bytes-as REF_DIR a run also fails
+# unless it moved the same bytes in the same number of collectives as REF_DIR's run (another
+# communicator, same plan).
+# usage: tests/run_examples.sh [--same-bytes-as REF_DIR] BUILD_DIR example...
+ref=
+if [ "$1" = "--same-bytes-as" ]; then ref=$2; shift 2; fi
 build=$1; shift
 passed=0; failed=0
 sizes_for() {
@@ -16,10 +21,19 @@ for ex in "$@"; do
   for n in $(sizes_for "$ex"); do
     out=$("$build/muonrun" -n "$n" --timeout 120 "$build/$ex" --steps 10 --quiet 2>&1)
     rc=$?
-    if [ $rc -eq 0 ] && echo "$out" | grep -q "check: bitwise equal to single device (max |diff| = 0)"; then
+    line=$(echo "$out" | grep "check: bitwise equal to single device (max |diff| = 0)")
+    echo "$line" > "$build/$ex.n$n.check"
+    why=
+    if [ $rc -ne 0 ] || [ -z "$line" ]; then why="exit $rc"
+    elif [ -n "$ref" ]; then
+      want=$(sed -n 's/.*; \(.*\)/\1/p' "$ref/$ex.n$n.check" 2>/dev/null)
+      got=$(echo "$line" | sed -n 's/.*; \(.*\)/\1/p')
+      [ -n "$want" ] && [ "$want" = "$got" ] || why="moved '$got', $ref moved '$want'"
+    fi
+    if [ -z "$why" ]; then
       passed=$((passed + 1)); echo "ok   $ex -n $n"
     else
-      failed=$((failed + 1)); echo "FAIL $ex -n $n (exit $rc)"; echo "$out" | tail -n 5
+      failed=$((failed + 1)); echo "FAIL $ex -n $n ($why)"; echo "$out" | tail -n 5
     fi
   done
 done
