@@ -234,7 +234,10 @@ TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsu
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
-test: deps check-headers $(TEST_BINS) $(BUILD)/golden/.done
+# The binaries build in parallel (JOBS, default: every core); the tests then run one at a time.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+test: deps check-headers
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BINS) $(BUILD)/golden/.done
 	@tests/run.sh \
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
