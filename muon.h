@@ -58,8 +58,8 @@
        Computation (muon_compute): the CPU, in this header (desc.compute = NULL); muon_cuda.h for
        NVIDIA GPUs (cuBLAS Newton-Schulz, element-wise kernels), or your own (see "Compute
        backend" below). Communication (muon_comm): this header ships the single-rank case;
-       muon_gloo.h (CPU clusters, also GPUs through host staging) adds more. The core only talks
-       to them through vtables. With a GPU backend, param, grad, mirror and momentum buffers are
+       muon_gloo.h (CPU clusters, also GPUs through host staging) and muon_nccl.h (GPUs, the
+       exchange on the device) add more. The core only talks to them through vtables. With a GPU backend, param, grad, mirror and momentum buffers are
        GPU memory and muon never touches them from the host.
 
    WHAT A GPU TRAINER HANDS OVER (llm.c's train_gpt2.cu), per matrix or AdamW parameter:
