@@ -3939,20 +3939,25 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 /* ---------------------------------------------------------------------------------------------
    State blob, little-endian:
      "MUONSTAT" | u32 version | u32 matrices | u32 adamw params | u32 0 | u64 steps
+     | u32 rank | u32 world size                              (version 2: 0 and 1 on one device)
      u32 groups | u32 AdamW groups | per group: its muon_hparams field by field (ns_steps triples)
      | per AdamW group: lr, beta1, beta2, eps, weight_decay      (torch keeps param_groups too)
      per matrix:      u32 rows | u32 cols | u64 size | size x f32 momentum
+                      | (version 2) the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
+                        (u32 placement, dim, size, index | u64 offset, length), unused ones 0
      per AdamW param: u64 size | u64 step | size x f32 exp_avg | size x f32 exp_avg_sq
-     u64 FNV-1a of everything before it */
-#define MUON__STATE_VERSION 1u
+     u64 FNV-1a of everything before it
+   Version 1 (no rank, world or layouts) still loads, unchecked for where it was saved. */
+#define MUON__STATE_VERSION 2u
 #define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
-#define MUON__STATE_HEADER 32u
+#define MUON__STATE_HEADER 40u                      /* version 1: 32 */
+#define MUON__LAYOUT_RECORD (12u + 32u * MUON_MAX_LEVELS)
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8 + 20 * (size_t)opt->n_adamw_groups;
   int i;
   for (i = 0; i < opt->n_groups; i++) n += 4 * (11 + 3 * (size_t)opt->groups[i].ns_steps);
-  for (i = 0; i < opt->n_matrices; i++) n += 16 + 4 * opt->matrices[i].size;
+  for (i = 0; i < opt->n_matrices; i++) n += 16 + 4 * opt->matrices[i].size + MUON__LAYOUT_RECORD;
   for (i = 0; i < opt->n_adamw; i++) n += 16 + 8 * opt->adamw[i].size;
   return n;
 }
@@ -3985,6 +3990,39 @@ static muon_status muon__get_state(muon_optimizer *opt, const unsigned char **p,
   return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
 }
 
+/* A piece's layout in the blob: a fixed record, so a blob's size depends on shapes only. */
+static void muon__put_layout(unsigned char **p, const muon_layout *l) {
+  int k;
+  muon__put32(p, (uint32_t)l->n_levels);
+  muon__put64(p, (uint64_t)l->key);
+  for (k = 0; k < MUON_MAX_LEVELS; k++) {
+    muon_level v;
+    if (k < l->n_levels) v = l->levels[k]; else memset(&v, 0, sizeof v);
+    muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)v.dim);
+    muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
+    muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
+  }
+}
+
+/* The layout as text, for the message that says what differs. */
+static void muon__layout_text(const unsigned char *rec, char *out, size_t size) {
+  const unsigned char *p = rec;
+  uint32_t n = muon__get32(&p), k;
+  size_t used = 0;
+  p += 8;
+  if (n == 0) { snprintf(out, size, "the whole matrix"); return; }
+  out[0] = 0;
+  for (k = 0; k < n && k < MUON_MAX_LEVELS && used + 1 < size; k++) {
+    uint32_t placement = muon__get32(&p), dim = muon__get32(&p), gsize = muon__get32(&p), index = muon__get32(&p);
+    long long off = (long long)muon__get64(&p), len = (long long)muon__get64(&p);
+    int w;
+    if (placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %u, %u of %u", k ? " > " : "", dim, index, gsize);
+    else if (placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %u of %u", k ? " > " : "", off, len, index, gsize);
+    else w = snprintf(out + used, size - used, "%sreplicated, %u of %u", k ? " > " : "", index, gsize);
+    used += w > 0 ? (size_t)w : 0;
+  }
+}
+
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size) {
   unsigned char *p = (unsigned char *)buf;
   size_t need;
@@ -4001,6 +4039,8 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   muon__put32(&p, (uint32_t)opt->n_adamw);
   muon__put32(&p, 0);
   muon__put64(&p, (uint64_t)opt->stats.steps);
+  muon__put32(&p, (uint32_t)(opt->distributed ? opt->comm.rank : 0));
+  muon__put32(&p, (uint32_t)(opt->distributed ? opt->comm.size : 1));
   muon__put32(&p, (uint32_t)opt->n_groups);
   muon__put32(&p, (uint32_t)opt->n_adamw_groups);
   for (i = 0; i < opt->n_groups; i++) muon__put_hparams(&p, &opt->groups[i]);
@@ -4016,7 +4056,7 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put32(&p, (uint32_t)x->rows);
     muon__put32(&p, (uint32_t)x->cols);
     muon__put64(&p, (uint64_t)x->size);
-    st = muon__put_state(opt, &p, x->momentum, x->size, tmp);
+    if ((st = muon__put_state(opt, &p, x->momentum, x->size, tmp)) == MUON_OK) muon__put_layout(&p, &x->layout);
   }
   for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
@@ -4044,7 +4084,8 @@ static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
   const unsigned char *p = (const unsigned char *)buf, *end;
   const unsigned char *body, *adamw_groups;
-  uint32_t version, nm, na, ng, nag;
+  uint32_t version, nm, na, ng, nag, saved_rank = 0, saved_world = 1;
+  size_t hdr, lrec;
   int read;
   uint64_t steps, sum;
   muon_hparams *groups;
@@ -4058,12 +4099,16 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: not a muon state (%zu bytes, bad magic or truncated header)", size);
   p += 8;
   version = muon__get32(&p);
-  if (version != MUON__STATE_VERSION)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state version %u, this muon.h reads version %u", version, MUON__STATE_VERSION);
+  if (version != MUON__STATE_VERSION && version != 1)
+    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state version %u, this muon.h reads versions 1 and %u", version, MUON__STATE_VERSION);
+  hdr = version == 1 ? 32 : MUON__STATE_HEADER;
+  lrec = version == 1 ? 0 : MUON__LAYOUT_RECORD;
+  if (size < hdr + 8) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: truncated header (%zu bytes)", size);
   nm = muon__get32(&p);
   na = muon__get32(&p);
   if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: reserved header field is not 0");
   steps = muon__get64(&p);
+  if (version != 1) { saved_rank = muon__get32(&p); saved_world = muon__get32(&p); }
   if (steps > MUON__STATE_MAX_STEP) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: step count %llu is not plausible", (unsigned long long)steps);
   if (nm != (uint32_t)opt->n_matrices || na != (uint32_t)opt->n_adamw)
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d", nm, na, opt->n_matrices, opt->n_adamw);
@@ -4071,6 +4116,13 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   sum = muon__get64(&end);
   if (sum != muon__fnv1a((const unsigned char *)buf, size - 8))
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: checksum mismatch: the state is truncated or corrupted");
+  {
+    uint32_t rank = (uint32_t)(opt->distributed ? opt->comm.rank : 0), world = (uint32_t)(opt->distributed ? opt->comm.size : 1);
+    if (saved_rank != rank || saved_world != world)
+      return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: this state was saved by rank %u of %u, this optimizer is rank %u of %u: "
+                        "every rank loads the file it saved (muon does not reshard a checkpoint to another world size yet)",
+                        saved_rank, saved_world, rank, world);
+  }
   ng = muon__get32(&p);
   nag = muon__get32(&p);
   if (ng != (uint32_t)opt->n_groups || nag != (uint32_t)opt->n_adamw_groups)
@@ -4078,7 +4130,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   /* Groups: sized by their own ns_steps, checked as they are read into a copy. */
   groups = (muon_hparams *)muon__alloc(&opt->allocator, ng * sizeof(muon_hparams));
   if (!groups) return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating %u groups failed", ng);
-  need = MUON__STATE_HEADER + 8 + 8 + 20 * (size_t)nag;
+  need = hdr + 8 + 8 + 20 * (size_t)nag;
   for (i = 0; i < (int)ng; i++) {
     char msg[400];
     uint32_t steps_i;
@@ -4095,7 +4147,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     }
   }
   read = i;   /* groups parsed; fewer than ng means the blob ended inside them */
-  for (i = 0; i < opt->n_matrices; i++) need += 16 + 4 * opt->matrices[i].size;
+  for (i = 0; i < opt->n_matrices; i++) need += 16 + 4 * opt->matrices[i].size + lrec;
   for (i = 0; i < opt->n_adamw; i++) need += 16 + 8 * opt->adamw[i].size;
   if (read < (int)ng || size != need) {
     muon__free(&opt->allocator, groups);
@@ -4127,10 +4179,23 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       if (r != (uint32_t)x->rows || c != (uint32_t)x->cols || n != (uint64_t)x->size)
         return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
                           i, x->name, x->rows, x->cols, x->size, r, c, (unsigned long long)n);
-      if (pass) { if ((st = muon__get_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break; continue; }
+      if (pass) { if ((st = muon__get_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break; p += lrec; continue; }
       if (!muon__blob_finite(p, x->size, 0))
         return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i, x->name);
       p += 4 * x->size;
+      if (lrec) {   /* the same piece of the same matrix, or the momentum belongs to another one */
+        unsigned char mine[MUON__LAYOUT_RECORD], *q = mine;
+        muon__put_layout(&q, &x->layout);
+        if (memcmp(mine, p, lrec) != 0) {
+          char saved[200], here[200];
+          muon__layout_text(p, saved, sizeof saved);
+          muon__layout_text(mine, here, sizeof here);
+          return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp),
+                 muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') was saved as the piece [%s], here it is [%s]%s",
+                            i, x->name, saved, here, strcmp(saved, here) == 0 ? " (their layout keys differ)" : "");
+        }
+        p += lrec;
+      }
     }
     for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
       muon__adamw *a = &opt->adamw[i];

@@ -786,12 +786,13 @@ static void case_state_values(void) {
   blob = (unsigned char *)malloc(n);
   again = (unsigned char *)malloc(n);
   CHECK(muon_state_save(A.opt, orig, n) == MUON_OK, "save: %s", muon_error(A.opt));
-  /* Offsets, from the layout documented above muon_state_save: header 32, group counts 8, one
-     group of 4 * (11 + 3 ns_steps) bytes, one AdamW group of 20, then the matrices. */
+  /* Offsets, from the layout documented above muon_state_save: header 40, group counts 8, one
+     group of 4 * (11 + 3 ns_steps) bytes, one AdamW group of 20, then the matrices, each with
+     its layout record of 12 + 32 * MUON_MAX_LEVELS bytes after the momentum. */
   muon_get_group(A.opt, 0, &hp);
-  off = 32 + 8 + 4 * (11 + 3 * (size_t)hp.ns_steps) + 20;
+  off = 40 + 8 + 4 * (11 + 3 * (size_t)hp.ns_steps) + 20;
   mom0 = off + 16;                                              /* matrix 0's first momentum float */
-  for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 16 + 4 * mn; }
+  for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 16 + 4 * mn + 12 + 32 * MUON_MAX_LEVELS; }
   adam = off;                                                   /* AdamW param 0: size, step, m, v */
   muon_get_momentum(A.opt, A.idx[0], &mom, &mn);
   CHECK(mn > 0 && get32le(orig + mom0 - 16) == 16 && get64le(orig + mom0 - 8) == mn && get32le(orig + mom0) == (memcpy(&k, mom, 4), (uint32_t)k),
@@ -835,6 +836,57 @@ static void case_state_values(void) {
   model_close(&A);
 }
 
+/* ==== 11. a blob records where it was saved: rank, world size, and each piece's layout ==========
+   Catches: rank r loading rank r+1's file with MUON_OK (its momentum belongs to other rows);
+   a piece loaded under another layout of the same size; anything changed by the refused load. */
+static void case_state_where(void) {
+  static const mspec ROWS[1] = { { "sq", 12, 12, K_SHARD0, 0 } }, COLS[1] = { { "sq", 12, 12, K_SHARD1, 0 } };
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  snap s;
+  char path[600], want[120];
+  const char *dir = getenv("MUON_STORE");
+  int next = (W.rank + 1) % W.size, all[MAXP];
+  muon_status st;
+  if (W.size < 2 || !dir) return;
+  TEST_CASE("11. a blob saved by another rank, or for another piece, is MUON_ERR_STATE naming both; nothing changes");
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, NULL);
+  snprintf(path, sizeof path, "%s/agree11.%d", dir, W.rank);
+  CHECK(muon_state_save_file(A.opt, path) == MUON_OK, "save: %s", muon_error(A.opt));
+  gather_int(1, all);                                      /* every file is written */
+  snap_take(&A, &s);
+  snprintf(path, sizeof path, "%s/agree11.%d", dir, next);
+  st = muon_state_load_file(A.opt, path);
+  expect_all("rank r loads rank r+1's blob", st, MUON_ERR_STATE, A.opt);
+  snprintf(want, sizeof want, "saved by rank %d of %d, this optimizer is rank %d of %d", next, W.size, W.rank, W.size);
+  CHECK(has(muon_error(A.opt), want), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+  expect_unchanged("the refused load", &A, &s);
+  snap_free(&s);
+  model_close(&A);
+
+  /* The same matrix as rows and as columns: pieces of the same size, different elements. */
+  if (!model_open(&A, &d, ROWS, 1) || !model_open(&B, &d, COLS, 1)) { CHECK(0, "setup"); return; }
+  step_both("step 1 (rows)", &A, NULL);
+  {
+    size_t n = muon_state_size(A.opt);
+    void *blob = malloc(n);
+    CHECK(n == muon_state_size(B.opt), "sizes differ: the case needs pieces of one size");
+    CHECK(muon_state_save(A.opt, blob, n) == MUON_OK, "save: %s", muon_error(A.opt));
+    snap_take(&B, &s);
+    st = muon_state_load(B.opt, blob, n);
+    expect_all("a row piece loaded as a column piece", st, MUON_ERR_STATE, B.opt);
+    CHECK(has(muon_error(B.opt), "shard dim 0") && has(muon_error(B.opt), "shard dim 1") && has(muon_error(B.opt), "'sq'"),
+          "rank %d: message '%s'", W.rank, muon_error(B.opt));
+    expect_unchanged("the refused layout load", &B, &s);
+    snap_free(&s);
+    free(blob);
+  }
+  model_close(&A);
+  model_close(&B);
+}
+
 int main(int argc, char **argv) {
   muon_gloo_desc gd = muon_gloo_default_desc();
   char err[512];
@@ -868,6 +920,7 @@ int main(int argc, char **argv) {
   collectives_case(0, 1);
   collectives_case(1, 1);
   case_state_values();
+  case_state_where();
   if (W.rank == 0)
     printf("case 8: slowest rank returned after %.1f ms (commit vote), %.1f ms (unchecked_commit)\n", case8_worst_ms, case8_unchecked_worst_ms);
   rc = test_summary();

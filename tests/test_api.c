@@ -415,6 +415,26 @@ static void test_state_matrices_only(void) {
     muon_get_momentum(b, 0, &mb, &nb);
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
   }
+  TEST_CASE("state: a version-1 blob (no rank, world or layouts) still loads, to the same state");
+  {   /* version 1 = version 2 without the rank and world (header bytes 32..40) and the layout record */
+    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, n1 = n - 8 - lrec, k;
+    unsigned char *v2 = (unsigned char *)blob, *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
+    uint64_t sum;
+    memcpy(v1, v2, 32);
+    v1[8] = 1; v1[9] = v1[10] = v1[11] = 0;
+    memcpy(v1 + 32, v2 + 40, n - 8 - lrec - 40);
+    sum = muon__fnv1a(v1, n1 - 8);
+    for (k = 0; k < 8; k++) v1[n1 - 8 + k] = (unsigned char)(sum >> (8 * k));
+    muon_destroy(b);
+    muon_create(&b, &d);
+    muon_add_matrix(b, &m, NULL);
+    CHECK(muon_state_load(b, v1, n1) == MUON_OK, "version-1 load: %s", muon_error(b));
+    CHECK(muon_state_save(b, again, n) == MUON_OK && memcmp(again, v2, n) == 0, "saved again, it differs from the version-2 blob");
+    v1[8] = 3;
+    CHECK(muon_state_load(b, v1, n1) == MUON_ERR_STATE && strstr(muon_error(b), "version 3"), "version 3: %s", muon_error(b));
+    free(v1);
+    free(again);
+  }
   free(blob);
   muon_destroy(a);
   muon_destroy(b);
