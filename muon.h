@@ -984,7 +984,8 @@ typedef struct muon__piece {
 } muon__piece;
 
 typedef struct muon__matrix {
-  char name[64];
+  char name[64];        /* for messages; cut at 63 characters */
+  unsigned long long name_hash;   /* muon__name_hash of the full name */
   void *param;          /* param_dtype */
   const void *grad;     /* grad_dtype */
   void *mirror;         /* bf16, optional */
@@ -1011,7 +1012,8 @@ typedef struct muon__holder {
 } muon__holder;
 
 typedef struct muon__global {
-  char name[64];
+  char name[64];        /* for messages; cut at 63 characters */
+  unsigned long long name_hash;   /* of the full name: what matches */
   long long key;
   int rows, cols;
   int owner;
@@ -1589,6 +1591,27 @@ MUON_API muon_status muon_set_adamw_lr(muon_optimizer *opt, int group, float lr)
   return muon_set_adamw_group(opt, group, &hp);
 }
 
+/* FNV-1a, continued from h (start: MUON__FNV_START). */
+#define MUON__FNV_START 14695981039346656037ull
+static uint64_t muon__fnv1a_more(uint64_t h, const unsigned char *p, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
+  return h;
+}
+static uint64_t muon__fnv1a(const unsigned char *p, size_t n) { return muon__fnv1a_more(MUON__FNV_START, p, n); }
+
+/* The full name's hash (slice >= 0: with "[slice]", as a stack's slice is named): planning
+   matches matrices on it, so two long names that share their first 63 characters stay apart. */
+static uint64_t muon__name_hash(const char *name, int slice) {
+  char suffix[24];
+  uint64_t h = muon__fnv1a((const unsigned char *)(name ? name : ""), name ? strlen(name) : 0);
+  if (slice >= 0) {
+    snprintf(suffix, sizeof suffix, "[%d]", slice);
+    h = muon__fnv1a_more(h, (const unsigned char *)suffix, strlen(suffix));
+  }
+  return h;
+}
+
 static void muon__copy_name(char *dst, size_t size, const char *name) {
   if (!name) name = "";
   strncpy(dst, name, size - 1);
@@ -1692,6 +1715,7 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     memset(x, 0, sizeof *x);
     if (count > 1) snprintf(x->name, sizeof x->name, "%.50s[%d]", name, i);
     else muon__copy_name(x->name, sizeof x->name, name);
+    x->name_hash = muon__name_hash(name, count > 1 ? i : -1);
     x->param = (char *)m->param + (size_t)i * stride * muon__dtype_size(m->param_dtype);
     x->grad = m->grad ? (const char *)m->grad + (size_t)i * grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
     x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * mirror_stride * 2 : NULL;
@@ -2550,13 +2574,6 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
   hp->eps = muon__get_float(p); hp->precision = (muon_precision)muon__get32(p);
   hp->gemm = (muon_gemm)muon__get32(p); hp->symmetric = (int)muon__get32(p);
 }
-static uint64_t muon__fnv1a(const unsigned char *p, size_t n) {
-  uint64_t h = 14695981039346656037ull;
-  size_t i;
-  for (i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ull; }
-  return h;
-}
-
 /* ---------------------------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. */
 static muon_status muon__comm_fail(muon_optimizer *opt, muon_status st, const char *op) {
@@ -2603,7 +2620,8 @@ static muon_status muon__comm_wait(muon_optimizer *opt, const char *op) {
    rounds. Built from one allgather of every rank's matrix list, so every rank computes the same
    plan without further talk; failures found here are therefore the same on every rank. */
 typedef struct muon__entry {     /* one registered matrix on the wire */
-  char name[64];
+  char name[64];                 /* for messages */
+  unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
   long long key, rows, cols;
   long long piece[6];
   unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
@@ -2932,11 +2950,12 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     for (i = 0; i < count[r] && st == MUON_OK; i++, total++) {
       const muon__entry *e = &all[(size_t)r * stride + i];
       for (g = 0; g < pl->n_globals; g++)
-        if (pl->globals[g].key == e->key && strcmp(pl->globals[g].name, e->name) == 0) break;
+        if (pl->globals[g].key == e->key && pl->globals[g].name_hash == e->name_hash) break;
       gid[total] = g;
       if (g == pl->n_globals) {
         muon__global *x = &pl->globals[pl->n_globals++];
         memcpy(x->name, e->name, sizeof x->name);
+        x->name_hash = e->name_hash;
         x->key = e->key;
         x->rows = (int)e->rows;
         x->cols = (int)e->cols;
@@ -3062,7 +3081,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
 
 /* A plan fingerprint: owners and rounds, hashed; ranks compare them to prove agreement. */
 static unsigned long long muon__plan_hash(const muon__plan *pl) {
-  unsigned long long h = 14695981039346656037ull;
+  unsigned long long h = MUON__FNV_START;
   int g;
   for (g = 0; g < pl->n_globals; g++) {
     h = (h ^ (unsigned long long)pl->globals[g].owner) * 1099511628211ull;
@@ -3088,6 +3107,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   for (i = 0; i < n; i++) {
     const muon__matrix *x = &opt->matrices[i];
     snprintf(e[i].name, sizeof e[i].name, "#%d", i);
+    e[i].name_hash = muon__name_hash(e[i].name, -1);
     e[i].rows = x->rows;
     e[i].cols = x->cols;
     e[i].piece[2] = x->rows; e[i].piece[3] = x->cols; e[i].piece[5] = (long long)x->rows * x->cols;
@@ -3137,6 +3157,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       muon__entry *e = &pad[i];
       if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
       else snprintf(e->name, sizeof e->name, "#%d", i);
+      e->name_hash = x->name[0] ? x->name_hash : muon__name_hash(e->name, -1);
       e->key = x->layout.key;
       e->rows = x->rows;
       e->cols = x->cols;
@@ -3345,7 +3366,7 @@ static size_t muon__agree_bytes(int P) {
 /* This rank's settings: everything two ranks must share for their updates to be one update. */
 static void muon__settings(const muon_optimizer *opt, muon__record *r) {
   unsigned char buf[4 * (16 + 3 * MUON_NS_MAX_STEPS)], *p;
-  uint64_t all = 14695981039346656037ull;
+  uint64_t all = MUON__FNV_START;
   int g;
   r->n_groups = (uint32_t)opt->n_groups;
   r->n_adamw_groups = (uint32_t)opt->n_adamw_groups;

@@ -887,6 +887,43 @@ static void case_state_where(void) {
   model_close(&B);
 }
 
+/* ==== 12. names longer than the 63 characters kept for messages ===============================
+   Catches: two matrices whose names differ only after character 63 (or 50, in a stack) being
+   taken for one ("registered twice", or paired across ranks). */
+static void case_long_names(void) {
+  static float w[2][2][8 * 8], g[2][2][8 * 8];
+  char names[2][120];
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  muon_optimizer *opt = NULL;
+  muon_layout l = layout_for(K_SHARD0);
+  muon_status st = MUON_OK;
+  int i, k;
+  TEST_CASE("12. matrices whose names differ only after character 63 (and stacks after 50) are distinct");
+  for (i = 0; i < 2; i++) {
+    memset(names[i], 'x', 100);
+    snprintf(names[i] + 100, 20, ".%c", 'a' + i);
+    for (k = 0; k < 2 * 64; k++) {
+      w[i][k / 64][k % 64] = 0.01f * (float)((k * 7 + i) % 13);
+      g[i][k / 64][k % 64] = 0.02f * (float)((k * 5 + i) % 11) + 0.01f;
+    }
+  }
+  if (muon_create(&opt, &d) != MUON_OK) { CHECK(0, "create"); return; }
+  for (i = 0; i < 2 && st == MUON_OK; i++) {
+    muon_matrix m = muon_default_matrix();
+    m.name = names[i];
+    m.rows = 8; m.cols = 8; m.count = 2; m.stride = 64;   /* a stack: its slices are "<name>[k]" */
+    m.param = w[i][0]; m.grad = g[i][0];
+    m.layout = &l;
+    st = muon_add_matrix(opt, &m, NULL);
+  }
+  CHECK(st == MUON_OK, "add: %s", muon_error(opt));
+  st = muon_step(opt);
+  expect_all("a step with long names", st, MUON_OK, opt);
+  CHECK(muon_global_count(opt) == 4, "rank %d: %d global matrices, expected 4", W.rank, muon_global_count(opt));
+  muon_destroy(opt);
+}
+
 int main(int argc, char **argv) {
   muon_gloo_desc gd = muon_gloo_default_desc();
   char err[512];
@@ -921,6 +958,7 @@ int main(int argc, char **argv) {
   collectives_case(1, 1);
   case_state_values();
   case_state_where();
+  case_long_names();
   if (W.rank == 0)
     printf("case 8: slowest rank returned after %.1f ms (commit vote), %.1f ms (unchecked_commit)\n", case8_worst_ms, case8_unchecked_worst_ms);
   rc = test_summary();
