@@ -245,18 +245,24 @@ static muon_status muon_nccl__cuda(muon_nccl__comm *c, cudaError_t e, const char
   return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
+/* Polls a non-blocking communicator until its call in progress (r) has finished: its final
+   result, or ncclInProgress still when the timeout passed. */
+static ncclResult_t muon_nccl__poll(ncclComm_t comm, ncclResult_t r, double timeout_s) {
+  double deadline = muon_nccl__now() + timeout_s;
+  while (r == ncclInProgress && muon_nccl__now() <= deadline) {
+    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) r = q;
+    if (r == ncclInProgress) muon_nccl__pause();
+  }
+  return r;
+}
+
 /* Until the communicator has no call in progress (non-blocking communicators), under the timeout. */
 static muon_status muon_nccl__settle(muon_nccl__comm *c, ncclResult_t r, const char *what) {
-  double deadline = muon_nccl__now() + c->timeout_s;
-  while (r == ncclInProgress) {
-    ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
-    if (q != ncclSuccess) r = q;
-    if (r != ncclInProgress) break;
-    if (muon_nccl__now() > deadline)
-      return muon_nccl__fail(c, MUON_ERR_TIMEOUT, "muon_nccl: %s still in progress after %.1f s (MUON_NCCL_TIMEOUT): a peer is "
-                             "missing, stalled or calling something else", what, c->timeout_s);
-    muon_nccl__pause();
-  }
+  r = muon_nccl__poll(c->comm, r, c->timeout_s);
+  if (r == ncclInProgress)
+    return muon_nccl__fail(c, MUON_ERR_TIMEOUT, "muon_nccl: %s still in progress after %.1f s (MUON_NCCL_TIMEOUT): a peer is "
+                           "missing, stalled or calling something else", what, c->timeout_s);
   if (r != ncclSuccess)
     return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s failed: %s", what, ncclGetErrorString(r));
   return MUON_OK;
@@ -517,16 +523,11 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
 /* Polls a non-blocking communicator being made until ready; aborts it on failure. */
 static muon_status muon_nccl__ready(ncclComm_t comm, ncclResult_t r, double timeout_s, const char *what, char *err,
                                     size_t err_size) {
-  double deadline = muon_nccl__now() + timeout_s;
-  while (r == ncclInProgress) {
-    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
-    if (q != ncclSuccess) r = q;
-    if (r == ncclInProgress && muon_nccl__now() > deadline) {
-      (void)ncclCommAbort(comm);
-      muon_nccl__msg(err, err_size, "muon_nccl: %s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join", what, timeout_s);
-      return MUON_ERR_TIMEOUT;
-    }
-    if (r == ncclInProgress) muon_nccl__pause();
+  r = muon_nccl__poll(comm, r, timeout_s);
+  if (r == ncclInProgress) {
+    (void)ncclCommAbort(comm);
+    muon_nccl__msg(err, err_size, "muon_nccl: %s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join", what, timeout_s);
+    return MUON_ERR_TIMEOUT;
   }
   if (r != ncclSuccess) {
     muon_nccl__msg(err, err_size, "muon_nccl: %s failed: %s (NCCL: %s)", what, ncclGetErrorString(r), ncclGetLastError(comm));
