@@ -221,6 +221,8 @@ $(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_agree: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_reshard: tests/test_reshard.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_agree_san: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
 	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist_san: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
@@ -230,9 +232,25 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_fast test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san \
+             test_ns_cblas test_threads test_threads_fast test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
+
+# Checkpoints across world sizes and layouts: one save, then loads at other sizes and layouts.
+RS := $(BUILD)/test_reshard
+RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo 'reshard: 1 passed, 0 failed'" \
+  "$(RUN) -n 4 $(RS) --layout fsdp --save $(BUILD)/reshard/a" \
+  "$(RUN) -n 4 $(RS) --layout tp_fsdp --load $(BUILD)/reshard/a --from 4" \
+  "$(RUN) -n 1 $(RS) --layout single --load $(BUILD)/reshard/a --from 4" \
+  "$(RUN) -n 3 $(RS) --layout fsdp_flat --load $(BUILD)/reshard/a --from 4" \
+  "$(RUN) -n 4 $(RS) --layout tp_fsdp --save $(BUILD)/reshard/b" \
+  "$(RUN) -n 4 $(RS) --layout hsdp --load $(BUILD)/reshard/b --from 4" \
+  "$(RUN) -n 2 $(RS) --layout tp --load $(BUILD)/reshard/b --from 4" \
+  "$(RUN) -n 1 $(RS) --layout single --save $(BUILD)/reshard/c" \
+  "$(RUN) -n 2 $(RS) --layout fsdp_flat --load $(BUILD)/reshard/c --from 1" \
+  "$(RUN) -n 3 $(RS) --layout ddp --load $(BUILD)/reshard/c --from 1" \
+  "$(RUN) -n 4 $(RS) --layout hsdp --save $(BUILD)/reshard/d" \
+  "$(RUN) -n 2 $(RS) --layout fsdp --load $(BUILD)/reshard/d --from 4"
 
 # The binaries build in parallel (JOBS, default: every core); the tests then run one at a time.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -257,6 +275,7 @@ test: deps check-headers
 	  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
 	  "$(RUN) -n 1 $(BUILD)/test_agree" "$(RUN) -n 2 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree" \
 	  "$(RUN) -n 4 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree_san" \
+	  $(RESHARD_TESTS) \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  $(CUDA_TESTS)
 

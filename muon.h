@@ -50,9 +50,11 @@
 
    SPEED
        The built-in GEMM is plain C written for the auto-vectoriser: build with -O3 -march=native
-       (measured here: ~0.75x single-thread OpenBLAS sgemm at 1024^2 with AVX-512, ~0.15x at plain
-       -O2). Results are deterministic for a given binary; builds for CPUs with and without FMA
-       differ in the last bits, so keep one binary across the ranks of a job.
+       (single-thread OpenBLAS sgemm at 1024^2 = 1: measured 0.45x with AVX2 + FMA, 0.16x at plain
+       -O2; about 0.75x with AVX-512). CBLAS is faster where installed; its thread count
+       (OPENBLAS_NUM_THREADS) changes the bits, so keep it the same on every rank. Results are
+       deterministic for a given binary; builds for CPUs with and without FMA differ in the last
+       bits, so keep one binary across the ranks of a job.
 
    BACKENDS
        Computation (muon_compute): the CPU, in this header (desc.compute = NULL); muon_cuda.h for
@@ -170,7 +172,8 @@ typedef struct muon_hparams {
   int symmetric;                   /* 1: X*X^T and A*A compute one triangle (fewer flops)       */
 } muon_hparams;
 
-/* torch.optim.Muon's defaults (and MUON_NS_QUINTIC, fp32, symmetric products). */
+/* torch.optim.Muon's defaults (and MUON_NS_QUINTIC, symmetric products), except precision: fp32
+   here, where torch runs Newton-Schulz in bf16 (MUON_PRECISION_BF16 rounds as torch does). */
 MUON_API muon_hparams muon_default_hparams(void);
 /* Fills hp->ns_coefficients with a preset for all MUON_NS_MAX_STEPS iterations; keeps ns_steps.
    MUON_ERR_ARG (hp unchanged) for an unknown preset. */
@@ -567,6 +570,10 @@ typedef struct muon_adamw_param {
   int group;                       /* AdamW group, 0 = desc.adamw                                 */
   muon_dtype param_dtype, grad_dtype;
   void *mirror;                    /* optional bf16 copy of param, written after each update     */
+  /* ZeRO / FSDP shards: this rank holds elements [offset, offset + size) of a parameter of
+     full_size elements (flattened). 0: the whole parameter (full_size = size). Checkpoints
+     record it, so muon_state_reshard can place each piece at another world size. */
+  size_t offset, full_size;
 } muon_adamw_param;
 
 MUON_API muon_adamw_param muon_default_adamw_param(void);
@@ -664,6 +671,18 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size);
 MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path);
 MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path);
+/* Resharding: loads a checkpoint saved by every rank of another world (n blobs or files, one
+   per old rank, in any order) into this optimizer, whatever its world size and layouts. Each
+   matrix takes, element by element, the momentum of the saved pieces that hold that element
+   (matched by name and layout key, as planning matches them; saved replicas must agree bit for
+   bit), each AdamW param its moments by name and muon_adamw_param.offset / full_size. The
+   result is the state a single device would hold, cut to this rank's pieces. Not collective:
+   every rank reads the blobs it is given, all of them. Group hyperparameters and the step
+   count come from the blobs as in muon_state_load. All-or-nothing like muon_state_load: a
+   missing rank, a file of another step, an element no saved piece holds, or blobs older than
+   version 3 (saved before muon.h recorded names) are MUON_ERR_STATE and change nothing. */
+MUON_API muon_status muon_state_reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes, int n);
+MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *const *paths, int n);
 
 /* ---------------------------------------------------------------------------------------------
    Newton-Schulz alone: out = NS(in) for a rows x cols matrix, as muon_step computes it
@@ -1059,6 +1078,8 @@ typedef struct muon__plan {
 
 typedef struct muon__adamw {
   char name[64];
+  unsigned long long name_hash;   /* of the full name ("#index" if unnamed): what a reshard matches */
+  size_t offset, full_size;       /* this piece in the flattened parameter */
   void *param;
   const void *grad;
   void *mirror;
@@ -1715,7 +1736,8 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     memset(x, 0, sizeof *x);
     if (count > 1) snprintf(x->name, sizeof x->name, "%.50s[%d]", name, i);
     else muon__copy_name(x->name, sizeof x->name, name);
-    x->name_hash = muon__name_hash(name, count > 1 ? i : -1);
+    if (name[0] || count > 1) x->name_hash = muon__name_hash(name, count > 1 ? i : -1);
+    else { char anon[24]; snprintf(anon, sizeof anon, "#%d", first + i); x->name_hash = muon__name_hash(anon, -1); }
     x->param = (char *)m->param + (size_t)i * stride * muon__dtype_size(m->param_dtype);
     x->grad = m->grad ? (const char *)m->grad + (size_t)i * grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
     x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * mirror_stride * 2 : NULL;
@@ -1757,6 +1779,9 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.group %d does not exist (have %d) (param %d, '%s')", p->group, opt->n_adamw_groups, i, p->name ? p->name : "");
   if ((unsigned)p->param_dtype > (unsigned)MUON_DTYPE_BF16 || (unsigned)p->grad_dtype > (unsigned)MUON_DTYPE_BF16)
     return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param_dtype and .grad_dtype must be muon_dtype values (got %d, %d) (param %d, '%s')", (int)p->param_dtype, (int)p->grad_dtype, i, p->name ? p->name : "");
+  if (p->full_size ? (p->full_size > MUON__MAX_FLOATS || p->offset > p->full_size || p->size > p->full_size - p->offset) : p->offset != 0)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
+                      p->offset, p->size, p->full_size, i, p->name ? p->name : "");
   if ((st = muon__reserve_verdicts(opt, opt->n_matrices + i + 1, "muon_add_adamw_param")) != MUON_OK) return st;
   m1 = (float *)muon__dev_alloc(opt, p->size * sizeof(float));
   m2 = m1 ? (float *)muon__dev_alloc(opt, p->size * sizeof(float)) : NULL;
@@ -1776,6 +1801,10 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   x = &grown[i];
   memset(x, 0, sizeof *x);
   muon__copy_name(x->name, sizeof x->name, p->name);
+  if (p->name && p->name[0]) x->name_hash = muon__name_hash(p->name, -1);
+  else { char anon[24]; snprintf(anon, sizeof anon, "#%d", i); x->name_hash = muon__name_hash(anon, -1); }
+  x->offset = p->offset;
+  x->full_size = p->full_size ? p->full_size : p->size;
   x->param = p->param;
   x->grad = p->grad;
   x->mirror = p->mirror;
@@ -3157,7 +3186,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       muon__entry *e = &pad[i];
       if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
       else snprintf(e->name, sizeof e->name, "#%d", i);
-      e->name_hash = x->name[0] ? x->name_hash : muon__name_hash(e->name, -1);
+      e->name_hash = x->name_hash;
       e->key = x->layout.key;
       e->rows = x->rows;
       e->cols = x->cols;
@@ -3960,26 +3989,30 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 /* ---------------------------------------------------------------------------------------------
    State blob, little-endian:
      "MUONSTAT" | u32 version | u32 matrices | u32 adamw params | u32 0 | u64 steps
-     | u32 rank | u32 world size                              (version 2: 0 and 1 on one device)
+     | u32 rank | u32 world size                           (version 2 on: 0 and 1 on one device)
      u32 groups | u32 AdamW groups | per group: its muon_hparams field by field (ns_steps triples)
      | per AdamW group: lr, beta1, beta2, eps, weight_decay      (torch keeps param_groups too)
-     per matrix:      u32 rows | u32 cols | u64 size | size x f32 momentum
-                      | (version 2) the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
+     per matrix:      u32 rows | u32 cols | u64 size | (3) u64 name hash | size x f32 momentum
+                      | (2 on) the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
                         (u32 placement, dim, size, index | u64 offset, length), unused ones 0
-     per AdamW param: u64 size | u64 step | size x f32 exp_avg | size x f32 exp_avg_sq
+     per AdamW param: u64 size | u64 step | (3) u64 name hash | u64 full size | u64 offset
+                      | size x f32 exp_avg | size x f32 exp_avg_sq
      u64 FNV-1a of everything before it
-   Version 1 (no rank, world or layouts) still loads, unchecked for where it was saved. */
-#define MUON__STATE_VERSION 2u
+   Versions 1 (no rank, world or layouts) and 2 (no names) still load where they were saved;
+   resharding needs the names and ranges of version 3. */
+#define MUON__STATE_VERSION 3u
 #define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
 #define MUON__STATE_HEADER 40u                      /* version 1: 32 */
 #define MUON__LAYOUT_RECORD (12u + 32u * MUON_MAX_LEVELS)
+#define MUON__MATRIX_RECORD (24u + MUON__LAYOUT_RECORD)   /* besides the momentum */
+#define MUON__ADAMW_RECORD 40u                             /* besides the moments */
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8 + 20 * (size_t)opt->n_adamw_groups;
   int i;
   for (i = 0; i < opt->n_groups; i++) n += 4 * (11 + 3 * (size_t)opt->groups[i].ns_steps);
-  for (i = 0; i < opt->n_matrices; i++) n += 16 + 4 * opt->matrices[i].size + MUON__LAYOUT_RECORD;
-  for (i = 0; i < opt->n_adamw; i++) n += 16 + 8 * opt->adamw[i].size;
+  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * opt->matrices[i].size;
+  for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
   return n;
 }
 
@@ -4004,9 +4037,9 @@ static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const
   return MUON_OK;
 }
 
-static muon_status muon__get_state(muon_optimizer *opt, const unsigned char **p, float *x, size_t n, float *tmp) {
-  if (!opt->device) { muon__get_floats(p, x, n); return MUON_OK; }
-  muon__get_floats(p, tmp, n);
+static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src, float *x, size_t n, float *tmp) {
+  if (!opt->device) { muon__get_floats(&src, x, n); return MUON_OK; }
+  muon__get_floats(&src, tmp, n);
   MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x, tmp, n * sizeof(float), 0, 1), "muon_state_load: writing the state (partly loaded)");
   return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
 }
@@ -4022,6 +4055,20 @@ static void muon__put_layout(unsigned char **p, const muon_layout *l) {
     muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)v.dim);
     muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
     muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
+  }
+}
+
+static void muon__get_layout(const unsigned char *rec, muon_layout *l) {
+  const unsigned char *p = rec;
+  int k;
+  memset(l, 0, sizeof *l);
+  l->n_levels = (int)muon__get32(&p);
+  l->key = (long long)muon__get64(&p);
+  for (k = 0; k < MUON_MAX_LEVELS; k++) {
+    muon_level *v = &l->levels[k];
+    v->placement = (muon_placement)muon__get32(&p); v->dim = (int)muon__get32(&p);
+    v->size = (int)muon__get32(&p); v->index = (int)muon__get32(&p);
+    v->offset = (long long)muon__get64(&p); v->length = (long long)muon__get64(&p);
   }
 }
 
@@ -4077,12 +4124,16 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put32(&p, (uint32_t)x->rows);
     muon__put32(&p, (uint32_t)x->cols);
     muon__put64(&p, (uint64_t)x->size);
+    muon__put64(&p, (uint64_t)x->name_hash);
     if ((st = muon__put_state(opt, &p, x->momentum, x->size, tmp)) == MUON_OK) muon__put_layout(&p, &x->layout);
   }
   for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
     muon__put64(&p, (uint64_t)a->size);
     muon__put64(&p, (uint64_t)a->step);
+    muon__put64(&p, (uint64_t)a->name_hash);
+    muon__put64(&p, (uint64_t)a->full_size);
+    muon__put64(&p, (uint64_t)a->offset);
     if ((st = muon__put_state(opt, &p, a->exp_avg, a->size, tmp)) == MUON_OK)
       st = muon__put_state(opt, &p, a->exp_avg_sq, a->size, tmp);
   }
@@ -4102,165 +4153,261 @@ static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
   return 1;
 }
 
-MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
-  const unsigned char *p = (const unsigned char *)buf, *end;
-  const unsigned char *body, *adamw_groups;
-  uint32_t version, nm, na, ng, nag, saved_rank = 0, saved_world = 1;
-  size_t hdr, lrec;
-  int read;
-  uint64_t steps, sum;
-  muon_hparams *groups;
-  size_t need;
-  int i, pass;
-  float *tmp = NULL;
-  muon_status st = MUON_OK;
-  if (!opt) return MUON_ERR_ARG;
-  if (!buf) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load: buf is NULL");
-  if (size < MUON__STATE_HEADER + 8 || memcmp(p, "MUONSTAT", 8) != 0)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: not a muon state (%zu bytes, bad magic or truncated header)", size);
+/* A blob whose structure has been checked (checksum, every record inside it) before anything
+   reads a record. */
+typedef struct muon__blob {
+  uint32_t version, n_matrices, n_adamw, n_groups, n_adamw_groups, rank, world;
+  uint64_t steps;
+  const unsigned char *groups, *matrices, *adamw;   /* where each section starts */
+} muon__blob;
+
+typedef struct muon__saved_matrix {
+  uint32_t rows, cols;
+  uint64_t size, name_hash;                  /* name_hash: version 3 on, else 0 */
+  const unsigned char *momentum, *layout;    /* layout: version 2 on, else NULL */
+} muon__saved_matrix;
+
+typedef struct muon__saved_adamw {
+  uint64_t size, step, name_hash, full_size, offset;   /* before version 3: 0, size, 0 */
+  const unsigned char *exp_avg, *exp_avg_sq;
+} muon__saved_adamw;
+
+static void muon__next_saved_matrix(const muon__blob *b, const unsigned char **p, muon__saved_matrix *m) {
+  m->rows = muon__get32(p);
+  m->cols = muon__get32(p);
+  m->size = muon__get64(p);
+  m->name_hash = b->version >= 3 ? muon__get64(p) : 0;
+  m->momentum = *p;
+  *p += 4 * (size_t)m->size;
+  m->layout = b->version >= 2 ? *p : NULL;
+  if (m->layout) *p += MUON__LAYOUT_RECORD;
+}
+
+static void muon__next_saved_adamw(const muon__blob *b, const unsigned char **p, muon__saved_adamw *a) {
+  a->size = muon__get64(p);
+  a->step = muon__get64(p);
+  if (b->version >= 3) { a->name_hash = muon__get64(p); a->full_size = muon__get64(p); a->offset = muon__get64(p); }
+  else { a->name_hash = 0; a->full_size = a->size; a->offset = 0; }
+  a->exp_avg = *p;
+  a->exp_avg_sq = *p + 4 * (size_t)a->size;
+  *p += 8 * (size_t)a->size;
+}
+
+static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t size, muon__blob *b, const char *op) {
+  const unsigned char *base = (const unsigned char *)buf, *p = base, *end, *q;
+  size_t hdr, mrec, arec;
+  uint32_t i;
+  memset(b, 0, sizeof *b);
+  if (size < 32 + 8 || memcmp(p, "MUONSTAT", 8) != 0)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: not a muon state (%zu bytes, bad magic or truncated header)", op, size);
   p += 8;
-  version = muon__get32(&p);
-  if (version != MUON__STATE_VERSION && version != 1)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state version %u, this muon.h reads versions 1 and %u", version, MUON__STATE_VERSION);
-  hdr = version == 1 ? 32 : MUON__STATE_HEADER;
-  lrec = version == 1 ? 0 : MUON__LAYOUT_RECORD;
-  if (size < hdr + 8) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: truncated header (%zu bytes)", size);
-  nm = muon__get32(&p);
-  na = muon__get32(&p);
-  if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: reserved header field is not 0");
-  steps = muon__get64(&p);
-  if (version != 1) { saved_rank = muon__get32(&p); saved_world = muon__get32(&p); }
-  if (steps > MUON__STATE_MAX_STEP) return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: step count %llu is not plausible", (unsigned long long)steps);
-  if (nm != (uint32_t)opt->n_matrices || na != (uint32_t)opt->n_adamw)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d", nm, na, opt->n_matrices, opt->n_adamw);
-  end = (const unsigned char *)buf + size - 8;
-  sum = muon__get64(&end);
-  if (sum != muon__fnv1a((const unsigned char *)buf, size - 8))
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: checksum mismatch: the state is truncated or corrupted");
-  {
-    uint32_t rank = (uint32_t)(opt->distributed ? opt->comm.rank : 0), world = (uint32_t)(opt->distributed ? opt->comm.size : 1);
-    if (saved_rank != rank || saved_world != world)
-      return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: this state was saved by rank %u of %u, this optimizer is rank %u of %u: "
-                        "every rank loads the file it saved (muon does not reshard a checkpoint to another world size yet)",
-                        saved_rank, saved_world, rank, world);
+  b->version = muon__get32(&p);
+  if (b->version < 1 || b->version > MUON__STATE_VERSION)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads versions 1 to %u", op, b->version, MUON__STATE_VERSION);
+  hdr = b->version == 1 ? 32 : MUON__STATE_HEADER;
+  if (size < hdr + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
+  b->n_matrices = muon__get32(&p);
+  b->n_adamw = muon__get32(&p);
+  if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "%s: reserved header field is not 0", op);
+  b->steps = muon__get64(&p);
+  b->world = 1;
+  if (b->version >= 2) { b->rank = muon__get32(&p); b->world = muon__get32(&p); }
+  if (b->steps > MUON__STATE_MAX_STEP) return muon__fail(opt, MUON_ERR_STATE, "%s: step count %llu is not plausible", op, (unsigned long long)b->steps);
+  end = base + size - 8;
+  q = end;
+  if (muon__get64(&q) != muon__fnv1a(base, size - 8))
+    return muon__fail(opt, MUON_ERR_STATE, "%s: checksum mismatch: the state is truncated or corrupted", op);
+  if (b->world < 1 || b->rank >= b->world) return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u of a world of %u is not plausible", op, b->rank, b->world);
+  /* A valid checksum can still frame impossible records (a hand-made blob): walk them all. */
+  b->n_groups = muon__get32(&p);
+  b->n_adamw_groups = muon__get32(&p);
+  b->groups = p;
+  for (i = 0; i < b->n_groups; i++) {
+    uint32_t k;
+    q = p + 24;
+    if ((size_t)(end - p) < 28) break;
+    k = muon__get32(&q);
+    if (k < 1 || k > MUON_NS_MAX_STEPS || (size_t)(end - p) < 4 * (11 + 3 * (size_t)k)) break;
+    p += 4 * (11 + 3 * (size_t)k);
   }
-  ng = muon__get32(&p);
-  nag = muon__get32(&p);
-  if (ng != (uint32_t)opt->n_groups || nag != (uint32_t)opt->n_adamw_groups)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u groups and %u AdamW groups, the optimizer %d and %d", ng, nag, opt->n_groups, opt->n_adamw_groups);
-  /* Groups: sized by their own ns_steps, checked as they are read into a copy. */
-  groups = (muon_hparams *)muon__alloc(&opt->allocator, ng * sizeof(muon_hparams));
-  if (!groups) return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating %u groups failed", ng);
-  need = hdr + 8 + 8 + 20 * (size_t)nag;
-  for (i = 0; i < (int)ng; i++) {
-    char msg[400];
-    uint32_t steps_i;
-    const unsigned char *q = p + 24;
-    if ((size_t)(p - (const unsigned char *)buf) + 28 > size - 8) break;
-    steps_i = muon__get32(&q);
-    if (steps_i < 1 || steps_i > MUON_NS_MAX_STEPS || (size_t)(p - (const unsigned char *)buf) + 44 + 12 * (size_t)steps_i > size - 8) break;
+  if (i < b->n_groups || (size_t)(end - p) / 20 < b->n_adamw_groups)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside its groups (truncated, or a group has more than MUON_NS_MAX_STEPS = %d steps)", op, size, MUON_NS_MAX_STEPS);
+  p += 20 * (size_t)b->n_adamw_groups;
+  b->matrices = p;
+  mrec = 16 + (b->version >= 3 ? 8 : 0) + (b->version >= 2 ? MUON__LAYOUT_RECORD : 0);
+  for (i = 0; i < b->n_matrices; i++) {
+    uint64_t n;
+    if ((size_t)(end - p) < mrec) break;
+    q = p + 8;
+    n = muon__get64(&q);
+    if (n > ((size_t)(end - p) - mrec) / 4) break;
+    p += mrec + 4 * (size_t)n;
+  }
+  if (i < b->n_matrices) return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside matrix %u's record (truncated, or shapes differ)", op, size, i);
+  b->adamw = p;
+  arec = 16 + (b->version >= 3 ? 24 : 0);
+  for (i = 0; i < b->n_adamw; i++) {
+    uint64_t n;
+    if ((size_t)(end - p) < arec) break;
+    q = p;
+    n = muon__get64(&q);
+    if (n > ((size_t)(end - p) - arec) / 8) break;
+    p += arec + 8 * (size_t)n;
+  }
+  if (i < b->n_adamw) return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside AdamW param %u's record (truncated, or shapes differ)", op, size, i);
+  if (p != end) return muon__fail(opt, MUON_ERR_STATE, "%s: state is %zu bytes, its records end %zu bytes earlier (corrupted)", op, size, (size_t)(end - p));
+  return MUON_OK;
+}
+
+/* The blob's groups, checked, into groups[] and adamw_groups[] (the optimizer's counts). */
+static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, muon_hparams *groups, muon_adamw_hparams *adamw_groups, const char *op) {
+  const unsigned char *p = b->groups;
+  char msg[400];
+  uint32_t i;
+  if (b->n_groups != (uint32_t)opt->n_groups || b->n_adamw_groups != (uint32_t)opt->n_adamw_groups)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state has %u groups and %u AdamW groups, the optimizer %d and %d", op, b->n_groups, b->n_adamw_groups, opt->n_groups, opt->n_adamw_groups);
+  for (i = 0; i < b->n_groups; i++) {
     groups[i] = opt->groups[i];   /* coefficients past ns_steps are not saved: keep ours */
     muon__get_hparams(&p, &groups[i]);
-    need += 4 * (11 + 3 * (size_t)steps_i);
-    if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK) {
-      muon__free(&opt->allocator, groups);
-      return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: group %d: %s", i, msg);
-    }
+    if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
   }
-  read = i;   /* groups parsed; fewer than ng means the blob ended inside them */
-  for (i = 0; i < opt->n_matrices; i++) need += 16 + 4 * opt->matrices[i].size + lrec;
-  for (i = 0; i < opt->n_adamw; i++) need += 16 + 8 * opt->adamw[i].size;
-  if (read < (int)ng || size != need) {
-    muon__free(&opt->allocator, groups);
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state is %zu bytes, this optimizer's is %zu (truncated, or shapes differ)", size, need);
+  for (i = 0; i < b->n_adamw_groups; i++) {
+    muon_adamw_hparams *a = &adamw_groups[i];
+    a->lr = muon__get_float(&p); a->beta1 = muon__get_float(&p); a->beta2 = muon__get_float(&p);
+    a->eps = muon__get_float(&p); a->weight_decay = muon__get_float(&p);
+    if (muon__check_adamw_hparams(a, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
   }
-  adamw_groups = p;
-  for (i = 0; i < (int)nag; i++) {
-    muon_adamw_hparams a;
-    char msg[400];
-    a.lr = muon__get_float(&p); a.beta1 = muon__get_float(&p); a.beta2 = muon__get_float(&p);
-    a.eps = muon__get_float(&p); a.weight_decay = muon__get_float(&p);
-    if (muon__check_adamw_hparams(&a, msg, sizeof msg) != MUON_OK) {
-      muon__free(&opt->allocator, groups);
-      return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW group %d: %s", i, msg);
-    }
-  }
-  body = p;
-  if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float)))) {
-    muon__free(&opt->allocator, groups);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating a staging buffer failed");
-  }
-  /* Pass 0 checks every shape, pass 1 copies: nothing changes unless all of it fits. */
-  for (pass = 0; pass < 2 && st == MUON_OK; pass++) {
-    p = body;
-    for (i = 0; i < opt->n_matrices; i++) {
-      muon__matrix *x = &opt->matrices[i];
-      uint32_t r = muon__get32(&p), c = muon__get32(&p);
-      uint64_t n = muon__get64(&p);
-      if (r != (uint32_t)x->rows || c != (uint32_t)x->cols || n != (uint64_t)x->size)
-        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
-                          i, x->name, x->rows, x->cols, x->size, r, c, (unsigned long long)n);
-      if (pass) { if ((st = muon__get_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break; p += lrec; continue; }
-      if (!muon__blob_finite(p, x->size, 0))
-        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i, x->name);
-      p += 4 * x->size;
-      if (lrec) {   /* the same piece of the same matrix, or the momentum belongs to another one */
-        unsigned char mine[MUON__LAYOUT_RECORD], *q = mine;
-        muon__put_layout(&q, &x->layout);
-        if (memcmp(mine, p, lrec) != 0) {
-          char saved[200], here[200];
-          muon__layout_text(p, saved, sizeof saved);
-          muon__layout_text(mine, here, sizeof here);
-          return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp),
-                 muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') was saved as the piece [%s], here it is [%s]%s",
-                            i, x->name, saved, here, strcmp(saved, here) == 0 ? " (their layout keys differ)" : "");
-        }
-        p += lrec;
-      }
-    }
-    for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
-      muon__adamw *a = &opt->adamw[i];
-      uint64_t n = muon__get64(&p), t = muon__get64(&p);
-      if (t > MUON__STATE_MAX_STEP)
-        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)t);
-      if (n != (uint64_t)a->size)
-        return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->size, (unsigned long long)n);
-      if (pass) {
-        a->step = (long long)t;
-        if ((st = muon__get_state(opt, &p, a->exp_avg, a->size, tmp)) == MUON_OK)
-          st = muon__get_state(opt, &p, a->exp_avg_sq, a->size, tmp);
-      } else {
-        if (!muon__blob_finite(p, a->size, 0) || !muon__blob_finite(p + 4 * a->size, a->size, 1))
-          return muon__free(&opt->allocator, groups), muon__free(&opt->allocator, tmp), muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the moments of AdamW param %d ('%s') hold NaN, Inf or a negative second moment", i, a->name);
-        p += 8 * a->size;
-      }
-    }
-  }
-  muon__free(&opt->allocator, tmp);
-  if (st != MUON_OK) { muon__free(&opt->allocator, groups); return st; }
-  for (i = 0; i < (int)nag; i++) {
-    muon_adamw_hparams a;
-    a.lr = muon__get_float(&adamw_groups); a.beta1 = muon__get_float(&adamw_groups);
-    a.beta2 = muon__get_float(&adamw_groups); a.eps = muon__get_float(&adamw_groups);
-    a.weight_decay = muon__get_float(&adamw_groups);
-    opt->adamw_groups[i] = a;
-  }
-  for (i = 0; i < (int)ng; i++) {
+  return MUON_OK;
+}
+
+/* Room for the blob's groups: one allocation, the AdamW groups after the Muon ones. */
+static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams **adamw_groups) {
+  muon_hparams *g = (muon_hparams *)muon__alloc(&opt->allocator, (size_t)opt->n_groups * sizeof(muon_hparams) + (size_t)opt->n_adamw_groups * sizeof(muon_adamw_hparams) + 1);
+  *adamw_groups = g ? (muon_adamw_hparams *)(void *)(g + opt->n_groups) : NULL;
+  return g;
+}
+
+/* The loaded groups and step count become the optimizer's, said through the logger where the
+   hyperparameters change (torch's load_state_dict replaces them too). */
+static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups, uint64_t steps, const char *op) {
+  int i;
+  for (i = 0; i < opt->n_groups; i++) {
     unsigned char x[4 * (11 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
     if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
     muon__put_hparams(&px, &opt->groups[i]);
     muon__put_hparams(&py, &groups[i]);
-    if (px - x != py - y || memcmp(x, y, (size_t)(px - x)) != 0) {   /* as torch's load_state_dict does */
+    if (px - x != py - y || memcmp(x, y, (size_t)(px - x)) != 0) {
       char msg[200];
-      snprintf(msg, sizeof msg, "muon_state_load: group %d's hyperparameters replaced by the state's (lr %g -> %g)",
-               i, (double)opt->groups[i].lr, (double)groups[i].lr);
+      snprintf(msg, sizeof msg, "%s: group %d's hyperparameters replaced by the state's (lr %g -> %g)",
+               op, i, (double)opt->groups[i].lr, (double)groups[i].lr);
       muon__log(&opt->logger, MUON_LOG_INFO, msg);
     }
   }
-  memcpy(opt->groups, groups, ng * sizeof(muon_hparams));
-  muon__free(&opt->allocator, groups);
+  memcpy(opt->groups, groups, (size_t)opt->n_groups * sizeof(muon_hparams));
+  memcpy(opt->adamw_groups, adamw_groups, (size_t)opt->n_adamw_groups * sizeof(muon_adamw_hparams));
   opt->stats.steps = (long long)steps;
-  return MUON_OK;
+}
+
+MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
+  const char *op = "muon_state_load";
+  muon__blob b;
+  const unsigned char *p;
+  muon_hparams *groups;
+  muon_adamw_hparams *adamw_groups;
+  uint32_t rank, world;
+  int i, pass;
+  float *tmp = NULL;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if (!buf) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load: buf is NULL");
+  if ((st = muon__blob_parse(opt, buf, size, &b, op)) != MUON_OK) return st;
+  if (b.n_matrices != (uint32_t)opt->n_matrices || b.n_adamw != (uint32_t)opt->n_adamw)
+    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d", b.n_matrices, b.n_adamw, opt->n_matrices, opt->n_adamw);
+  rank = (uint32_t)(opt->distributed ? opt->comm.rank : 0);
+  world = (uint32_t)(opt->distributed ? opt->comm.size : 1);
+  if (b.version >= 2 && (b.rank != rank || b.world != world))
+    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: this state was saved by rank %u of %u, this optimizer is rank %u of %u: "
+                      "every rank loads the file it saved, or muon_state_reshard_files reads all of them",
+                      b.rank, b.world, rank, world);
+  if (!(groups = muon__alloc_groups(opt, &adamw_groups))) return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating %d groups failed", opt->n_groups);
+  if ((st = muon__blob_groups(opt, &b, groups, adamw_groups, op)) != MUON_OK) goto done;
+  if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float)))) {
+    st = muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating a staging buffer failed");
+    goto done;
+  }
+  /* Pass 0 checks every record, pass 1 copies: nothing changes unless all of it fits. */
+  for (pass = 0; pass < 2; pass++) {
+    p = b.matrices;
+    for (i = 0; i < opt->n_matrices; i++) {
+      muon__matrix *x = &opt->matrices[i];
+      muon__saved_matrix m;
+      muon__next_saved_matrix(&b, &p, &m);
+      if (pass) { if ((st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done; continue; }
+      if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols || m.size != (uint64_t)x->size) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
+                        i, x->name, x->rows, x->cols, x->size, m.rows, m.cols, (unsigned long long)m.size);
+        goto done;
+      }
+      if (b.version >= 3 && m.name_hash != (uint64_t)x->name_hash) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d is '%s' here, the state's matrix %d has another name (another model, or matrices registered in another order)", i, x->name, i);
+        goto done;
+      }
+      if (!muon__blob_finite(m.momentum, x->size, 0)) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i, x->name);
+        goto done;
+      }
+      if (m.layout) {   /* the same piece of the same matrix, or the momentum belongs to another one */
+        unsigned char mine[MUON__LAYOUT_RECORD], *q = mine;
+        muon__put_layout(&q, &x->layout);
+        if (memcmp(mine, m.layout, MUON__LAYOUT_RECORD) != 0) {
+          char saved[200], here[200];
+          muon__layout_text(m.layout, saved, sizeof saved);
+          muon__layout_text(mine, here, sizeof here);
+          st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') was saved as the piece [%s], here it is [%s]%s",
+                          i, x->name, saved, here, strcmp(saved, here) == 0 ? " (their layout keys differ)" : "");
+          goto done;
+        }
+      }
+    }
+    p = b.adamw;
+    for (i = 0; i < opt->n_adamw; i++) {
+      muon__adamw *a = &opt->adamw[i];
+      muon__saved_adamw s;
+      muon__next_saved_adamw(&b, &p, &s);
+      if (pass) {
+        a->step = (long long)s.step;
+        if ((st = muon__get_state(opt, s.exp_avg, a->exp_avg, a->size, tmp)) != MUON_OK ||
+            (st = muon__get_state(opt, s.exp_avg_sq, a->exp_avg_sq, a->size, tmp)) != MUON_OK) goto done;
+        continue;
+      }
+      if (s.step > MUON__STATE_MAX_STEP) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)s.step);
+        goto done;
+      }
+      if (s.size != (uint64_t)a->size) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->size, (unsigned long long)s.size);
+        goto done;
+      }
+      if (b.version >= 3 && s.name_hash != (uint64_t)a->name_hash) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d is '%s' here, the state's param %d has another name (another model, or params registered in another order)", i, a->name, i);
+        goto done;
+      }
+      if (s.full_size != (uint64_t)a->full_size || s.offset != (uint64_t)a->offset) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') is elements [%zu, +%zu) of %zu here, the state's are [%llu, +%llu) of %llu",
+                        i, a->name, a->offset, a->size, a->full_size, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
+        goto done;
+      }
+      if (!muon__blob_finite(s.exp_avg, a->size, 0) || !muon__blob_finite(s.exp_avg_sq, a->size, 1)) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the moments of AdamW param %d ('%s') hold NaN, Inf or a negative second moment", i, a->name);
+        goto done;
+      }
+    }
+  }
+  muon__adopt(opt, groups, adamw_groups, b.steps, op);
+done:
+  muon__free(&opt->allocator, tmp);
+  muon__free(&opt->allocator, groups);
+  return st;
 }
 
 /* Checkpoint files. A save writes "<path>.muon-tmp" beside the target, flushes it to disk, and
@@ -4344,25 +4491,24 @@ MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path)
   return st;
 }
 
-/* Read in chunks, not by the size ftell reports: a directory or a pipe then fails with the OS's
-   reason instead of an absurd allocation. */
-MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path) {
+/* Reads a whole file into allocator memory in chunks, not by the size ftell reports: a directory
+   or a pipe then fails with the OS's reason instead of an absurd allocation. */
+static muon_status muon__read_file(muon_optimizer *opt, const char *path, const char *op, unsigned char **out, size_t *size) {
   FILE *f;
   unsigned char *buf = NULL, *grown;
   size_t len = 0, cap = 0, got;
-  muon_status st;
   int err;
-  if (!opt) return MUON_ERR_ARG;
-  if (!path) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load_file: path is NULL");
+  *out = NULL;
+  *size = 0;
   errno = 0;
   f = fopen(path, "rb");
-  if (!f) return muon__file_fail(opt, "muon_state_load_file", "opening", path, errno);
+  if (!f) return muon__file_fail(opt, op, "opening", path, errno);
   for (;;) {
     if (len == cap) {
       size_t want = cap ? 2 * cap : (size_t)1 << 16;
-      if (want > MUON__MAX_FLOATS) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_STATE, "muon_state_load_file: '%s' is too large", path); }
+      if (want > MUON__MAX_FLOATS) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is too large", op, path); }
       grown = (unsigned char *)muon__alloc(&opt->allocator, want);
-      if (!grown) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load_file: allocating %zu bytes failed", want); }
+      if (!grown) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, want); }
       if (len) memcpy(grown, buf, len);
       muon__free(&opt->allocator, buf);
       buf = grown;
@@ -4375,10 +4521,266 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
   }
   err = ferror(f) ? (errno ? errno : EIO) : 0;
   fclose(f);
-  if (err) st = muon__file_fail(opt, "muon_state_load_file", "reading", path, err);
-  else st = muon_state_load(opt, buf, len);
+  if (err) { muon__free(&opt->allocator, buf); return muon__file_fail(opt, op, "reading", path, err); }
+  *out = buf;
+  *size = len;
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path) {
+  unsigned char *buf;
+  size_t len;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if (!path) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load_file: path is NULL");
+  if ((st = muon__read_file(opt, path, "muon_state_load_file", &buf, &len)) != MUON_OK) return st;
+  st = muon_state_load(opt, buf, len);
   muon__free(&opt->allocator, buf);
   return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+   Resharding. Every saved piece is placed in its full tensor by its layout (a matrix) or its
+   range (an AdamW param); whatever it shares with this rank's pieces is copied into host
+   staging. The optimizer changes only after every element of every local piece has arrived. */
+typedef struct muon__reshard {
+  int n;                        /* blobs: the saving world's size */
+  unsigned char *seen;          /* per saving rank: its blob was read */
+  float *mom, *m1, *m2;         /* staging: each matrix's momentum, each AdamW param's moments */
+  unsigned char *got;           /* per staged element (matrices, then AdamW): it arrived */
+  size_t *at;                   /* where each matrix's, then each AdamW param's, floats start */
+  long long *adamw_step;        /* per AdamW param, -1 until a piece arrives */
+  unsigned char *group_bytes;   /* the first blob's group section: the others must match it */
+  size_t group_len;
+  uint64_t steps;
+  muon_hparams *groups;
+  muon_adamw_hparams *adamw_groups;
+} muon__staging;
+
+/* Copies what the saved piece `from` (its floats little-endian at src) shares with the local
+   piece `to` (floats at dst) of one rows x cols matrix; an element that already arrived must
+   come again with the same bits (saved replicas agree). Returns the first local element where
+   they do not, or -1. A piece has, in each row, one contiguous run of columns. */
+static long long muon__reshard_copy(const muon__piece *to, float *dst, unsigned char *got, const muon__piece *from, const unsigned char *src) {
+  muon__seg s = muon__segs(to);
+  while (muon__next_seg(to, &s)) {
+    long long rin = s.row - from->r0, lo, hi, c0, a, e, c;
+    if (rin < 0 || rin >= from->h) continue;
+    lo = from->f0 > rin * from->w ? from->f0 : rin * from->w;
+    hi = from->f1 < (rin + 1) * from->w ? from->f1 : (rin + 1) * from->w;
+    if (lo >= hi) continue;
+    c0 = from->c0 + (lo - rin * from->w);
+    a = c0 > s.col ? c0 : s.col;
+    e = c0 + (hi - lo) < s.col + s.len ? c0 + (hi - lo) : s.col + s.len;
+    for (c = a; c < e; c++) {
+      size_t d = (size_t)(s.off + (c - s.col));
+      const unsigned char *q = src + 4 * (size_t)(lo - from->f0 + (c - c0));
+      uint32_t u = muon__get32(&q);
+      if (got[d]) { if (u != muon__f2u(dst[d])) return (long long)d; continue; }
+      dst[d] = muon__u2f(u);
+      got[d] = 1;
+    }
+  }
+  return -1;
+}
+
+/* The same for a flat range: saved elements [so, so + sn) into local [lo, lo + n). */
+static long long muon__reshard_range(size_t lo, size_t n, float *dst, unsigned char *got, int mark, uint64_t so, uint64_t sn, const unsigned char *src) {
+  uint64_t a = so > lo ? so : lo, e = so + sn < lo + n ? so + sn : lo + n, k;
+  for (k = a; k < e; k++) {
+    size_t d = (size_t)(k - lo);
+    const unsigned char *q = src + 4 * (size_t)(k - so);
+    uint32_t u = muon__get32(&q);
+    if (got[d]) { if (u != muon__f2u(dst[d])) return (long long)d; continue; }
+    dst[d] = muon__u2f(u);
+    got[d] = (unsigned char)mark;
+  }
+  return -1;
+}
+
+static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, const void *buf, size_t size, const char *op) {
+  muon__blob b;
+  const unsigned char *p;
+  uint32_t j;
+  int i;
+  muon_status st;
+  if ((st = muon__blob_parse(opt, buf, size, &b, op)) != MUON_OK) return st;
+  if (b.version < 3)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: a version-%u state (saved before muon.h recorded names) cannot be resharded: load it where it was saved (muon_state_load) and save it again", op, b.version);
+  if (b.world != (uint32_t)R->n)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: saved by rank %u of %u, but %d blobs were given: pass one per rank of the saving world", op, b.rank, b.world, R->n);
+  if (R->seen[b.rank]) return muon__fail(opt, MUON_ERR_STATE, "%s: a second blob of rank %u", op, b.rank);
+  if (!R->group_bytes) {
+    R->group_len = (size_t)(b.matrices - b.groups);
+    if (!(R->group_bytes = (unsigned char *)muon__alloc(&opt->allocator, R->group_len + 1)))
+      return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, R->group_len);
+    memcpy(R->group_bytes, b.groups, R->group_len);
+    R->steps = b.steps;
+    if ((st = muon__blob_groups(opt, &b, R->groups, R->adamw_groups, op)) != MUON_OK) return st;
+  } else if (b.steps != R->steps) {
+    return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u saved after %llu steps, another blob after %llu: they belong to different checkpoints", op, b.rank, (unsigned long long)b.steps, (unsigned long long)R->steps);
+  } else if ((size_t)(b.matrices - b.groups) != R->group_len || memcmp(b.groups, R->group_bytes, R->group_len) != 0) {
+    return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u saved other group hyperparameters than another blob: they belong to different checkpoints", op, b.rank);
+  }
+  R->seen[b.rank] = 1;
+  p = b.matrices;
+  for (j = 0; j < b.n_matrices; j++) {
+    muon__saved_matrix m;
+    muon_layout lay;
+    muon__next_saved_matrix(&b, &p, &m);
+    muon__get_layout(m.layout, &lay);
+    for (i = 0; i < opt->n_matrices; i++) {
+      muon__matrix *x = &opt->matrices[i];
+      muon__piece from;
+      char why[240];
+      long long bad;
+      if (m.name_hash != (uint64_t)x->name_hash || lay.key != x->layout.key) continue;
+      if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols)
+        return muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s') is %d x %d here, rank %u saved it as %u x %u", op, i, x->name, x->rows, x->cols, b.rank, m.rows, m.cols);
+      if (muon__layout_piece(&lay, x->rows, x->cols, &from, why, sizeof why) != MUON_OK || (uint64_t)(from.f1 - from.f0) != m.size)
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank, x->name);
+      if (!muon__blob_finite(m.momentum, (size_t)m.size, 0))
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' holds NaN or Inf", op, b.rank, x->name);
+      bad = muon__reshard_copy(&x->piece, R->mom + R->at[i], R->got + R->at[i], &from, m.momentum);
+      if (bad >= 0)
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' differs from another saved replica's (local element %lld): they belong to different checkpoints", op, b.rank, x->name, bad);
+    }
+  }
+  p = b.adamw;
+  for (j = 0; j < b.n_adamw; j++) {
+    muon__saved_adamw s;
+    muon__next_saved_adamw(&b, &p, &s);
+    for (i = 0; i < opt->n_adamw; i++) {
+      muon__adamw *a = &opt->adamw[i];
+      size_t at = R->at[opt->n_matrices + i] - R->at[opt->n_matrices];
+      unsigned char *got = R->got + R->at[opt->n_matrices + i];
+      long long bad;
+      if (s.name_hash != (uint64_t)a->name_hash) continue;
+      if (s.full_size != (uint64_t)a->full_size || s.offset > s.full_size || s.size > s.full_size - s.offset)
+        return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW param %d ('%s') has %zu elements in all here, rank %u saved [%llu, +%llu) of %llu",
+                          op, i, a->name, a->full_size, b.rank, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
+      if (s.offset >= a->offset + a->size || a->offset >= s.offset + s.size) continue;
+      if (s.step > MUON__STATE_MAX_STEP || (R->adamw_step[i] >= 0 && (uint64_t)R->adamw_step[i] != s.step))
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's AdamW param '%s' has step count %llu, another piece of it %lld", op, b.rank, a->name, (unsigned long long)s.step, R->adamw_step[i]);
+      if (!muon__blob_finite(s.exp_avg, (size_t)s.size, 0) || !muon__blob_finite(s.exp_avg_sq, (size_t)s.size, 1))
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' hold NaN, Inf or a negative second moment", op, b.rank, a->name);
+      R->adamw_step[i] = (long long)s.step;
+      /* Both moments land on the same elements: the second copy marks them arrived. */
+      bad = muon__reshard_range(a->offset, a->size, R->m1 + at, got, 0, s.offset, s.size, s.exp_avg);
+      if (bad < 0) bad = muon__reshard_range(a->offset, a->size, R->m2 + at, got, 1, s.offset, s.size, s.exp_avg_sq);
+      if (bad >= 0)
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' differ from another saved replica's (element %llu): they belong to different checkpoints", op, b.rank, a->name, (unsigned long long)(a->offset + (size_t)bad));
+    }
+  }
+  return MUON_OK;
+}
+
+/* Host floats into backend memory: directly on the host, else a queued copy (sync follows). */
+static muon_status muon__put_tensor(muon_optimizer *opt, float *dst, const float *src, size_t n, const char *op) {
+  if (!n) return MUON_OK;
+  if (!opt->device) { memcpy(dst, src, n * sizeof(float)); return MUON_OK; }
+  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * sizeof(float), 0, 1), op);
+  return MUON_OK;
+}
+
+static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes, const char *const *paths, int n) {
+  const char *fn = paths ? "muon_state_reshard_files" : "muon_state_reshard";
+  const int nm = opt->n_matrices, na = opt->n_adamw;
+  muon__staging R;
+  size_t total = 0, d;
+  int i, k;
+  muon_status st = MUON_OK;
+  memset(&R, 0, sizeof R);
+  if (n < 1) return muon__fail(opt, MUON_ERR_ARG, "%s: n must be >= 1, one per rank of the saving world (got %d)", fn, n);
+  if (paths ? 0 : !blobs || !sizes) return muon__fail(opt, MUON_ERR_ARG, "%s: blobs or sizes is NULL", fn);
+  for (k = 0; k < n; k++)
+    if (paths ? !paths[k] : !blobs[k]) return muon__fail(opt, MUON_ERR_ARG, "%s: %s[%d] is NULL", fn, paths ? "paths" : "blobs", k);
+  R.n = n;
+  R.at = (size_t *)muon__alloc(&opt->allocator, (size_t)(nm + na + 1) * sizeof(size_t));
+  if (R.at) {
+    for (i = 0; i < nm; i++) { R.at[i] = total; total += opt->matrices[i].size; }
+    for (i = 0; i < na; i++) { R.at[nm + i] = total; total += opt->adamw[i].size; }
+    R.at[nm + na] = total;
+    R.mom = (float *)muon__alloc(&opt->allocator, R.at[nm] * sizeof(float) + 1);
+    R.m1 = (float *)muon__alloc(&opt->allocator, (total - R.at[nm]) * sizeof(float) + 1);
+    R.m2 = (float *)muon__alloc(&opt->allocator, (total - R.at[nm]) * sizeof(float) + 1);
+    R.got = (unsigned char *)muon__alloc(&opt->allocator, total + 1);
+    R.adamw_step = (long long *)muon__alloc(&opt->allocator, (size_t)(na + 1) * sizeof(long long));
+    R.seen = (unsigned char *)muon__alloc(&opt->allocator, (size_t)n);
+    R.groups = muon__alloc_groups(opt, &R.adamw_groups);
+  }
+  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups) {
+    st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the staging of %zu floats failed", fn, total);
+    goto done;
+  }
+  memset(R.got, 0, total);
+  memset(R.seen, 0, (size_t)n);
+  for (i = 0; i < na; i++) R.adamw_step[i] = -1;
+  for (k = 0; k < n && st == MUON_OK; k++) {
+    char op[300];
+    if (paths) {
+      unsigned char *buf = NULL;
+      size_t len = 0;
+      snprintf(op, sizeof op, "%s: '%s'", fn, paths[k]);
+      if ((st = muon__read_file(opt, paths[k], fn, &buf, &len)) == MUON_OK) st = muon__reshard_blob(opt, &R, buf, len, op);
+      muon__free(&opt->allocator, buf);
+    } else {
+      snprintf(op, sizeof op, "%s: blob %d", fn, k);
+      st = muon__reshard_blob(opt, &R, blobs[k], sizes[k], op);
+    }
+  }
+  if (st != MUON_OK) goto done;
+  /* Every local element must have arrived. */
+  for (i = 0; i < nm; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    for (d = 0; d < x->size && R.got[R.at[i] + d]; d++) {}
+    if (d < x->size) {
+      muon__seg s = muon__segs(&x->piece);
+      while (muon__next_seg(&x->piece, &s) && (size_t)(s.off + s.len) <= d) {}
+      st = muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s'): no saved piece holds its element (row %lld, col %lld): the checkpoint has no matrix of this name and layout key %lld, or not all of it",
+                      fn, i, x->name, s.row, s.col + ((long long)d - s.off), x->layout.key);
+      goto done;
+    }
+  }
+  for (i = 0; i < na; i++) {
+    const muon__adamw *a = &opt->adamw[i];
+    for (d = 0; d < a->size && R.got[R.at[nm + i] + d]; d++) {}
+    if (d < a->size) {
+      st = muon__fail(opt, MUON_ERR_STATE, "%s: AdamW param %d ('%s'): no saved piece holds its element %zu (of %zu): the checkpoint has no AdamW param of this name, or not all of it",
+                      fn, i, a->name, a->offset + d, a->full_size);
+      goto done;
+    }
+  }
+  /* All arrived: now the optimizer changes. */
+  for (i = 0; i < nm && st == MUON_OK; i++)
+    st = muon__put_tensor(opt, opt->matrices[i].momentum, R.mom + R.at[i], opt->matrices[i].size, "muon_state_reshard: writing the state (partly loaded)");
+  for (i = 0; i < na && st == MUON_OK; i++) {
+    muon__adamw *a = &opt->adamw[i];
+    size_t at = R.at[nm + i] - R.at[nm];
+    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->size, "muon_state_reshard: writing the state (partly loaded)")) == MUON_OK)
+      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->size, "muon_state_reshard: writing the state (partly loaded)");
+    a->step = R.adamw_step[i];
+  }
+  if (st == MUON_OK && opt->device) st = muon__sync(opt, "muon_state_reshard: writing the state (partly loaded)");
+  if (st == MUON_OK) muon__adopt(opt, R.groups, R.adamw_groups, R.steps, fn);
+done:
+  muon__free(&opt->allocator, R.at); muon__free(&opt->allocator, R.mom);
+  muon__free(&opt->allocator, R.m1); muon__free(&opt->allocator, R.m2);
+  muon__free(&opt->allocator, R.got); muon__free(&opt->allocator, R.adamw_step);
+  muon__free(&opt->allocator, R.seen); muon__free(&opt->allocator, R.groups);
+  muon__free(&opt->allocator, R.group_bytes);
+  return st;
+}
+
+MUON_API muon_status muon_state_reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes, int n) {
+  if (!opt) return MUON_ERR_ARG;
+  return muon__reshard(opt, blobs, sizes, NULL, n);
+}
+
+MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *const *paths, int n) {
+  if (!opt) return MUON_ERR_ARG;
+  if (!paths) return muon__fail(opt, MUON_ERR_ARG, "muon_state_reshard_files: paths is NULL");
+  return muon__reshard(opt, NULL, NULL, paths, n);
 }
 
 #endif /* MUON__IMPLEMENTED */

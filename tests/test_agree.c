@@ -787,17 +787,18 @@ static void case_state_values(void) {
   again = (unsigned char *)malloc(n);
   CHECK(muon_state_save(A.opt, orig, n) == MUON_OK, "save: %s", muon_error(A.opt));
   /* Offsets, from the layout documented above muon_state_save: header 40, group counts 8, one
-     group of 4 * (11 + 3 ns_steps) bytes, one AdamW group of 20, then the matrices, each with
-     its layout record of 12 + 32 * MUON_MAX_LEVELS bytes after the momentum. */
+     group of 4 * (11 + 3 ns_steps) bytes, one AdamW group of 20, then the matrices (rows, cols,
+     size, name hash: 24 bytes), each with its layout record of 12 + 32 * MUON_MAX_LEVELS bytes
+     after the momentum. */
   muon_get_group(A.opt, 0, &hp);
   off = 40 + 8 + 4 * (11 + 3 * (size_t)hp.ns_steps) + 20;
-  mom0 = off + 16;                                              /* matrix 0's first momentum float */
-  for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 16 + 4 * mn + 12 + 32 * MUON_MAX_LEVELS; }
-  adam = off;                                                   /* AdamW param 0: size, step, m, v */
+  mom0 = off + 24;                                              /* matrix 0's first momentum float */
+  for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 24 + 4 * mn + 12 + 32 * MUON_MAX_LEVELS; }
+  adam = off;                                                   /* AdamW param 0: size, step, name hash, full size, offset (40 bytes), m, v */
   muon_get_momentum(A.opt, A.idx[0], &mom, &mn);
-  CHECK(mn > 0 && get32le(orig + mom0 - 16) == 16 && get64le(orig + mom0 - 8) == mn && get32le(orig + mom0) == (memcpy(&k, mom, 4), (uint32_t)k),
+  CHECK(mn > 0 && get32le(orig + mom0 - 24) == 16 && get64le(orig + mom0 - 16) == mn && get32le(orig + mom0) == (memcpy(&k, mom, 4), (uint32_t)k),
         "rank %d: matrix 0's record is not where the layout says", W.rank);
-  CHECK(get64le(orig + adam) == 10 && get64le(orig + adam + 8) == 1 && adam + 16 + 80 + 8 == n,
+  CHECK(get64le(orig + adam) == 10 && get64le(orig + adam + 8) == 1 && get64le(orig + adam + 24) == 10 && adam + 40 + 80 + 8 == n,
         "rank %d: the AdamW record is not where the layout says (size %llu, step %llu)", W.rank,
         (unsigned long long)get64le(orig + adam), (unsigned long long)get64le(orig + adam + 8));
   snap_take(&A, &s);
@@ -812,7 +813,7 @@ static void case_state_values(void) {
   expect_unchanged("the rejected NaN load", &A, &s);
 
   memcpy(blob, orig, n);                                        /* a negative second moment */
-  put_float_le(blob + adam + 16 + 40, -1e-3f);
+  put_float_le(blob + adam + 40 + 40, -1e-3f);
   rechecksum(blob, n);
   st = muon_state_load(A.opt, blob, n);
   expect_all("negative second moment", st, MUON_ERR_STATE, A.opt);
@@ -824,7 +825,7 @@ static void case_state_values(void) {
      and land where the offsets say. */
   memcpy(blob, orig, n);
   put_float_le(blob + mom0, 0.5f);
-  put_float_le(blob + adam + 16 + 40, 2e-3f);
+  put_float_le(blob + adam + 40 + 40, 2e-3f);
   rechecksum(blob, n);
   st = muon_state_load(A.opt, blob, n);
   expect_all("finite control patch", st, MUON_OK, A.opt);

@@ -373,12 +373,28 @@ static void test_state(void) {
     muon_matrix m1 = muon_default_matrix(), m2 = muon_default_matrix();
     muon_adamw_param p = muon_default_adamw_param(), q = muon_default_adamw_param();
     muon_create(&oc, &d);
-    m1.param = w1; m1.grad = g1; m1.rows = 24; m1.cols = 40; m1.count = 2;
-    m2.name = "w2t"; m2.param = w; m2.grad = g; m2.rows = 16; m2.cols = 50;
-    p.param = bb; p.size = 24; q.param = e; q.size = 10;
+    m1.name = "w1"; m1.param = w1; m1.grad = g1; m1.rows = 24; m1.cols = 40; m1.count = 2;
+    m2.name = "w2"; m2.param = w; m2.grad = g; m2.rows = 16; m2.cols = 50;
+    p.name = "b"; p.param = bb; p.size = 24; q.name = "e"; q.param = e; q.size = 10;
     muon_add_matrix(oc, &m1, NULL); muon_add_matrix(oc, &m2, NULL);
     muon_add_adamw_param(oc, &p, NULL); muon_add_adamw_param(oc, &q, NULL);
-    CHECK(muon_state_load(oc, buf, n) == MUON_ERR_STATE && strstr(muon_error(oc), "w2t"), "shape mismatch: %s", muon_error(oc));
+    CHECK(muon_state_load(oc, buf, n) == MUON_ERR_STATE && strstr(muon_error(oc), "'w2') is 16 x 50"), "shape mismatch: %s", muon_error(oc));
+    muon_destroy(oc);
+    /* Same shapes, another name: a checkpoint of another model. */
+    muon_create(&oc, &d);
+    m2.name = "w2t"; m2.rows = 50; m2.cols = 16;
+    muon_add_matrix(oc, &m1, NULL); muon_add_matrix(oc, &m2, NULL);
+    muon_add_adamw_param(oc, &p, NULL); muon_add_adamw_param(oc, &q, NULL);
+    CHECK(muon_state_load(oc, buf, n) == MUON_ERR_STATE && strstr(muon_error(oc), "'w2t' here") && strstr(muon_error(oc), "another name"), "name mismatch: %s", muon_error(oc));
+    muon_destroy(oc);
+    /* Same shapes and names, an AdamW param that is another range of its parameter. */
+    muon_create(&oc, &d);
+    m2.name = "w2";
+    muon_add_matrix(oc, &m1, NULL); muon_add_matrix(oc, &m2, NULL);
+    p.offset = 24; p.full_size = 48;
+    muon_add_adamw_param(oc, &p, NULL); muon_add_adamw_param(oc, &q, NULL);
+    CHECK(muon_state_load(oc, buf, n) == MUON_ERR_STATE && strstr(muon_error(oc), "elements [24, +24) of 48 here"), "range mismatch: %s", muon_error(oc));
+    p.offset = 0; p.full_size = 0;
     muon_destroy(oc);
   }
   free(buf);
@@ -415,24 +431,43 @@ static void test_state_matrices_only(void) {
     muon_get_momentum(b, 0, &mb, &nb);
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
   }
-  TEST_CASE("state: a version-1 blob (no rank, world or layouts) still loads, to the same state");
-  {   /* version 1 = version 2 without the rank and world (header bytes 32..40) and the layout record */
-    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, n1 = n - 8 - lrec, k;
-    unsigned char *v2 = (unsigned char *)blob, *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
+  TEST_CASE("state: version-1 and version-2 blobs (no names; v1 no rank, world or layouts) still load, to the same state");
+  {   /* v2 = v3 without the matrix's name hash (8 bytes after its size); v1 = v2 without the rank
+         and world (header bytes 32..40) and the layout record */
+    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, n2 = n - 8, n1 = n2 - 8 - lrec, k, rec;
+    unsigned char *v3 = (unsigned char *)blob, *v2 = (unsigned char *)malloc(n2), *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
     uint64_t sum;
+    rec = n - 8 - (16 + 8 + 4 * 60 + lrec);   /* the one matrix record starts here */
+    memcpy(v2, v3, rec + 16);
+    memcpy(v2 + rec + 16, v3 + rec + 24, n - 8 - rec - 24);
+    v2[8] = 2;
+    sum = muon__fnv1a(v2, n2 - 8);
+    for (k = 0; k < 8; k++) v2[n2 - 8 + k] = (unsigned char)(sum >> (8 * k));
     memcpy(v1, v2, 32);
-    v1[8] = 1; v1[9] = v1[10] = v1[11] = 0;
-    memcpy(v1 + 32, v2 + 40, n - 8 - lrec - 40);
+    v1[8] = 1;
+    memcpy(v1 + 32, v2 + 40, n2 - 8 - lrec - 40);
     sum = muon__fnv1a(v1, n1 - 8);
     for (k = 0; k < 8; k++) v1[n1 - 8 + k] = (unsigned char)(sum >> (8 * k));
     muon_destroy(b);
     muon_create(&b, &d);
     muon_add_matrix(b, &m, NULL);
+    CHECK(muon_state_load(b, v2, n2) == MUON_OK, "version-2 load: %s", muon_error(b));
+    CHECK(muon_state_save(b, again, n) == MUON_OK && memcmp(again, v3, n) == 0, "saved again, it differs from the version-3 blob");
+    muon_destroy(b);
+    muon_create(&b, &d);
+    muon_add_matrix(b, &m, NULL);
     CHECK(muon_state_load(b, v1, n1) == MUON_OK, "version-1 load: %s", muon_error(b));
-    CHECK(muon_state_save(b, again, n) == MUON_OK && memcmp(again, v2, n) == 0, "saved again, it differs from the version-2 blob");
-    v1[8] = 3;
-    CHECK(muon_state_load(b, v1, n1) == MUON_ERR_STATE && strstr(muon_error(b), "version 3"), "version 3: %s", muon_error(b));
+    CHECK(muon_state_save(b, again, n) == MUON_OK && memcmp(again, v3, n) == 0, "saved again, it differs from the version-3 blob");
+    {
+      const void *bl[1];
+      size_t sz[1];
+      bl[0] = v2; sz[0] = n2;
+      CHECK(muon_state_reshard(b, bl, sz, 1) == MUON_ERR_STATE && strstr(muon_error(b), "version-2"), "resharding a version-2 blob: %s", muon_error(b));
+    }
+    v1[8] = 4;
+    CHECK(muon_state_load(b, v1, n1) == MUON_ERR_STATE && strstr(muon_error(b), "version 4"), "version 4: %s", muon_error(b));
     free(v1);
+    free(v2);
     free(again);
   }
   free(blob);
@@ -486,10 +521,11 @@ static void test_review_regressions(void) {
     n = muon_state_size(opt);
     blob = (unsigned char *)malloc(n);
     muon_state_save(opt, blob, n);
-    /* The AdamW entry is the last thing before the checksum: u64 size, u64 step, moments. */
+    /* The AdamW entry is the last thing before the checksum: u64 size, u64 step, u64 name hash,
+       u64 full size, u64 offset, moments. */
     {
       uint64_t minus_one = ~(uint64_t)0;   /* step = -1 as u64 */
-      size_t at = n - 8 - 2 * 5 * sizeof(float) - 8;
+      size_t at = n - 8 - 2 * 5 * sizeof(float) - 32;   /* then name hash, full size, offset */
       if (n > 56) memcpy(blob + at, &minus_one, sizeof minus_one);
     }
     sum = muon__fnv1a(blob, n - 8);
@@ -717,6 +753,55 @@ static void test_orthogonality(void) {
   CHECK(ok, "O O^T far from identity");
 }
 
+/* muon_state_reshard on one device: the blob API, its argument checks, and the AdamW range. */
+static void test_reshard_blobs(void) {
+  model a, b;
+  muon_optimizer *oa, *ob;
+  size_t n;
+  void *blob;
+  const void *blobs[2];
+  size_t sizes[2];
+  TEST_CASE("muon_state_reshard of one device's blob equals muon_state_load; bad arguments are MUON_ERR_ARG");
+  model_init(&a, 11u);
+  oa = make_opt(&a, NULL);
+  run_steps(oa, &a, 0, 3);
+  n = muon_state_size(oa);
+  blob = malloc(n);
+  CHECK(muon_state_save(oa, blob, n) == MUON_OK, "save: %s", muon_error(oa));
+  memcpy(&b, &a, sizeof b);
+  ob = make_opt(&b, NULL);
+  blobs[0] = blob; sizes[0] = n;
+  CHECK(muon_state_reshard(ob, blobs, sizes, 0) == MUON_ERR_ARG && strstr(muon_error(ob), "n must be"), "n = 0: %s", muon_error(ob));
+  CHECK(muon_state_reshard(ob, NULL, sizes, 1) == MUON_ERR_ARG, "blobs NULL");
+  blobs[1] = NULL; sizes[1] = 0;
+  CHECK(muon_state_reshard(ob, blobs, sizes, 2) == MUON_ERR_ARG && strstr(muon_error(ob), "blobs[1] is NULL"), "blobs[1] NULL: %s", muon_error(ob));
+  blobs[1] = blob; sizes[1] = n;
+  CHECK(muon_state_reshard(ob, blobs, sizes, 2) == MUON_ERR_STATE && strstr(muon_error(ob), "2 blobs were given"), "two blobs of a world of one: %s", muon_error(ob));
+  CHECK(muon_state_reshard_files(ob, NULL, 1) == MUON_ERR_ARG, "paths NULL");
+  CHECK(muon_state_reshard(ob, blobs, sizes, 1) == MUON_OK, "reshard: %s", muon_error(ob));
+  run_steps(oa, &a, 3, 6);
+  run_steps(ob, &b, 3, 6);
+  CHECK(same(&a, &b, sizeof a), "resumed run differs from the uninterrupted one");
+  free(blob);
+  muon_destroy(oa);
+  muon_destroy(ob);
+
+  TEST_CASE("muon_adamw_param.offset / full_size: a range outside the parameter is MUON_ERR_SHAPE");
+  {
+    static float x[8];
+    muon_desc d = muon_default_desc();
+    muon_adamw_param p = muon_default_adamw_param();
+    muon_create(&oa, &d);
+    p.name = "x"; p.param = x; p.size = 8; p.offset = 4; p.full_size = 10;
+    CHECK(muon_add_adamw_param(oa, &p, NULL) == MUON_ERR_SHAPE && strstr(muon_error(oa), "full_size"), "past the end: %s", muon_error(oa));
+    p.full_size = 0;
+    CHECK(muon_add_adamw_param(oa, &p, NULL) == MUON_ERR_SHAPE, "an offset without full_size");
+    p.offset = 2; p.full_size = 10;
+    CHECK(muon_add_adamw_param(oa, &p, NULL) == MUON_OK && muon_adamw_param_count(oa) == 1, "a range that fits: %s", muon_error(oa));
+    muon_destroy(oa);
+  }
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -731,6 +816,7 @@ int main(void) {
   test_determinism();
   test_spectral_unclamped();
   test_checkpoint_files();
+  test_reshard_blobs();
   test_dropin();
   test_orthogonality();
   return test_summary();

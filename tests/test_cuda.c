@@ -1215,7 +1215,8 @@ static void case_alloc(void) {
    (params copied over by the trainer), 2 more steps: bitwise the 5 uninterrupted steps (params,
    bf16 mirrors rounded stochastically, which depend on the restored step count, momentum,
    state). The same blob loads into a CPU optimizer of the same shapes: its momentum (host
-   memory) has the CUDA momentum's bits, and it saves back the identical blob.
+   memory) has the CUDA momentum's bits, and it saves back the identical blob; so does a CUDA
+   optimizer that takes it through muon_state_reshard.
    ============================================================================================= */
 static void case_state(void) {
   trainer a, b, c;
@@ -1269,6 +1270,19 @@ static void case_state(void) {
     CHECK(muon_state_size(c.opt) == n, "CPU state size %zu, CUDA %zu", muon_state_size(c.opt), n);
     st = muon_state_save(c.opt, blob2, n);
     CHECK(st == MUON_OK && memcmp(blob, blob2, n) == 0, "the CPU optimizer saves a different blob (%s)", muon_status_string(st));
+    free(blob2);
+    tr_free(&c);
+  }
+  /* resharding into a CUDA optimizer: host staging, then copies to the device */
+  if (tr_init(&c, &M_MID, &s, 1)) {
+    const void *blobs[1];
+    size_t sizes[1];
+    blobs[0] = blob; sizes[0] = n;
+    blob2 = (unsigned char *)xmalloc(n);
+    st = muon_state_reshard(c.opt, blobs, sizes, 1);
+    CHECK(st == MUON_OK, "muon_state_reshard (cuda): %s", muon_error(c.opt));
+    st = muon_state_save(c.opt, blob2, n);
+    CHECK(st == MUON_OK && memcmp(blob, blob2, n) == 0, "the resharded CUDA optimizer saves a different blob (%s)", muon_status_string(st));
     free(blob2);
     tr_free(&c);
   }
