@@ -197,7 +197,7 @@ CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUD
 endif
 
 # ---- tests ----------------------------------------------------------------------------------
-SINGLE := test_api test_golden test_ns test_trainer
+SINGLE := test_api test_golden test_ns test_trainer test_adamw
 $(addprefix $(BUILD)/,$(SINGLE)): $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm
 $(addprefix $(BUILD)/,$(addsuffix _cxx,$(SINGLE))): $(BUILD)/%_cxx: tests/%.c muon.h tests/test.h | $(BUILD)
@@ -259,6 +259,7 @@ test: deps check-headers
 	@tests/run.sh \
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
+	  "$(BUILD)/test_adamw" "$(BUILD)/test_adamw_cxx" "$(BUILD)/test_adamw_san" "$(BUILD)/test_adamw_fast" \
 	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_golden $(BUILD)/golden" "$(BUILD)/test_golden_cxx $(BUILD)/golden" \
