@@ -17,7 +17,7 @@ DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev
 
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
 STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable
-EXAMPLES   := single muonrun $(STRATEGIES)
+EXAMPLES   := single muonrun muoncmp $(STRATEGIES)
 
 # CUDA: the toolkit's nvcc, headers and libraries (override CUDA_HOME). Without a GPU the CUDA
 # backend still compiles with nvcc, links against cudart/cuBLAS, and runs on the stand-ins
@@ -64,6 +64,10 @@ endif
 # ---- building blocks ------------------------------------------------------------------------
 $(BUILD)/muonrun: tools/muonrun.c | $(BUILD)
 	$(CC) $(CWARN) -O2 -D_POSIX_C_SOURCE=200809L $< -o $@
+$(BUILD)/muoncmp: tools/muoncmp.c | $(BUILD)
+	$(CC) $(CWARN) -O2 $< -o $@
+$(BUILD)/test_muoncmp: tests/test_muoncmp.c tests/test.h | $(BUILD)
+	$(CC) $(CWARN) -O2 -D_POSIX_C_SOURCE=200809L -Itests $< -o $@
 $(BUILD)/muon_gloo.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
 	$(CXX) $(CXXWARN) -O2 -I. -c $< -o $@
 $(BUILD)/muon_gloo_san.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
@@ -221,6 +225,8 @@ $(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_agree: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_verify: tests/test_verify.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_reshard: tests/test_reshard.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_agree_san: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
@@ -232,7 +238,7 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_fast test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard \
+             test_ns_cblas test_threads test_threads_fast test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -277,6 +283,10 @@ test: deps check-headers
 	  "$(RUN) -n 1 $(BUILD)/test_agree" "$(RUN) -n 2 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree" \
 	  "$(RUN) -n 4 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree_san" \
 	  $(RESHARD_TESTS) \
+	  "$(BUILD)/test_muoncmp $(BUILD)/muoncmp_test $(BUILD)/muoncmp" \
+	  "$(RUN) -n 1 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 2 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
+	  "$(RUN) -n 3 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 4 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
+	  "tests/run_wrong_dim.sh $(BUILD)" \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  $(CUDA_TESTS)
 
@@ -297,13 +307,15 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/muonrun
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --layers 1
 
 # ---- install --------------------------------------------------------------------------------
-install:
-	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+install: $(BUILD)/muoncmp
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 $(HEADERS) $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(BUILD)/muoncmp $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|' tools/muon.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/muon.pc
 
 uninstall:
 	cd $(DESTDIR)$(PREFIX)/include && rm -f $(HEADERS)
+	rm -f $(DESTDIR)$(PREFIX)/bin/muoncmp
 	rm -f $(DESTDIR)$(PREFIX)/lib/pkgconfig/muon.pc
 
 clean:

@@ -35,6 +35,11 @@
    Every matrix is then orthogonalised once in the world, by one owner rank: per round one
    alltoallv sends the pieces of U to the owners and one sends the pieces of O back.
 
+   VERIFYING A SETUP: muon_plan_text (who holds and owns what, bytes per step),
+   muon_check_layouts (your layouts against the framework's own element positions),
+   muon_gather_matrix and muon_dump_file (whole matrices, to compare a distributed run with one
+   device using tools/muoncmp).
+
    A step, per matrix W (rows x cols) with gradient G and momentum B (torch.optim.Muon):
        B = mu*B + (1-mu)*G                     (or B = mu*B + G with MUON_MOMENTUM_SGD)
        U = nesterov ? (1-mu)*G + mu*B : B
@@ -633,6 +638,14 @@ MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muo
 /* The global indices of the matrices this rank owns (at most cap written; out may be NULL);
    returns how many it owns. */
 MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap);
+/* The plan as text (the seeds' print(optimizer.assignments), made useful): per matrix its name,
+   shape, layout key, owner and round, and every holder's piece as that rank described it and as
+   rows and columns of the full matrix; per rank the Newton-Schulz work it owns, the bytes it
+   sends and receives per step (U to owners, O back) and the full matrices it holds at once; the
+   collectives per step; this rank's measured counters. Like snprintf: writes at most size bytes
+   (NUL-terminated when size > 0) and returns the length of the whole text. With a logger, the
+   same text goes to it at MUON_LOG_INFO after every planning. */
+MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size);
 
 /* Counters since creation (the exchange ones stay 0 without a dist config). */
 typedef struct muon_stats {
@@ -683,6 +696,25 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
    version 3 (saved before muon.h recorded names) are MUON_ERR_STATE and change nothing. */
 MUON_API muon_status muon_state_reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes, int n);
 MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *const *paths, int n);
+
+/* ---------------------------------------------------------------------------------------------
+   Verifying a setup: whole matrices out, a dump to compare, a check of the layouts. Collective:
+   every rank calls them alike, after registration (they plan first); the same error on every
+   rank. For checks, not for every step: each matrix's pieces reach every rank by allgather. */
+/* The full parameter and momentum (fp32, rows x cols row-major) of global matrix `global`
+   (muon_global_info) on rank `root`; param or momentum may be NULL. Other ranks pass anything. */
+MUON_API muon_status muon_gather_matrix(muon_optimizer *opt, int global, int root, float *param, float *momentum);
+/* Every matrix's parameter (and momentum, with_momentum != 0) into one file on rank `root`, in
+   the format of muon.h's implementation section ("A dump file"); compare two with tools/muoncmp.
+   Written to <path>.muon-tmp, then renamed. AdamW parameters are not in it. */
+MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int root, int with_momentum);
+/* The framework's position of this rank's local element k of its matrix `matrix` (the index
+   muon_add_matrix gave): row * cols + col in the full matrix (e.g. from its shard metadata). */
+typedef long long (*muon_index_fn)(void *user, int matrix, size_t k);
+/* Checks every rank's layout against the framework: every piece's elements, as `index` places
+   them, must sit where the declared layout puts them. MUON_ERR_SHAPE on every rank naming the
+   first matrix, rank and element that do not, and where each side puts it. */
+MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index, void *user);
 
 /* ---------------------------------------------------------------------------------------------
    Newton-Schulz alone: out = NS(in) for a rows x cols matrix, as muon_step computes it
@@ -1028,6 +1060,7 @@ typedef struct muon__holder {
   int local;            /* that rank's matrix index */
   muon__piece piece;
   int source;           /* the rank that sends this piece's U to the owner */
+  muon_layout layout;   /* as that rank described its piece (for the plan's text) */
 } muon__holder;
 
 typedef struct muon__global {
@@ -1350,6 +1383,7 @@ static muon__seg muon__segs(const muon__piece *p) {
 }
 
 static void muon__plan_free(muon_optimizer *opt);
+static void muon__log_plan(muon_optimizer *opt);
 static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
 static size_t muon__agree_bytes(int P);
@@ -2648,12 +2682,64 @@ static muon_status muon__comm_wait(muon_optimizer *opt, const char *op) {
    Plan: who holds which piece, who owns each matrix, which rank sends each piece, and the
    rounds. Built from one allgather of every rank's matrix list, so every rank computes the same
    plan without further talk; failures found here are therefore the same on every rank. */
+/* A layout as a fixed record of bytes: on the wire at planning (so every rank can say how each
+   holder described its piece) and in state blobs (so a blob's size depends on shapes only). */
+#define MUON__LAYOUT_RECORD (12u + 32u * MUON_MAX_LEVELS)
+
+static void muon__put_layout(unsigned char **p, const muon_layout *l) {
+  int k;
+  muon__put32(p, (uint32_t)l->n_levels);
+  muon__put64(p, (uint64_t)l->key);
+  for (k = 0; k < MUON_MAX_LEVELS; k++) {
+    muon_level v;
+    if (k < l->n_levels) v = l->levels[k]; else memset(&v, 0, sizeof v);
+    muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)v.dim);
+    muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
+    muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
+  }
+}
+
+static void muon__get_layout(const unsigned char *rec, muon_layout *l) {
+  const unsigned char *p = rec;
+  int k;
+  memset(l, 0, sizeof *l);
+  l->n_levels = (int)muon__get32(&p);
+  l->key = (long long)muon__get64(&p);
+  for (k = 0; k < MUON_MAX_LEVELS; k++) {
+    muon_level *v = &l->levels[k];
+    v->placement = (muon_placement)muon__get32(&p); v->dim = (int)muon__get32(&p);
+    v->size = (int)muon__get32(&p); v->index = (int)muon__get32(&p);
+    v->offset = (long long)muon__get64(&p); v->length = (long long)muon__get64(&p);
+  }
+}
+
+/* The layout as text, for the message that says what differs. */
+static void muon__layout_text(const unsigned char *rec, char *out, size_t size) {
+  const unsigned char *p = rec;
+  uint32_t n = muon__get32(&p), k;
+  size_t used = 0;
+  p += 8;
+  if (n == 0) { snprintf(out, size, "the whole matrix"); return; }
+  out[0] = 0;
+  for (k = 0; k < n && k < MUON_MAX_LEVELS && used + 1 < size; k++) {
+    uint32_t placement = muon__get32(&p), dim = muon__get32(&p), gsize = muon__get32(&p), index = muon__get32(&p);
+    long long off = (long long)muon__get64(&p), len = (long long)muon__get64(&p);
+    int w;
+    if (placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %u, %u of %u", k ? " > " : "", dim, index, gsize);
+    else if (placement == MUON_FLAT && len < 0) w = snprintf(out + used, size - used, "%sflat chunk %u of %u", k ? " > " : "", index, gsize);
+    else if (placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %u of %u", k ? " > " : "", off, len, index, gsize);
+    else w = snprintf(out + used, size - used, "%sreplicated, %u of %u", k ? " > " : "", index, gsize);
+    used += w > 0 ? (size_t)w : 0;
+  }
+}
+
 typedef struct muon__entry {     /* one registered matrix on the wire */
   char name[64];                 /* for messages */
   unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
   long long key, rows, cols;
   long long piece[6];
   unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
+  unsigned char layout[MUON__LAYOUT_RECORD];   /* as the rank described its piece */
 } muon__entry;
 
 static void muon__plan_free(muon_optimizer *opt) {
@@ -2860,13 +2946,13 @@ static void muon__choose_sources(muon__global *x) {
   }
 }
 
-/* Floats this rank moves in one round when no matrix is skipped: out (U to owners) and back
-   (O to holders); sizes the buffers. */
+/* Floats rank `me` moves in one round when no matrix is skipped: out (U to owners) and back
+   (O to holders); sizes the buffers, and the plan's text gives it for every rank. */
 typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, gathered; int ops; } muon__traffic;
 
-static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r) {
+static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int me) {
   const muon__plan *pl = &opt->plan;
-  int me = pl->me, g, j;
+  int g, j;
   muon__traffic t;
   memset(&t, 0, sizeof t);
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
@@ -3029,6 +3115,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
         x->holders[x->n_holders].piece.w = e->piece[3];
         x->holders[x->n_holders].piece.f0 = e->piece[4];
         x->holders[x->n_holders].piece.f1 = e->piece[5];
+        muon__get_layout(e->layout, &x->holders[x->n_holders].layout);
         x->holder_ranks[x->n_holders] = r;
         x->n_holders++;
       }
@@ -3060,7 +3147,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   muon__plan_batches(opt);
   /* 5. Buffers, sized for the largest round; nothing is allocated inside a step. */
   for (r = 0; r < pl->n_rounds; r++) {
-    muon__traffic t = muon__round_traffic(opt, r);
+    muon__traffic t = muon__round_traffic(opt, r, me);
     size_t s = t.out_send > t.back_send ? t.out_send : t.back_send;
     size_t v = t.out_recv > t.back_recv ? t.out_recv : t.back_recv;
     if (s > pl->send_floats) pl->send_floats = s;
@@ -3135,8 +3222,11 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   memset(e, 0, (size_t)n * sizeof *e);
   for (i = 0; i < n; i++) {
     const muon__matrix *x = &opt->matrices[i];
-    snprintf(e[i].name, sizeof e[i].name, "#%d", i);
-    e[i].name_hash = muon__name_hash(e[i].name, -1);
+    char id[24];
+    snprintf(id, sizeof id, "#%d", i);   /* one device: names need not be unique, so match by index */
+    if (x->name[0]) memcpy(e[i].name, x->name, sizeof e[i].name);
+    else memcpy(e[i].name, id, sizeof id);
+    e[i].name_hash = muon__name_hash(id, -1);
     e[i].rows = x->rows;
     e[i].cols = x->cols;
     e[i].piece[2] = x->rows; e[i].piece[3] = x->cols; e[i].piece[5] = (long long)x->rows * x->cols;
@@ -3145,7 +3235,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   st = muon__build_plan(opt, e, &n, n);
   muon__free(&opt->allocator, e);
   if (st != MUON_OK) muon__plan_free(opt);
-  else opt->plan.ready = 1;
+  else { opt->plan.ready = 1; muon__log_plan(opt); }
   return st;
 }
 
@@ -3193,6 +3283,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
       e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
       e->hparams = muon__ns_hash(&opt->groups[x->group]);
+      { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
     }
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
     muon__free(&opt->allocator, pad);
@@ -3218,6 +3309,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
     }
   }
   opt->plan.ready = 1;
+  muon__log_plan(opt);
 done:
   if (st != MUON_OK) muon__plan_free(opt);
   muon__free(&opt->allocator, mine);
@@ -3259,6 +3351,117 @@ MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap) {
       n++;
     }
   return n;
+}
+
+
+/* ---------------------------------------------------------------------------------------------
+   The plan as text: what each rank holds of each matrix (as it described it, and as elements of
+   the full matrix), who orthogonalises it in which round, and per rank the work and the bytes of
+   a step. Every rank knows the whole plan, so any rank can write it. */
+typedef struct muon__text { char *buf; size_t size, len; } muon__text;
+
+static void muon__say(muon__text *t, const char *fmt, ...) {
+  va_list ap;
+  int n;
+  va_start(ap, fmt);
+  n = vsnprintf(t->len < t->size ? t->buf + t->len : NULL, t->len < t->size ? t->size - t->len : 0, fmt, ap);
+  va_end(ap);
+  if (n > 0) t->len += (size_t)n;
+}
+
+/* A piece as elements of the full matrix: a block of rows and columns, or a flat range of one. */
+static void muon__say_piece(muon__text *t, const muon__piece *p) {
+  muon__say(t, "rows [%lld, %lld) x cols [%lld, %lld)", p->r0, p->r0 + p->h, p->c0, p->c0 + p->w);
+  if (p->f0 != 0 || p->f1 != p->h * p->w) muon__say(t, ", its elements [%lld, %lld) in row-major order", p->f0, p->f1);
+}
+
+/* Does round r move anything (the same answer on every rank)? out: U to owners; else O back. */
+static int muon__round_moves(const muon__plan *pl, int r, int out) {
+  int g, j;
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    for (j = 0; j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      if (out ? h->rank == h->source && h->source != x->owner : h->rank != x->owner) return 1;
+    }
+  }
+  return 0;
+}
+
+MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size) {
+  const muon__plan *pl;
+  muon__text t;
+  int g, j, r, p, exchanges = 0;
+  if (!opt) return 0;
+  t.buf = buf;
+  t.size = buf ? size : 0;
+  t.len = 0;
+  if (buf && size) buf[0] = '\0';
+  pl = &opt->plan;
+  if (!pl->ready) { muon__say(&t, "muon plan: not planned yet (muon_plan, or the first muon_step, plans)\n"); return t.len; }
+  for (r = 0; opt->distributed && !opt->dist.gather && r < pl->n_rounds; r++)
+    exchanges += muon__round_moves(pl, r, 1) + muon__round_moves(pl, r, 0);
+  muon__say(&t, "muon plan, as rank %d of %d sees it: %d matrices, %d exchange rounds%s\n", pl->me, pl->P, pl->n_globals, pl->n_rounds,
+            opt->distributed ? (opt->dist.gather ? "; the exchange is the config's own gather / redistribute" : "") : "; one device, nothing moves");
+  for (g = 0; g < pl->n_globals; g++) {
+    const muon__global *x = &pl->globals[g];
+    muon__say(&t, "matrix %d '%s' %d x %d, layout key %lld: owner rank %d, round %d\n", g, x->name, x->rows, x->cols, x->key, x->owner, x->round);
+    for (j = 0; opt->distributed && j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      unsigned char rec[MUON__LAYOUT_RECORD], *q = rec;
+      char levels[240];
+      muon__put_layout(&q, &h->layout);
+      muon__layout_text(rec, levels, sizeof levels);
+      muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
+      muon__say_piece(&t, &h->piece);
+      if (h->rank == x->owner) muon__say(&t, "; the owner\n");
+      else if (h->source == h->rank) muon__say(&t, "; sends its U\n");
+      else muon__say(&t, "; a replica: rank %d sends this U\n", h->source);
+    }
+  }
+  for (p = 0; p < pl->P; p++) {
+    size_t out_send = 0, out_recv = 0, back_send = 0, back_recv = 0, gathered = 0, least = 0;
+    double flops = 0;
+    int owns = 0;
+    for (r = 0; r < pl->n_rounds; r++) {
+      muon__traffic tr = muon__round_traffic(opt, r, p);
+      out_send += tr.out_send; out_recv += tr.out_recv;
+      back_send += tr.back_send; back_recv += tr.back_recv;
+      if (tr.gathered > gathered) gathered = tr.gathered;
+    }
+    for (g = 0; g < pl->n_globals; g++) {   /* least: what an owner must receive, its matrices less its own pieces */
+      const muon__global *x = &pl->globals[g];
+      if (x->owner != p) continue;
+      owns++;
+      flops += muon__ns_cost(x->rows, x->cols);
+      least += (size_t)x->rows * (size_t)x->cols;
+      for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == p) least -= muon__piece_size(&x->holders[j].piece);
+    }
+    muon__say(&t, "rank %d: owns %d matrices, %.4g GFLOP per Newton-Schulz iteration; per step %zu B out, %zu B in "
+                  "(U %zu B to owners, %zu B as owner, the least possible being %zu B; O %zu B as owner, %zu B back); at most %zu B of full matrices at once\n",
+              p, owns, flops / 1e9, 4 * (out_send + back_send), 4 * (out_recv + back_recv),
+              4 * out_send, 4 * out_recv, opt->distributed ? 4 * least : 0, 4 * back_send, 4 * back_recv, 4 * gathered);
+  }
+  if (opt->distributed)
+    muon__say(&t, "collectives per step without skips: %d (the agreement 1, the commit vote %d, exchanges %d)%s\n",
+              1 + !opt->dist.unchecked_commit + exchanges, !opt->dist.unchecked_commit, exchanges,
+              opt->dist.gather ? ", plus the config's own gather / redistribute calls" : "");
+  if (opt->distributed && opt->stats.steps)
+    muon__say(&t, "measured on rank %d over %lld steps (planning included): %lld B sent, %lld B received, %lld collectives\n",
+              pl->me, opt->stats.steps, opt->stats.bytes_sent, opt->stats.bytes_received, opt->stats.collectives);
+  return t.len;
+}
+
+/* After planning, the text goes to the logger (MUON_LOG_INFO), if there is one. */
+static void muon__log_plan(muon_optimizer *opt) {
+  size_t n;
+  char *text;
+  if (!opt->logger.func) return;
+  n = muon_plan_text(opt, NULL, 0);
+  if (!(text = (char *)muon__alloc(&opt->allocator, n + 1))) return;
+  muon_plan_text(opt, text, n + 1);
+  muon__log(&opt->logger, MUON_LOG_INFO, text);
+  muon__free(&opt->allocator, text);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -4003,7 +4206,6 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 #define MUON__STATE_VERSION 3u
 #define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
 #define MUON__STATE_HEADER 40u                      /* version 1: 32 */
-#define MUON__LAYOUT_RECORD (12u + 32u * MUON_MAX_LEVELS)
 #define MUON__MATRIX_RECORD (24u + MUON__LAYOUT_RECORD)   /* besides the momentum */
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
 
@@ -4042,53 +4244,6 @@ static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src
   muon__get_floats(&src, tmp, n);
   MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x, tmp, n * sizeof(float), 0, 1), "muon_state_load: writing the state (partly loaded)");
   return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
-}
-
-/* A piece's layout in the blob: a fixed record, so a blob's size depends on shapes only. */
-static void muon__put_layout(unsigned char **p, const muon_layout *l) {
-  int k;
-  muon__put32(p, (uint32_t)l->n_levels);
-  muon__put64(p, (uint64_t)l->key);
-  for (k = 0; k < MUON_MAX_LEVELS; k++) {
-    muon_level v;
-    if (k < l->n_levels) v = l->levels[k]; else memset(&v, 0, sizeof v);
-    muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)v.dim);
-    muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
-    muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
-  }
-}
-
-static void muon__get_layout(const unsigned char *rec, muon_layout *l) {
-  const unsigned char *p = rec;
-  int k;
-  memset(l, 0, sizeof *l);
-  l->n_levels = (int)muon__get32(&p);
-  l->key = (long long)muon__get64(&p);
-  for (k = 0; k < MUON_MAX_LEVELS; k++) {
-    muon_level *v = &l->levels[k];
-    v->placement = (muon_placement)muon__get32(&p); v->dim = (int)muon__get32(&p);
-    v->size = (int)muon__get32(&p); v->index = (int)muon__get32(&p);
-    v->offset = (long long)muon__get64(&p); v->length = (long long)muon__get64(&p);
-  }
-}
-
-/* The layout as text, for the message that says what differs. */
-static void muon__layout_text(const unsigned char *rec, char *out, size_t size) {
-  const unsigned char *p = rec;
-  uint32_t n = muon__get32(&p), k;
-  size_t used = 0;
-  p += 8;
-  if (n == 0) { snprintf(out, size, "the whole matrix"); return; }
-  out[0] = 0;
-  for (k = 0; k < n && k < MUON_MAX_LEVELS && used + 1 < size; k++) {
-    uint32_t placement = muon__get32(&p), dim = muon__get32(&p), gsize = muon__get32(&p), index = muon__get32(&p);
-    long long off = (long long)muon__get64(&p), len = (long long)muon__get64(&p);
-    int w;
-    if (placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %u, %u of %u", k ? " > " : "", dim, index, gsize);
-    else if (placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %u of %u", k ? " > " : "", off, len, index, gsize);
-    else w = snprintf(out + used, size - used, "%sreplicated, %u of %u", k ? " > " : "", index, gsize);
-    used += w > 0 ? (size_t)w : 0;
-  }
 }
 
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size) {
@@ -4781,6 +4936,288 @@ MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *c
   if (!opt) return MUON_ERR_ARG;
   if (!paths) return muon__fail(opt, MUON_ERR_ARG, "muon_state_reshard_files: paths is NULL");
   return muon__reshard(opt, NULL, NULL, paths, n);
+}
+
+
+/* ---------------------------------------------------------------------------------------------
+   Verifying a setup (the seeds' validation guide): whole matrices assembled from the pieces by
+   their layouts, a dump of all of them, and a check of every layout against the framework's own
+   element positions. Collective, for checks rather than every step: each matrix's pieces go to
+   every rank by one allgather, which is simple and shares no code with the step's exchange. */
+
+/* Every rank plans (together, if anything changed) and agrees on the call's arguments. */
+static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long long a, long long b, long long c) {
+  long long mine[3], *all;
+  muon_status st;
+  int p;
+  if (!opt->distributed) return opt->plan.ready ? MUON_OK : muon__plan_local(opt);
+  if ((st = muon_plan(opt)) != MUON_OK) return st;
+  if (!(all = (long long *)muon__alloc(&opt->allocator, 3 * (size_t)opt->comm.size * sizeof(long long))))
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %d ranks' arguments failed", op, opt->comm.size);   /* the others then time out */
+  mine[0] = a; mine[1] = b; mine[2] = c;
+  st = muon__allgather(opt, mine, all, sizeof mine, op);
+  for (p = 0; st == MUON_OK && p < opt->comm.size; p++)
+    if (all[3 * p] != a || all[3 * p + 1] != b || all[3 * p + 2] != c)
+      st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks %d and %d called it with different arguments (%lld, %lld, %lld vs %lld, %lld, %lld): it is collective",
+                      op, opt->comm.rank, p, a, b, c, all[3 * p], all[3 * p + 1], all[3 * p + 2]);
+  muon__free(&opt->allocator, all);
+  return st;
+}
+
+/* This rank's piece of matrix x, its parameter or its momentum, as fp32 in host memory. */
+static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, int momentum, float *out, const char *op) {
+  const void *src = momentum ? (const void *)x->momentum : x->param;
+  int bf16 = !momentum && x->param_dtype == MUON_DTYPE_BF16;
+  size_t n = x->size, k;
+  muon_status st;
+  if (!n) return MUON_OK;
+  if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
+    void *dst = bf16 ? (void *)((uint16_t *)(void *)out + n) : (void *)out;
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * (bf16 ? 2 : 4), 1, 0), op);
+    if ((st = muon__sync(opt, op)) != MUON_OK) return st;
+    src = dst;
+  }
+  if (!bf16) { if (src != out) memcpy(out, src, n * sizeof(float)); return MUON_OK; }
+  for (k = 0; k < n; k++) {
+    uint16_t h;
+    memcpy(&h, (const uint16_t *)src + k, sizeof h);
+    out[k] = muon__u2f((uint32_t)h << 16);
+  }
+  return MUON_OK;
+}
+
+/* The largest piece any rank holds of global g: the allgather's block. */
+static size_t muon__largest_piece(const muon__global *x) {
+  size_t b = 0;
+  int j;
+  for (j = 0; j < x->n_holders; j++) if (muon__piece_size(&x->holders[j].piece) > b) b = muon__piece_size(&x->holders[j].piece);
+  return b;
+}
+
+/* Every holder's block (a status float, then `width` floats per element of its piece, filled by
+   `fill` on the holders) lands on every rank: *blocks is P blocks of *stride floats. */
+typedef muon_status (*muon__fill_fn)(muon_optimizer *opt, const muon__matrix *x, float *block, void *arg);
+
+static muon_status muon__share_pieces(muon_optimizer *opt, int g, int width, muon__fill_fn fill, void *arg, float **blocks, size_t *stride, const char *op) {
+  const muon__global *x = &opt->plan.globals[g];
+  int P = opt->distributed ? opt->comm.size : 1, p;
+  size_t W = 1 + (size_t)width * muon__largest_piece(x);
+  float *mine = (float *)muon__alloc(&opt->allocator, W * sizeof(float));
+  float *all = (float *)muon__alloc(&opt->allocator, (size_t)P * W * sizeof(float));
+  muon_status st = MUON_OK, local = MUON_OK;
+  *blocks = NULL;
+  *stride = W;
+  if (!mine || !all) local = MUON_ERR_NOMEM;
+  else {
+    memset(mine, 0, W * sizeof(float));
+    if (x->mine >= 0) local = fill(opt, &opt->matrices[x->local], mine + 1, arg);
+    mine[0] = (float)local;
+  }
+  if (opt->distributed) {   /* take part even after a local failure, so no peer waits */
+    if (mine && all) st = muon__allgather(opt, mine, all, W * sizeof(float), op);
+    else {
+      float dummy = (float)MUON_ERR_NOMEM, *dummies = (float *)muon__alloc(&opt->allocator, (size_t)P * sizeof(float));
+      st = dummies ? muon__allgather(opt, &dummy, dummies, sizeof dummy, op) : MUON_ERR_NOMEM;
+      muon__free(&opt->allocator, dummies);
+    }
+  } else if (all) {
+    memcpy(all, mine, W * sizeof(float));
+  }
+  muon__free(&opt->allocator, mine);
+  if (st == MUON_OK && local != MUON_OK) st = muon__fail(opt, local, "%s: matrix '%s': this rank could not read its piece (%s)", op, x->name, muon_status_string(local));
+  for (p = 0; st == MUON_OK && p < P; p++)
+    if (all[(size_t)p * W] != 0.0f) st = muon__fail(opt, (muon_status)(int)all[(size_t)p * W], "%s: matrix '%s': rank %d could not read its piece", op, x->name, p);
+  if (st != MUON_OK) { muon__free(&opt->allocator, all); return st; }
+  *blocks = all;
+  return MUON_OK;
+}
+
+/* Both the parameter and the momentum: the root keeps what it asked for. */
+static muon_status muon__fill_values(muon_optimizer *opt, const muon__matrix *x, float *block, void *arg) {
+  muon_status st = muon__read_piece(opt, x, 0, block, (const char *)arg);
+  return st == MUON_OK ? muon__read_piece(opt, x, 1, block + x->size, (const char *)arg) : st;
+}
+
+/* Global g's parameter and momentum (either may be NULL), whole, on `root`. */
+static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *param, float *momentum, const char *op) {
+  const muon__global *x = &opt->plan.globals[g];
+  int me = opt->distributed ? opt->comm.rank : 0, j;
+  float *blocks;
+  size_t W;
+  muon_status st = muon__share_pieces(opt, g, 2, muon__fill_values, (void *)op, &blocks, &W, op);
+  if (st != MUON_OK || me != root) { muon__free(&opt->allocator, blocks); return st; }
+  for (j = 0; j < x->n_holders; j++) {   /* one copy of each piece: its U source's */
+    const muon__holder *h = &x->holders[j];
+    const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
+    size_t n = muon__piece_size(&h->piece);
+    muon__seg s = muon__segs(&h->piece);
+    if (h->source != h->rank) continue;
+    while (muon__next_seg(&h->piece, &s)) {
+      size_t at = (size_t)s.row * (size_t)x->cols + (size_t)s.col;
+      if (param) memcpy(param + at, b + s.off, (size_t)s.len * sizeof(float));
+      if (momentum) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
+    }
+  }
+  muon__free(&opt->allocator, blocks);
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_gather_matrix(muon_optimizer *opt, int global, int root, float *param, float *momentum) {
+  const char *op = "muon_gather_matrix";
+  int P;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if ((st = muon__tool_begin(opt, op, global, root, 0)) != MUON_OK) return st;
+  P = opt->distributed ? opt->comm.size : 1;
+  if (global < 0 || global >= opt->plan.n_globals || root < 0 || root >= P)
+    return muon__fail(opt, MUON_ERR_ARG, "%s: global matrix %d (have %d), root %d (of %d ranks)", op, global, opt->plan.n_globals, root, P);
+  return muon__assemble(opt, global, root, param, momentum, op);
+}
+
+/* A dump file, little-endian: "MUONDUMP" | u32 version 1 | u32 records | u64 steps, then per
+   record: u32 kind (0 a matrix's parameter, 1 its momentum; 2 reserved for AdamW parameters)
+   | u32 name length | the name | u32 rows | u32 cols | rows x cols f32, row-major | u64 FNV-1a of
+   the record's bytes from kind on. tools/muoncmp.c compares two of them. */
+#define MUON__DUMP_VERSION 1u
+
+static int muon__dump_record(FILE *f, unsigned char *buf, uint32_t kind, const char *name, int rows, int cols, const float *x) {
+  unsigned char *p = buf;
+  size_t len = strlen(name), n = (size_t)rows * (size_t)cols;
+  muon__put32(&p, kind);
+  muon__put32(&p, (uint32_t)len);
+  memcpy(p, name, len);
+  p += len;
+  muon__put32(&p, (uint32_t)rows);
+  muon__put32(&p, (uint32_t)cols);
+  muon__put_floats(&p, x, n);
+  muon__put64(&p, muon__fnv1a(buf, (size_t)(p - buf)));
+  return fwrite(buf, 1, (size_t)(p - buf), f) == (size_t)(p - buf) ? 0 : (errno ? errno : EIO);
+}
+
+MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int root, int with_momentum) {
+  const char *op = "muon_dump_file";
+  const muon__plan *pl;
+  int P, me, g, err = 0;
+  FILE *f = NULL;
+  float *param = NULL, *mom = NULL;
+  unsigned char *buf = NULL;
+  char *tmp = NULL;
+  size_t biggest = 0;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  with_momentum = with_momentum != 0;
+  if ((st = muon__tool_begin(opt, op, root, with_momentum, 0)) != MUON_OK) return st;
+  pl = &opt->plan;
+  P = opt->distributed ? opt->comm.size : 1;
+  me = opt->distributed ? opt->comm.rank : 0;
+  if (root < 0 || root >= P) return muon__fail(opt, MUON_ERR_ARG, "%s: root %d (of %d ranks)", op, root, P);
+  if (me == root) {   /* a failure here is remembered, and this rank still takes part to the end */
+    for (g = 0; g < pl->n_globals; g++)
+      if ((size_t)pl->globals[g].rows * (size_t)pl->globals[g].cols > biggest) biggest = (size_t)pl->globals[g].rows * (size_t)pl->globals[g].cols;
+    param = (float *)muon__alloc(&opt->allocator, biggest * sizeof(float) + 1);
+    mom = with_momentum ? (float *)muon__alloc(&opt->allocator, biggest * sizeof(float) + 1) : NULL;
+    buf = (unsigned char *)muon__alloc(&opt->allocator, 4 * biggest + 96);
+    tmp = path ? (char *)muon__alloc(&opt->allocator, strlen(path) + 16) : NULL;
+    if (!path) err = EINVAL;
+    else if (!param || (with_momentum && !mom) || !buf || !tmp) err = ENOMEM;
+    else {
+      unsigned char *p = buf;
+      snprintf(tmp, strlen(path) + 16, "%s.muon-tmp", path);
+      errno = 0;
+      if (!(f = fopen(tmp, "wb"))) err = errno ? errno : EIO;
+      memcpy(p, "MUONDUMP", 8); p += 8;
+      muon__put32(&p, MUON__DUMP_VERSION);
+      muon__put32(&p, (uint32_t)(pl->n_globals * (1 + with_momentum)));
+      muon__put64(&p, (uint64_t)opt->stats.steps);
+      if (f && fwrite(buf, 1, 24, f) != 24) err = errno ? errno : EIO;
+    }
+  }
+  for (g = 0; g < pl->n_globals; g++) {
+    const muon__global *x = &pl->globals[g];
+    int write = me == root && !err;
+    if ((st = muon__assemble(opt, g, root, write ? param : NULL, write && with_momentum ? mom : NULL, op)) != MUON_OK) break;
+    if (write) err = muon__dump_record(f, buf, 0, x->name, x->rows, x->cols, param);
+    if (write && !err && with_momentum) err = muon__dump_record(f, buf, 1, x->name, x->rows, x->cols, mom);
+  }
+  if (f && fclose(f) != 0 && !err) err = errno ? errno : EIO;
+  if (me == root && tmp && st == MUON_OK && !err && rename(tmp, path) != 0) err = errno ? errno : EIO;
+  if (me == root && tmp && (st != MUON_OK || err)) remove(tmp);
+  muon__free(&opt->allocator, param); muon__free(&opt->allocator, mom);
+  muon__free(&opt->allocator, buf); muon__free(&opt->allocator, tmp);
+  if (st != MUON_OK) return st;
+  if (opt->distributed) {   /* the root's verdict, on every rank */
+    long long mine = err, *all = (long long *)muon__alloc(&opt->allocator, (size_t)P * sizeof(long long));
+    if (!all) return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the verdicts failed", op);
+    st = muon__allgather(opt, &mine, all, sizeof mine, op);
+    if (st == MUON_OK) err = (int)all[root];
+    muon__free(&opt->allocator, all);
+    if (st != MUON_OK) return st;
+  }
+  if (err == EINVAL) return muon__fail(opt, MUON_ERR_ARG, "%s: path is NULL on the root, rank %d", op, root);
+  if (err) return muon__fail(opt, MUON_ERR_STATE, "%s: rank %d could not write '%s': %s", op, root, me == root && path ? path : "the dump", strerror(err));
+  return MUON_OK;
+}
+
+/* The framework's view of where this rank's elements are: local element k of this rank's matrix
+   `index` (muon_add_matrix order) is element row * cols + col of the full matrix. */
+typedef struct muon__index_arg { muon_index_fn fn; void *user; } muon__index_arg;
+
+static muon_status muon__fill_indices(muon_optimizer *opt, const muon__matrix *x, float *block, void *arg) {
+  const muon__index_arg *a = (const muon__index_arg *)arg;
+  long long full = (long long)x->rows * x->cols, i;
+  size_t k;
+  for (k = 0; k < x->size; k++) {
+    i = a->fn(a->user, (int)(x - opt->matrices), k);
+    if (i < 0 || i >= full) { block[2 * k] = -1.0f; block[2 * k + 1] = -1.0f; continue; }
+    block[2 * k] = (float)(i & 0xffffff);   /* exact: 24 bits each */
+    block[2 * k + 1] = (float)(i >> 24);
+  }
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index, void *user) {
+  const char *op = "muon_check_layouts";
+  muon__index_arg arg;
+  int g, j;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if ((st = muon__tool_begin(opt, op, index != NULL, 0, 0)) != MUON_OK) return st;
+  if (!index) return muon__fail(opt, MUON_ERR_ARG, "%s: index is NULL (give the framework's position of each local element)", op);
+  arg.fn = index;
+  arg.user = user;
+  for (g = 0; g < opt->plan.n_globals; g++) {
+    const muon__global *x = &opt->plan.globals[g];
+    float *blocks;
+    size_t W;
+    if ((st = muon__share_pieces(opt, g, 2, muon__fill_indices, &arg, &blocks, &W, op)) != MUON_OK) return st;
+    /* Every rank checks every holder's piece: all reach the same verdict without another exchange. */
+    for (j = 0; j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
+      muon__seg s = muon__segs(&h->piece);
+      while (muon__next_seg(&h->piece, &s)) {
+        long long i;
+        for (i = 0; i < s.len; i++) {
+          size_t k = (size_t)(s.off + i);
+          long long want = s.row * x->cols + s.col + i;
+          long long got = b[2 * k] < 0 ? -1 : (long long)b[2 * k] + ((long long)b[2 * k + 1] << 24);
+          unsigned char rec[MUON__LAYOUT_RECORD], *q = rec;
+          char levels[240];
+          if (got == want) continue;
+          muon__put_layout(&q, &h->layout);
+          muon__layout_text(rec, levels, sizeof levels);
+          if (got < 0) st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d's local element %zu is outside the matrix by the framework's index", op, x->name, x->rows, x->cols, h->rank, k);
+          else st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d described its piece as [%s], which puts its local element %zu at (row %lld, col %lld); "
+                                                     "the framework has it at (row %lld, col %lld)",
+                               op, x->name, x->rows, x->cols, h->rank, levels, k, want / x->cols, want % x->cols, got / x->cols, got % x->cols);
+          muon__free(&opt->allocator, blocks);
+          return st;
+        }
+      }
+    }
+    muon__free(&opt->allocator, blocks);
+  }
+  return MUON_OK;
 }
 
 #endif /* MUON__IMPLEMENTED */

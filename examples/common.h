@@ -4,7 +4,14 @@
      with -DEX_NCCL (which implies -DEX_CUDA), an NCCL world instead.
    - ex_mesh: the group along one dimension of a row-major device mesh.
    - ex_run: a synthetic model trained for a few steps with the given config, next to a
-     single-device run of the same data in the same program, and the bitwise check.
+     single-device run of the same data in the same program, and the bitwise check. Before
+     training, muon_check_layouts checks muon's layouts against this file's own piece logic;
+     after, muon_gather_matrix assembles every matrix on its owner, which compares it with the
+     single-device parameter and momentum.
+   Options: --steps N, --quiet, --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
+   of the distributed run to PATH and of rank 0's single-device run to PATH.ref, for
+   tools/muoncmp), --wrong-dim (muon is told the other TP dim than the one the pieces are cut
+   by: the mistake muon_check_layouts and muoncmp are there to find).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -38,6 +45,9 @@ typedef struct ex_world {
   int rank, size;
   int steps;          /* --steps N (default 5) */
   int quiet;          /* --quiet: only the check line */
+  int plan;           /* --plan */
+  int wrong_dim;      /* --wrong-dim */
+  const char *dump;   /* --dump PATH */
 } ex_world;
 
 /* One matrix (or a stack of `count`) of the model, as every rank sees it. */
@@ -67,6 +77,9 @@ static inline ex_world ex_init(int argc, char **argv) {
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) w.steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quiet")) w.quiet = 1;
+    else if (!strcmp(argv[i], "--plan")) w.plan = 1;
+    else if (!strcmp(argv[i], "--wrong-dim")) w.wrong_dim = 1;
+    else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
   }
 #ifdef EX_NCCL
   {   /* exchanges and compute on one stream: the CUDA backend's */
@@ -206,6 +219,10 @@ typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank 
   int repl;
 } ex_slice;
 
+/* The framework's position of local element k of local matrix `matrix`: what this file's own
+   piece logic (ex_piece) says, independently of muon's. */
+static long long ex_index(void *user, int matrix, size_t k) { return ((const ex_slice *)user)[matrix].idx[k]; }
+
 /* Trains both runs for w->steps steps; returns 0 when the distributed parameters equal the
    single-device ones bit for bit, and prints the check line on rank 0. `auto_desc` (may be
    NULL) gets tp_dim_per_matrix / expert_of_matrix filled from the specs and is turned into the
@@ -219,7 +236,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   ex_slice *sl;
   int n_local = 0, i, k, s, t, n_sl = 0, *tp_dims, *experts, local;
   double maxdiff = 0, loss;
-  long long bad = 0, sums[3], *all_sums, moved = 0;
+  long long bad = 0, sums[3], *all_sums, moved = 0, announced[3] = { -1, -1, -1 };
+  muon_stats before;
+  memset(&before, 0, sizeof before);
   for (i = 0; i < n_specs; i++) n_sl += specs[i].count > 1 ? specs[i].count : 1;
   sl = (ex_slice *)calloc((size_t)n_sl, sizeof *sl);
   tp_dims = (int *)calloc((size_t)n_sl + 1, sizeof(int));
@@ -254,7 +273,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (sp->absent) continue;
     memset(&lay, 0, sizeof lay);
     if (layouts) lay = sp->layout;
-    else if (cfg.layout) cfg.layout(cfg.state, local, &m, &lay);
+    else if (cfg.layout) cfg.layout(cfg.state, local, &m, &lay);   /* the pieces are cut this way */
+    if (w->wrong_dim && auto_desc)   /* ... but muon is told the other TP dim */
+      for (k = 0; k < count; k++) tp_dims[local + k] = tp_dims[local + k] >= 0 ? 1 - tp_dims[local + k] : -1;
     for (k = 0; k < count; k++) {
       ex_slice *x = &sl[s + k];
       unsigned seed = ex_hash(sp->name, 2166136261u + (unsigned)k * 7919u + (unsigned)sp->expert * 104729u);
@@ -306,11 +327,34 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     m.count = sp->count;
     m.layout = layouts ? &sp->layout : NULL;
     if (muon_add_matrix(opt, &m, NULL) != MUON_OK) ex_die(w, "muon_add_matrix", muon_error(opt));
+    {
+      const float *mom;
+      size_t n;
+      if (muon_get_momentum(opt, muon_matrix_count(opt) - 1, &mom, &n) != MUON_OK || n != piece)
+        ex_die(w, sp->name, "muon's piece has another size than the one cut here (--wrong-dim needs even splits)");
+    }
     s += count;
     local += count;
   }
   n_local = s;
+  if (muon_check_layouts(opt, ex_index, sl) != MUON_OK) {
+    if (!w->wrong_dim) ex_die(w, "muon_check_layouts", muon_error(opt));
+    if (w->rank == 0) printf("layout check FAILED: %s\n", muon_error(opt));
+  } else if (!w->quiet && w->rank == 0) {
+    printf("layout check: every rank's pieces are where its layout says\n");
+  }
   if (muon_plan(opt) != MUON_OK) ex_die(w, "muon_plan", muon_error(opt));
+  {   /* what the plan announces for this rank, checked against the first step below */
+    size_t len = muon_plan_text(opt, NULL, 0);
+    char *text = (char *)malloc(len + 1), line[48], *at;
+    muon_plan_text(opt, text, len + 1);
+    if (w->plan && w->rank == 0) fputs(text, stdout);
+    snprintf(line, sizeof line, "\nrank %d: owns ", w->rank);
+    if (!strstr(text, "the config's own gather") && (at = strstr(text, line)) && (at = strstr(at, "per step ")))
+      sscanf(at, "per step %lld B out, %lld B in", &announced[0], &announced[1]);
+    if ((at = strstr(text, "collectives per step without skips: "))) sscanf(at, "collectives per step without skips: %lld", &announced[2]);
+    free(text);
+  }
   if (!w->quiet && w->rank == 0) printf("%s: %d ranks, %d global matrices, %d exchange rounds\n", title, w->size, muon_global_count(opt), (muon_get_stats(opt, &st), st.rounds));
 
   for (t = 0; t < w->steps; t++) {
@@ -337,7 +381,17 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     /* A decaying lr: schedules change it between steps without re-creating anything. */
     muon_set_lr(opt, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
     muon_set_lr(ref, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
+    muon_get_stats(opt, &before);
     if (muon_step(opt) != MUON_OK) ex_die(w, "muon_step", muon_error(opt));
+    if (t == 0) {   /* the first step moves what muon_plan_text announced */
+      muon_get_stats(opt, &st);
+      if ((announced[0] >= 0 && (st.bytes_sent - before.bytes_sent != announced[0] || st.bytes_received - before.bytes_received != announced[1])) ||
+          st.collectives - before.collectives != announced[2]) {
+        printf("rank %d: the plan text announced %lld B out, %lld B in, %lld collectives per step; the step made %lld, %lld, %lld\n", w->rank,
+               announced[0], announced[1], announced[2], st.bytes_sent - before.bytes_sent, st.bytes_received - before.bytes_received, st.collectives - before.collectives);
+        bad++;
+      }
+    }
     if (muon_step(ref) != MUON_OK) ex_die(w, "muon_step (reference)", muon_error(ref));
     /* The loss, summed over ranks (fixed point so the allgather stays integral). */
     sums[0] = (long long)(mine * 1e6);
@@ -360,6 +414,43 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     }
   }
   muon_get_stats(opt, &st);
+  /* Whole matrices: each assembled on its owner, checked against the single-device run there. */
+  {
+    long long asm_bad = 0;
+    int g;
+    for (g = 0; g < muon_global_count(opt); g++) {
+      muon_matrix_info info;
+      int owner;
+      float *p = NULL, *mo = NULL;
+      if (muon_global_info(opt, g, &info, &owner) != MUON_OK) ex_die(w, "muon_global_info", muon_error(opt));
+      if (w->rank == owner) {
+        p = (float *)malloc((size_t)info.rows * info.cols * sizeof(float));
+        mo = (float *)malloc((size_t)info.rows * info.cols * sizeof(float));
+      }
+      if (muon_gather_matrix(opt, g, owner, p, mo) != MUON_OK) ex_die(w, "muon_gather_matrix", muon_error(opt));
+      for (s = 0; w->rank == owner && s < n_local; s++) {
+        size_t full = (size_t)info.rows * info.cols, e;
+        const float *rm;
+        float *ref_m = (float *)malloc(full * sizeof(float));
+        if (strcmp(sl[s].name, info.name) || info.local < 0 || s != info.local) { free(ref_m); continue; }
+        if (muon_get_momentum(ref, s, &rm, &e) != MUON_OK || e != full) ex_die(w, "muon_get_momentum", "reference");
+        if (EX_ON_DEVICE) ex_get(w, ref_m, rm, full); else memcpy(ref_m, rm, full * sizeof(float));
+        for (e = 0; e < full; e++) asm_bad += memcmp(&p[e], &sl[s].full_w[e], 4) != 0 || memcmp(&mo[e], &ref_m[e], 4) != 0;
+        free(ref_m);
+      }
+      free(p);
+      free(mo);
+    }
+    if (asm_bad) printf("rank %d: %lld elements of the assembled matrices differ from single device\n", w->rank, asm_bad);
+    bad += asm_bad;
+  }
+  if (w->dump) {
+    char ref_path[512];
+    if (muon_dump_file(opt, w->dump, 0, 1) != MUON_OK) ex_die(w, "muon_dump_file", muon_error(opt));
+    snprintf(ref_path, sizeof ref_path, "%s.ref", w->dump);
+    if (w->rank == 0 && muon_dump_file(ref, ref_path, 0, 1) != MUON_OK) ex_die(w, "muon_dump_file (reference)", muon_error(ref));
+    if (!w->quiet && w->rank == 0) printf("dumped %s and %s: compare them with muoncmp\n", w->dump, ref_path);
+  }
   if (!w->quiet)
     printf("rank %d: owns %d of %d matrices, NS calls %lld, sent %lld B, received %lld B, collectives %lld\n",
            w->rank, muon_owned(opt, NULL, 0), muon_global_count(opt), st.ns_calls, st.bytes_sent, st.bytes_received, st.collectives);
