@@ -164,6 +164,10 @@ typedef enum muon_gemm {
 typedef struct muon_hparams {
   float lr;                        /* 1e-3; may change between steps (muon_set_group)           */
   float weight_decay;              /* 0.1, decoupled, uses the unadjusted lr                    */
+  int cautious_wd;                 /* 0; 1: decay only the elements where the weight and O have
+                                      the same sign, zero agreeing with both (dion's cautious_wd,
+                                      nanochat, modded-nanogpt): w = (w*O >= 0 ? w*(1 - lr*wd) : w)
+                                      - adjusted_lr*O, the sign test on the weight before the step */
   float momentum;                  /* 0.95, in [0, 1)                                           */
   int nesterov;                    /* 1                                                         */
   muon_momentum_style momentum_style;
@@ -189,6 +193,8 @@ typedef struct muon_adamw_hparams {
   float beta1, beta2;              /* 0.9, 0.999 */
   float eps;                       /* 1e-8, added outside the sqrt */
   float weight_decay;              /* 0.01, decoupled */
+  int cautious_wd;                 /* 0; 1: decay only where the weight and the Adam update
+                                      m_hat / (sqrt(v_hat) + eps) have the same sign (zero agrees) */
 } muon_adamw_hparams;
 
 /* torch.optim.AdamW's defaults. */
@@ -286,7 +292,7 @@ MUON_API void muon_comm_destroy(muon_comm *comm);
    `sync` that returns non-OK means the step is abandoned, and the core then changes nothing the
    user can see (every write before the commit goes to the backend's scratch buffers).
    Element types. float is fp32; bf16 is stored as uint16_t (the top half of the fp32 bits). */
-#define MUON_COMPUTE_VTABLE_VERSION 1
+#define MUON_COMPUTE_VTABLE_VERSION 2   /* 2: apply and adamw honour args->cautious */
 
 typedef enum muon_dtype {
   MUON_DTYPE_FP32 = 0,
@@ -338,6 +344,8 @@ typedef struct muon_apply_args {
   muon_rounding rounding;
   unsigned long long seed;         /* already mixed with the step and the matrix by the core   */
   muon_piece_copy piece;           /* where element i sits in the full matrix                  */
+  int cautious;                    /* version 2: decay only where p and O agree in sign (p*O >= 0,
+                                      zero agreeing), as muon__apply_elem                       */
 } muon_apply_args;
 
 /* AdamW (torch semantics) of n elements; step_size = lr / (1 - beta1^t), bc2_sqrt =
@@ -348,6 +356,8 @@ typedef struct muon_adamw_args {
   void *mirror;                    /* optional bf16 copy of the new parameter                  */
   muon_rounding rounding;
   unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed, i)  */
+  int cautious;                    /* version 2: decay only where p and the Adam update agree in
+                                      sign, as muon__adamw_elem                                  */
 } muon_adamw_args;
 
 typedef struct muon_compute_vtable {
@@ -762,19 +772,28 @@ MUON__HD float muon__momentum_elem(float *b, float g, float mu, int nesterov, in
   return nesterov ? g + mu * (*b - g) : *b;
 }
 
-/* w*(1 - lr*wd) first, with the unadjusted lr; then the orthogonalised step. */
-MUON__HD float muon__apply_elem(float w, float o, float decay, float step) {
-  w = w * decay;
+/* Do w and u agree in sign (zero agrees with both)? By the bits, so -ffast-math keeps it. */
+MUON__HD int muon__same_sign(float w, float u) {
+  uint32_t a = muon__f2u(w), b = muon__f2u(u);
+  return ((a ^ b) >> 31) == 0 || (a & 0x7fffffffu) == 0 || (b & 0x7fffffffu) == 0;
+}
+
+/* w*(1 - lr*wd) first, with the unadjusted lr (cautious: only where w and o agree in sign);
+   then the orthogonalised step. */
+MUON__HD float muon__apply_elem(float w, float o, float decay, float step, int cautious) {
+  if (!cautious || muon__same_sign(w, o)) w = w * decay;
   return w - step * o;
 }
 
 /* torch.optim.AdamW for one element; step_size = lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t). */
 MUON__HD float muon__adamw_elem(float w, float g, float *m, float *v, float beta1, float beta2, float eps,
-                                float decay, float step_size, float bc2_sqrt) {
-  w = w * decay;
+                                float decay, float step_size, float bc2_sqrt, int cautious) {
+  float u;
   *m = *m + (1.0f - beta1) * (g - *m);
   *v = *v * beta2 + (1.0f - beta2) * g * g;
-  return w - step_size * (*m / (sqrtf(*v) / bc2_sqrt + eps));
+  u = *m / (sqrtf(*v) / bc2_sqrt + eps);   /* the update's sign is m_hat's */
+  if (!cautious || muon__same_sign(w, u)) w = w * decay;
+  return w - step_size * u;
 }
 
 /* Round to the nearest bfloat16, ties to even, kept in a float. */
@@ -837,7 +856,7 @@ MUON__HD long long muon__piece_operand_index(const muon_piece_copy *p, long long
 MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muon_apply_args *a) {
   int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
   uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)muon__piece_full_index(&a->piece, (long long)i)) : 0;
-  float w = muon__apply_elem(muon__load(param, bf16, i), O[i], a->decay, a->step);
+  float w = muon__apply_elem(muon__load(param, bf16, i), O[i], a->decay, a->step, a->cautious);
   muon__store(param, bf16, i, w, sr, bits);
   if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
 }
@@ -847,7 +866,7 @@ MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *
   uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)i) : 0;
   float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
   float w = muon__adamw_elem(muon__load(param, bf16, i), g, &m[i], &v[i], a->beta1, a->beta2, a->eps,
-                             a->decay, a->step_size, a->bc2_sqrt);
+                             a->decay, a->step_size, a->bc2_sqrt, a->cautious);
   muon__store(param, bf16, i, w, sr, bits);
   if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
 }
@@ -1225,8 +1244,10 @@ MUON_API const char *muon_error(const muon_optimizer *opt) {
 }
 
 /* Checks one group's hyperparameters; writes the message into buf. */
-static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t size) {
+static muon_status muon__check_hparams(const muon_hparams *hp, int compute_version, char *buf, size_t size) {
   int k;
+  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
+  if (hp->cautious_wd && compute_version < 2) { snprintf(buf, size, "muon_hparams.cautious_wd needs a compute backend of vtable version >= 2 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
   if (!(hp->momentum >= 0 && hp->momentum < 1)) { snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum); return MUON_ERR_ARG; }
@@ -1250,7 +1271,9 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
   return MUON_OK;
 }
 
-static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, char *buf, size_t size) {
+static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, int compute_version, char *buf, size_t size) {
+  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_adamw_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
+  if (hp->cautious_wd && compute_version < 2) { snprintf(buf, size, "muon_adamw_hparams.cautious_wd needs a compute backend of vtable version >= 2 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_adamw_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(hp->beta1 >= 0 && hp->beta1 < 1)) { snprintf(buf, size, "muon_adamw_hparams.beta1 must be in [0, 1) (got %g)", (double)hp->beta1); return MUON_ERR_ARG; }
   if (!(hp->beta2 >= 0 && hp->beta2 < 1)) { snprintf(buf, size, "muon_adamw_hparams.beta2 must be in [0, 1) (got %g)", (double)hp->beta2); return MUON_ERR_ARG; }
@@ -1441,6 +1464,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   muon_optimizer *opt;
   char msg[400];
   muon_status st;
+  int cv;   /* the compute backend's vtable version, once it is known to have a vtable */
   if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
   *out = NULL;
   muon__create_error[0] = '\0';
@@ -1451,8 +1475,9 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     return MUON_ERR_ARG;
   }
   if (!a.alloc) { a.alloc = muon__default_alloc; a.free = muon__default_free; a.user_data = NULL; }
-  if ((st = muon__check_hparams(&desc->hparams, msg, sizeof msg)) != MUON_OK ||
-      (st = muon__check_adamw_hparams(&desc->adamw, msg, sizeof msg)) != MUON_OK) {
+  cv = desc->compute && desc->compute->vt ? desc->compute->vt->version : MUON_COMPUTE_VTABLE_VERSION;
+  if ((st = muon__check_hparams(&desc->hparams, cv, msg, sizeof msg)) != MUON_OK ||
+      (st = muon__check_adamw_hparams(&desc->adamw, cv, msg, sizeof msg)) != MUON_OK) {
     char full[480];
     snprintf(full, sizeof full, "%s: muon_desc: %s", muon_status_string(st), msg);
     muon__create_fail(desc, full);
@@ -1573,7 +1598,7 @@ MUON_API muon_status muon_add_group(muon_optimizer *opt, const muon_hparams *hp,
   muon_hparams *g;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_add_group: hp is NULL");
-  if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_group: %s", msg);
+  if ((st = muon__check_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_group: %s", msg);
   g = (muon_hparams *)muon__grow(&opt->allocator, opt->groups, opt->n_groups, sizeof *g);
   if (!g) return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_group: allocating group %d failed", opt->n_groups);
   opt->groups = g;
@@ -1589,7 +1614,7 @@ MUON_API muon_status muon_set_group(muon_optimizer *opt, int group, const muon_h
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: hp is NULL");
   if (group < 0 || group >= opt->n_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: group %d does not exist (have %d)", group, opt->n_groups);
-  if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
+  if ((st = muon__check_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
   if (muon__ns_hash(hp) != muon__ns_hash(&opt->groups[group])) opt->plan.ready = 0; /* re-check agreement */
   opt->groups[group] = *hp;
   return MUON_OK;
@@ -1616,7 +1641,7 @@ MUON_API muon_status muon_add_adamw_group(muon_optimizer *opt, const muon_adamw_
   muon_adamw_hparams *g;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_group: hp is NULL");
-  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_adamw_group: %s", msg);
+  if ((st = muon__check_adamw_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_adamw_group: %s", msg);
   g = (muon_adamw_hparams *)muon__grow(&opt->allocator, opt->adamw_groups, opt->n_adamw_groups, sizeof *g);
   if (!g) return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_group: allocating group %d failed", opt->n_adamw_groups);
   opt->adamw_groups = g;
@@ -1632,7 +1657,7 @@ MUON_API muon_status muon_set_adamw_group(muon_optimizer *opt, int group, const 
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: hp is NULL");
   if (group < 0 || group >= opt->n_adamw_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: group %d does not exist (have %d)", group, opt->n_adamw_groups);
-  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_adamw_group(%d): %s", group, msg);
+  if ((st = muon__check_adamw_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_adamw_group(%d): %s", group, msg);
   opt->adamw_groups[group] = *hp;
   return MUON_OK;
 }
@@ -2569,7 +2594,7 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
   float *X;
   muon_piece_copy op;
   if (!in || !out || !hp || rows <= 0 || cols <= 0) return !hp || !in || !out ? MUON_ERR_ARG : MUON_ERR_SHAPE;
-  if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
+  if (muon__check_hparams(hp, MUON_COMPUTE_VTABLE_VERSION, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
   m = rows < cols ? rows : cols;
   n = rows < cols ? cols : rows;
   if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
@@ -2606,6 +2631,7 @@ static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
   for (k = 0; k < hp->ns_steps; k++) muon__put_floats(p, hp->ns_coefficients[k], 3);
   muon__put_float(p, hp->eps); muon__put32(p, (uint32_t)hp->precision);
   muon__put32(p, (uint32_t)hp->gemm); muon__put32(p, (uint32_t)hp->symmetric);
+  muon__put32(p, (uint32_t)hp->cautious_wd);
 }
 static uint32_t muon__get32(const unsigned char **p) {
   uint32_t v = 0;
@@ -2628,7 +2654,7 @@ static void muon__get_floats(const unsigned char **p, float *x, size_t n) {
 static float muon__get_float(const unsigned char **p) { float x; muon__get_floats(p, &x, 1); return x; }
 /* Reads a group written by muon__put_hparams; the ns_steps field decides how much follows, so a
    wrong value is caught by the caller's length check before this runs. */
-static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
+static void muon__get_hparams(const unsigned char **p, muon_hparams *hp, uint32_t version) {
   int k;
   hp->lr = muon__get_float(p); hp->weight_decay = muon__get_float(p); hp->momentum = muon__get_float(p);
   hp->nesterov = (int)muon__get32(p); hp->momentum_style = (muon_momentum_style)muon__get32(p);
@@ -2636,6 +2662,7 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
   for (k = 0; k < hp->ns_steps && k < MUON_NS_MAX_STEPS; k++) muon__get_floats(p, hp->ns_coefficients[k], 3);
   hp->eps = muon__get_float(p); hp->precision = (muon_precision)muon__get32(p);
   hp->gemm = (muon_gemm)muon__get32(p); hp->symmetric = (int)muon__get32(p);
+  hp->cautious_wd = version >= 3 ? (int)muon__get32(p) : 0;
 }
 /* ---------------------------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. */
@@ -3608,7 +3635,7 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
     p = buf;
     muon__put_float(&p, hp->weight_decay); muon__put_float(&p, hp->momentum);
     muon__put32(&p, (uint32_t)hp->nesterov); muon__put32(&p, (uint32_t)hp->momentum_style);
-    muon__put32(&p, (uint32_t)hp->adjust_lr);
+    muon__put32(&p, (uint32_t)hp->adjust_lr); muon__put32(&p, (uint32_t)hp->cautious_wd);
     rest = muon__fnv1a(buf, (size_t)(p - buf));
     if (g < MUON__AGREE_GROUPS) { r->lr[g] = hp->lr; r->ns[g] = ns; r->rest[g] = rest; }
     p = buf;
@@ -3620,7 +3647,7 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
     const muon_adamw_hparams *a = &opt->adamw_groups[g];
     p = buf;
     muon__put_float(&p, a->lr); muon__put_float(&p, a->beta1); muon__put_float(&p, a->beta2);
-    muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay);
+    muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay); muon__put32(&p, (uint32_t)a->cautious_wd);
     r->adamw_groups = (r->adamw_groups ^ muon__fnv1a(buf, (size_t)(p - buf))) * 1099511628211ull;
   }
   r->on_nonfinite = (uint32_t)opt->on_nonfinite;
@@ -4036,6 +4063,7 @@ static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__a
   a.mirror = p->mirror;
   a.rounding = opt->rounding;
   a.seed = muon__seed(opt, p->name, -1, index);
+  a.cautious = hp->cautious_wd;
   return a;
 }
 
@@ -4050,6 +4078,7 @@ static muon_status muon__commit(muon_optimizer *opt) {
     muon_apply_args a;
     if (x->skip) continue;
     a.decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
+    a.cautious = hp->cautious_wd;
     a.step = muon__adjusted_lr(hp, x->rows, x->cols);
     a.param_dtype = x->param_dtype;
     a.mirror = x->mirror;
@@ -4208,11 +4237,12 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 #define MUON__STATE_HEADER 40u                      /* version 1: 32 */
 #define MUON__MATRIX_RECORD (24u + MUON__LAYOUT_RECORD)   /* besides the momentum */
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
+#define MUON__ADAMW_GROUP_RECORD 24u                       /* version 3; 20 before */
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
-  size_t n = MUON__STATE_HEADER + 8 + 8 + 20 * (size_t)opt->n_adamw_groups;
+  size_t n = MUON__STATE_HEADER + 8 + 8 + MUON__ADAMW_GROUP_RECORD * (size_t)opt->n_adamw_groups;
   int i;
-  for (i = 0; i < opt->n_groups; i++) n += 4 * (11 + 3 * (size_t)opt->groups[i].ns_steps);
+  for (i = 0; i < opt->n_groups; i++) n += 4 * (12 + 3 * (size_t)opt->groups[i].ns_steps);
   for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * opt->matrices[i].size;
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
   return n;
@@ -4271,6 +4301,7 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     const muon_adamw_hparams *a = &opt->adamw_groups[i];
     muon__put_float(&p, a->lr); muon__put_float(&p, a->beta1); muon__put_float(&p, a->beta2);
     muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay);
+    muon__put32(&p, (uint32_t)a->cautious_wd);
   }
   if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float))))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save: allocating a staging buffer failed");
@@ -4350,7 +4381,7 @@ static void muon__next_saved_adamw(const muon__blob *b, const unsigned char **p,
 
 static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t size, muon__blob *b, const char *op) {
   const unsigned char *base = (const unsigned char *)buf, *p = base, *end, *q;
-  size_t hdr, mrec, arec;
+  size_t hdr, mrec, arec, gfields, agrec;
   uint32_t i;
   memset(b, 0, sizeof *b);
   if (size < 32 + 8 || memcmp(p, "MUONSTAT", 8) != 0)
@@ -4360,6 +4391,8 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
   if (b->version < 1 || b->version > MUON__STATE_VERSION)
     return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads versions 1 to %u", op, b->version, MUON__STATE_VERSION);
   hdr = b->version == 1 ? 32 : MUON__STATE_HEADER;
+  gfields = b->version >= 3 ? 12 : 11;                       /* u32 fields of a group besides its triples */
+  agrec = b->version >= 3 ? MUON__ADAMW_GROUP_RECORD : 20;
   if (size < hdr + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
   b->n_matrices = muon__get32(&p);
   b->n_adamw = muon__get32(&p);
@@ -4382,12 +4415,12 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
     q = p + 24;
     if ((size_t)(end - p) < 28) break;
     k = muon__get32(&q);
-    if (k < 1 || k > MUON_NS_MAX_STEPS || (size_t)(end - p) < 4 * (11 + 3 * (size_t)k)) break;
-    p += 4 * (11 + 3 * (size_t)k);
+    if (k < 1 || k > MUON_NS_MAX_STEPS || (size_t)(end - p) < 4 * (gfields + 3 * (size_t)k)) break;
+    p += 4 * (gfields + 3 * (size_t)k);
   }
-  if (i < b->n_groups || (size_t)(end - p) / 20 < b->n_adamw_groups)
+  if (i < b->n_groups || (size_t)(end - p) / agrec < b->n_adamw_groups)
     return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside its groups (truncated, or a group has more than MUON_NS_MAX_STEPS = %d steps)", op, size, MUON_NS_MAX_STEPS);
-  p += 20 * (size_t)b->n_adamw_groups;
+  p += agrec * (size_t)b->n_adamw_groups;
   b->matrices = p;
   mrec = 16 + (b->version >= 3 ? 8 : 0) + (b->version >= 2 ? MUON__LAYOUT_RECORD : 0);
   for (i = 0; i < b->n_matrices; i++) {
@@ -4423,14 +4456,15 @@ static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, m
     return muon__fail(opt, MUON_ERR_STATE, "%s: state has %u groups and %u AdamW groups, the optimizer %d and %d", op, b->n_groups, b->n_adamw_groups, opt->n_groups, opt->n_adamw_groups);
   for (i = 0; i < b->n_groups; i++) {
     groups[i] = opt->groups[i];   /* coefficients past ns_steps are not saved: keep ours */
-    muon__get_hparams(&p, &groups[i]);
-    if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
+    muon__get_hparams(&p, &groups[i], b->version);
+    if (muon__check_hparams(&groups[i], opt->compute.vt->version, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
   }
   for (i = 0; i < b->n_adamw_groups; i++) {
     muon_adamw_hparams *a = &adamw_groups[i];
     a->lr = muon__get_float(&p); a->beta1 = muon__get_float(&p); a->beta2 = muon__get_float(&p);
     a->eps = muon__get_float(&p); a->weight_decay = muon__get_float(&p);
-    if (muon__check_adamw_hparams(a, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
+    a->cautious_wd = b->version >= 3 ? (int)muon__get32(&p) : 0;
+    if (muon__check_adamw_hparams(a, opt->compute.vt->version, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
   }
   return MUON_OK;
 }
@@ -4447,7 +4481,7 @@ static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams 
 static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups, uint64_t steps, const char *op) {
   int i;
   for (i = 0; i < opt->n_groups; i++) {
-    unsigned char x[4 * (11 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
+    unsigned char x[4 * (12 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
     if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
     muon__put_hparams(&px, &opt->groups[i]);
     muon__put_hparams(&py, &groups[i]);

@@ -157,23 +157,25 @@ def newton_schulz(U, steps, preset, eps, bf16_mode):
 
 class MuonGroup:
     def __init__(self, lr=1e-3, wd=0.1, momentum=0.95, nesterov=1, style=0, adjust=0,
-                 ns_steps=5, preset=-1, precision=0, eps=1e-7):
+                 ns_steps=5, preset=-1, precision=0, eps=1e-7, cautious=0):
+        self.cautious = int(cautious)
         self.lr, self.wd, self.momentum = f32(lr), f32(wd), f32(momentum)
         self.nesterov, self.style, self.adjust = int(nesterov), int(style), int(adjust)
         self.ns_steps, self.preset, self.precision, self.eps = int(ns_steps), int(preset), int(precision), f32(eps)
 
     def line(self, g):
-        return "group %d %r %r %r %d %d %d %d %d %d %r" % (
+        return "group %d %r %r %r %d %d %d %d %d %d %r %d" % (
             g, self.lr, self.wd, self.momentum, self.nesterov, self.style, self.adjust,
-            self.ns_steps, self.preset, self.precision, self.eps)
+            self.ns_steps, self.preset, self.precision, self.eps, self.cautious)
 
 
 class AdamWGroup:
-    def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.01):
+    def __init__(self, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, wd=0.01, cautious=0):
         self.lr, self.beta1, self.beta2, self.eps, self.wd = f32(lr), f32(beta1), f32(beta2), f32(eps), f32(wd)
+        self.cautious = int(cautious)
 
     def line(self, g):
-        return "adamw_group %d %r %r %r %r %r" % (g, self.lr, self.beta1, self.beta2, self.eps, self.wd)
+        return "adamw_group %d %r %r %r %r %r %d" % (g, self.lr, self.beta1, self.beta2, self.eps, self.wd, self.cautious)
 
 
 def muon_update(W, G, B, hp):
@@ -193,19 +195,25 @@ def muon_update(W, G, B, hp):
         adj = hp.lr * 0.2 * np.sqrt(max(rows, cols))
     else:
         adj = hp.lr
-    W = W * (1.0 - hp.lr * hp.wd)
+    # Cautious weight decay (dion's cautious_wd): decay only where W and the step direction O
+    # agree in sign, a zero agreeing with both. float32 values multiplied in float64 cannot
+    # underflow, so the product's sign is the sign test.
+    decay = W * (1.0 - hp.lr * hp.wd)
+    W = np.where(W * O >= 0, decay, W) if hp.cautious else decay
     W = W - adj * O
     return W, B
 
 
 def adamw_update(p, g, m, v, step, hp):
-    p = p * (1.0 - hp.lr * hp.wd)
     m = m + (1.0 - hp.beta1) * (g - m)
     v = hp.beta2 * v + (1.0 - hp.beta2) * g * g
     step += 1
     bc1 = 1.0 - hp.beta1 ** step
     bc2 = 1.0 - hp.beta2 ** step
-    p = p - (hp.lr / bc1) * m / (np.sqrt(v) / np.sqrt(bc2) + hp.eps)
+    u = m / (np.sqrt(v) / np.sqrt(bc2) + hp.eps)   # the update's direction; its sign is m's
+    decay = p * (1.0 - hp.lr * hp.wd)
+    p = np.where(p * u >= 0, decay, p) if hp.cautious else decay   # cautious: as for Muon
+    p = p - (hp.lr / bc1) * u
     return p, m, v, step
 
 
@@ -359,6 +367,19 @@ def step_cases():
 
     c = StepCase("weight decay 0.1 (24x56, lr 0.05)", 4, 4, [MuonGroup(lr=0.05, wd=0.1)])
     c.matrix(24, 56)
+    C.append(c)
+
+    c = StepCase("cautious weight decay 0.1 (24x56 and 56x24, lr 0.05)", 52, 4, [MuonGroup(lr=0.05, wd=0.1, cautious=1)])
+    c.matrix(24, 56)
+    c.matrix(56, 24)
+    C.append(c)
+
+    c = StepCase("cautious AdamW weight decay next to plain AdamW (wd 0.1 lr 0.01) + cautious Muon 20x30", 53, 4,
+                 [MuonGroup(lr=0.02, wd=0.2, cautious=1)],
+                 [AdamWGroup(lr=0.01, wd=0.1, cautious=1), AdamWGroup(lr=0.01, wd=0.1)])
+    c.matrix(20, 30)
+    c.adamw(64, group=0)
+    c.adamw(64, group=1)
     C.append(c)
 
     c = StepCase("adjust_lr original (72x24 and 24x72, lr 0.02)", 5, 3, [MuonGroup(lr=0.02, adjust=0)])

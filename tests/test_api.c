@@ -432,14 +432,17 @@ static void test_state_matrices_only(void) {
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
   }
   TEST_CASE("state: version-1 and version-2 blobs (no names; v1 no rank, world or layouts) still load, to the same state");
-  {   /* v2 = v3 without the matrix's name hash (8 bytes after its size); v1 = v2 without the rank
-         and world (header bytes 32..40) and the layout record */
-    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, n2 = n - 8, n1 = n2 - 8 - lrec, k, rec;
+  {   /* v2 = v3 without the group's cautious_wd (its last u32), the AdamW group's (likewise), and
+         the matrix's name hash (8 bytes after its size); v1 = v2 without the rank and world (header
+         bytes 32..40) and the layout record. One Muon group of ns_steps 5 and one AdamW group. */
+    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, g3 = 4 * (12 + 15), n2 = n - 4 - 4 - 8, n1 = n2 - 8 - lrec, k;
+    size_t grp = 48, mat = grp + g3 + 24;   /* where the groups and the matrix record start in v3 */
     unsigned char *v3 = (unsigned char *)blob, *v2 = (unsigned char *)malloc(n2), *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
     uint64_t sum;
-    rec = n - 8 - (16 + 8 + 4 * 60 + lrec);   /* the one matrix record starts here */
-    memcpy(v2, v3, rec + 16);
-    memcpy(v2 + rec + 16, v3 + rec + 24, n - 8 - rec - 24);
+    memcpy(v2, v3, grp + g3 - 4);                             /* header, counts, the group less its cautious_wd */
+    memcpy(v2 + grp + g3 - 4, v3 + grp + g3, 20);             /* the AdamW group less its cautious_wd */
+    memcpy(v2 + grp + g3 + 16, v3 + mat, 16);                 /* rows, cols, size */
+    memcpy(v2 + grp + g3 + 32, v3 + mat + 24, n - 8 - mat - 24);   /* momentum, layout (no name hash) */
     v2[8] = 2;
     sum = muon__fnv1a(v2, n2 - 8);
     for (k = 0; k < 8; k++) v2[n2 - 8 + k] = (unsigned char)(sum >> (8 * k));
@@ -542,6 +545,7 @@ static void test_review_regressions(void) {
     size_t n;
     void *blob;
     muon_hparams got;
+    memset(&got, 0, sizeof got);
     muon_create(&opt, &d);
     hp = muon_default_hparams();
     muon_set_ns_preset(&hp, MUON_NS_POLAR_EXPRESS);
@@ -802,6 +806,91 @@ static void test_reshard_blobs(void) {
   }
 }
 
+/* Cautious weight decay: settings checked, refused by a compute backend that predates it, kept
+   in the state, and the decay applied only where the weight and the update agree in sign. */
+static void test_cautious(void) {
+  muon_desc d = muon_default_desc();
+  muon_optimizer *o = NULL;
+  muon_hparams hp = muon_default_hparams();
+  muon_adamw_hparams ah = muon_default_adamw_hparams();
+  muon_compute old = muon_compute_cpu();
+  muon_compute_vtable v1 = *old.vt;
+  TEST_CASE("cautious_wd: 0/1 only, naming the field; a version-1 compute backend refuses it; saved and loaded with the group");
+  d.hparams.cautious_wd = 2;
+  CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "muon_hparams.cautious_wd"), "2: %s", muon_error(NULL));
+  d.hparams.cautious_wd = 0;
+  d.adamw.cautious_wd = -1;
+  CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "muon_adamw_hparams.cautious_wd"), "-1: %s", muon_error(NULL));
+  d.adamw.cautious_wd = 1;
+  v1.version = 1;
+  old.vt = &v1;
+  d.compute = &old;
+  CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "vtable version >= 2 (this one is 1)"), "v1 backend: %s", muon_error(NULL));
+  d.adamw.cautious_wd = 0;
+  CHECK(muon_create(&o, &d) == MUON_OK, "a v1 backend without cautious: %s", muon_error(NULL));
+  hp.cautious_wd = 1;
+  CHECK(muon_set_group(o, 0, &hp) == MUON_ERR_ARG && strstr(muon_error(o), "version"), "set_group on v1: %s", muon_error(o));
+  ah.cautious_wd = 1;
+  CHECK(muon_add_adamw_group(o, &ah, NULL) == MUON_ERR_ARG, "add_adamw_group on v1");
+  muon_destroy(o);
+  d.compute = NULL;
+  CHECK(muon_create(&o, &d) == MUON_OK && muon_set_group(o, 0, &hp) == MUON_OK && muon_add_adamw_group(o, &ah, NULL) == MUON_OK,
+        "the CPU backend takes it: %s", muon_error(o));
+  {
+    static float w[6 * 8], g[6 * 8];
+    muon_matrix m = muon_default_matrix();
+    muon_optimizer *b = NULL;
+    size_t n;
+    void *blob;
+    muon_hparams got;
+    memset(&got, 0, sizeof got);
+    m.name = "w"; m.param = w; m.grad = g; m.rows = 6; m.cols = 8;
+    muon_add_matrix(o, &m, NULL);
+    n = muon_state_size(o);
+    blob = malloc(n);
+    CHECK(muon_state_save(o, blob, n) == MUON_OK, "save");
+    muon_create(&b, &d);
+    muon_add_adamw_group(b, &d.adamw, NULL);
+    muon_add_matrix(b, &m, NULL);
+    CHECK(muon_state_load(b, blob, n) == MUON_OK && muon_get_group(b, 0, &got) == MUON_OK && got.cautious_wd == 1, "loaded cautious_wd %d: %s", got.cautious_wd, muon_error(b));
+    free(blob);
+    muon_destroy(b);
+  }
+  muon_destroy(o);
+
+  TEST_CASE("cautious_wd: a weight whose sign opposes O keeps its value before the step; one that agrees (or is zero) decays");
+  {
+    /* A 1 x 4 matrix: O of a rank-1 row is its direction (Newton-Schulz maps u to ~u/|u|), so the
+       signs of O are the gradient's. */
+    static float w[4], g[4], w0[4] = { 0.5f, -0.5f, 0.5f, 0.0f }, gr[4] = { 1.0f, 1.0f, -1.0f, 1.0f };
+    muon_matrix m = muon_default_matrix();
+    muon_hparams c = muon_default_hparams();
+    float plain[4];
+    int k, pass;
+    for (pass = 0; pass < 2; pass++) {
+      memcpy(w, w0, sizeof w);
+      memcpy(g, gr, sizeof g);
+      d = muon_default_desc();
+      d.hparams.lr = 0.1f;
+      d.hparams.weight_decay = 0.5f;
+      d.hparams.cautious_wd = pass;
+      muon_create(&o, &d);
+      m.name = "row"; m.param = w; m.grad = g; m.rows = 1; m.cols = 4;
+      muon_add_matrix(o, &m, NULL);
+      CHECK(muon_step(o) == MUON_OK, "step: %s", muon_error(o));
+      if (!pass) { memcpy(plain, w, sizeof w); muon_destroy(o); continue; }
+      /* element 0: w > 0, O > 0 agree -> decayed like plain; 1: w < 0, O > 0 disagree -> not
+         decayed, so it ends lr*wd*|w| higher than plain; 2: w > 0, O < 0 disagree; 3: w = 0 */
+      CHECK(w[0] == plain[0] && w[3] == plain[3], "agreeing / zero elements: %g vs %g, %g vs %g", (double)w[0], (double)plain[0], (double)w[3], (double)plain[3]);
+      CHECK(w[1] != plain[1] && w[2] != plain[2], "opposing elements were decayed");
+      for (k = 1; k < 3; k++)
+        CHECK(fabs((double)(w[k] - plain[k]) - (double)w0[k] * 0.05) < 1e-6, "element %d: %g - %g != w0 * lr * wd", k, (double)w[k], (double)plain[k]);
+      (void)c;
+      muon_destroy(o);
+    }
+  }
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -817,6 +906,7 @@ int main(void) {
   test_spectral_unclamped();
   test_checkpoint_files();
   test_reshard_blobs();
+  test_cautious();
   test_dropin();
   test_orthogonality();
   return test_summary();

@@ -448,6 +448,7 @@ static void test_apply(void) {
         a.param_dtype = bf ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
         a.rounding = sr ? MUON_ROUND_STOCHASTIC : MUON_ROUND_NEAREST;
         a.seed = 0x1234567890abcdefull;
+        a.cautious = mirror ^ sr;   /* cautious decay on half the combinations, fp32 and bf16 alike */
         a.piece = piece;
         a.mirror = mirror ? dmirror : NULL;
         ah = a;
@@ -502,6 +503,7 @@ static void test_adamw(void) {
           a.param_dtype = pbf ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
           a.rounding = sr ? MUON_ROUND_STOCHASTIC : MUON_ROUND_NEAREST;
           a.seed = 99 + (unsigned long long)sr;
+          a.cautious = mirror ^ sr ^ gbf;
           a.mirror = mirror ? dmirror : NULL;
           ah = a;
           ah.mirror = mirror ? (void *)mirw : NULL;

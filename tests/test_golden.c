@@ -481,9 +481,10 @@ static void run_case(const char *path) {
     } else if (sscanf(line, "defaults %d", &c.defaults) == 1) {
     } else if (strncmp(line, "group ", 6) == 0) {
       double lr, wd, mu, eps;
-      int nest, style, adj, steps, preset, prec;
-      ok = sscanf(line, "group %d %lf %lf %lf %d %d %d %d %d %d %lf", &gi, &lr, &wd, &mu, &nest, &style, &adj,
-                  &steps, &preset, &prec, &eps) == 11 && gi == c.ngroups && gi < MAX_GROUPS;
+      int nest, style, adj, steps, preset, prec, cautious = 0, got;
+      got = sscanf(line, "group %d %lf %lf %lf %d %d %d %d %d %d %lf %d", &gi, &lr, &wd, &mu, &nest, &style, &adj,
+                   &steps, &preset, &prec, &eps, &cautious);
+      ok = (got == 11 || got == 12) && gi == c.ngroups && gi < MAX_GROUPS;
       if (ok) {
         muon_hparams *h = &c.groups[gi];
         *h = muon_default_hparams();
@@ -497,14 +498,15 @@ static void run_case(const char *path) {
         if (preset >= 0) muon_set_ns_preset(h, (muon_ns_preset)preset);
         h->precision = (muon_precision)prec;
         h->eps = (float)eps;
+        h->cautious_wd = cautious;
         c.group_preset[gi] = preset;
         if (prec == 1) bf16_case = 1;
         c.ngroups++;
       }
     } else if (strncmp(line, "adamw_group ", 12) == 0) {
       double lr, b1, b2, eps, wd;
-      ok = sscanf(line, "adamw_group %d %lf %lf %lf %lf %lf", &gi, &lr, &b1, &b2, &eps, &wd) == 6 &&
-           gi == c.nadamw_groups && gi < MAX_GROUPS;
+      int cautious = 0, got = sscanf(line, "adamw_group %d %lf %lf %lf %lf %lf %d", &gi, &lr, &b1, &b2, &eps, &wd, &cautious);
+      ok = (got == 6 || got == 7) && gi == c.nadamw_groups && gi < MAX_GROUPS;
       if (ok) {
         muon_adamw_hparams *h = &c.adamw_groups[gi];
         *h = muon_default_adamw_hparams();
@@ -513,6 +515,7 @@ static void run_case(const char *path) {
         h->beta2 = (float)b2;
         h->eps = (float)eps;
         h->weight_decay = (float)wd;
+        h->cautious_wd = cautious;
         c.nadamw_groups++;
       }
     } else if (strncmp(line, "matrix ", 7) == 0) {
