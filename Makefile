@@ -287,7 +287,7 @@ test: deps check-headers
 	  "$(RUN) -n 1 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 2 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
 	  "$(RUN) -n 3 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 4 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
 	  "tests/run_wrong_dim.sh $(BUILD)" \
-	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --quiet && echo '$(e) --cautious: 1 passed, 0 failed'") \
+	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  $(CUDA_TESTS)
 

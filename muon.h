@@ -155,6 +155,16 @@ typedef enum muon_ns_preset {
   MUON_NS_POLAR_EXPRESS            /* Amsel et al. 2025, per-iteration schedule                 */
 } muon_ns_preset;
 
+typedef enum muon_ns_algorithm {
+  MUON_NS_STANDARD = 0,            /* X = a X + (b A + c A^2) X with A = X X^T, every iteration  */
+  MUON_NS_GRAM                     /* Gram Newton-Schulz (Zhang, Amsel, Chen, Dao 2026): the same
+                                      polynomial, iterated on the m x m Gram matrix R = X X^T and
+                                      an accumulated Q (X_k = Q X_0), X = Q X_0 once at the end;
+                                      restarts (ns_restarts) recompute X and R. Fewer flops when
+                                      n >= 2m; squarer operands run MUON_NS_STANDARD. Not bitwise
+                                      equal to it: the same math, rounded differently          */
+} muon_ns_algorithm;
+
 typedef enum muon_gemm {
   MUON_GEMM_AUTO = 0,              /* CBLAS when compiled with MUON_USE_CBLAS, else built-in    */
   MUON_GEMM_BUILTIN,               /* the portable blocked GEMM of this header                  */
@@ -175,6 +185,10 @@ typedef struct muon_hparams {
   int ns_steps;                    /* 5, in [1, MUON_NS_MAX_STEPS]                              */
   float ns_coefficients[MUON_NS_MAX_STEPS][3]; /* (a, b, c) of iteration k; muon_set_ns_preset */
   float eps;                       /* 1e-7: X / max(|X|_F, eps)                                 */
+  muon_ns_algorithm ns_algorithm;  /* MUON_NS_STANDARD                                          */
+  unsigned ns_restarts;            /* MUON_NS_GRAM: bit k restarts before iteration k, 1 <= k <
+                                      ns_steps (X = Q X_0, R = X X^T, Q = I); default 1 << 2, the
+                                      restart at iteration 2 of DeepSpeed's Gram NS               */
   muon_precision precision;
   /* How, not what: these change speed (and the last bits), never the math. */
   muon_gemm gemm;
@@ -292,7 +306,8 @@ MUON_API void muon_comm_destroy(muon_comm *comm);
    `sync` that returns non-OK means the step is abandoned, and the core then changes nothing the
    user can see (every write before the commit goes to the backend's scratch buffers).
    Element types. float is fp32; bf16 is stored as uint16_t (the top half of the fp32 bits). */
-#define MUON_COMPUTE_VTABLE_VERSION 2   /* 2: apply and adamw honour args->cautious */
+#define MUON_COMPUTE_VTABLE_VERSION 3   /* 2: apply and adamw honour args->cautious;
+                                           3: newton_schulz honours hp->ns_algorithm */
 
 typedef enum muon_dtype {
   MUON_DTYPE_FP32 = 0,
@@ -730,7 +745,8 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
    Newton-Schulz alone: out = NS(in) for a rows x cols matrix, as muon_step computes it
    (transposing tall matrices). in and out may alias. Allocates its workspace with malloc. */
 MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp);
-/* Floats of NS workspace for an m x n operand (m <= n) beyond the operand: <= 2mn + 2m^2. */
+/* Floats of NS workspace for an m x n operand (m <= n) beyond the operand, for either algorithm:
+   <= 2mn + 2m^2 (standard; also Gram when n < 2m), <= 2mn + 5m^2 (Gram). */
 MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
 
 #ifdef __cplusplus
@@ -788,11 +804,11 @@ MUON__HD float muon__apply_elem(float w, float o, float decay, float step, int c
 /* torch.optim.AdamW for one element; step_size = lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t). */
 MUON__HD float muon__adamw_elem(float w, float g, float *m, float *v, float beta1, float beta2, float eps,
                                 float decay, float step_size, float bc2_sqrt, int cautious) {
-  float u;
+  float decayed = w * decay, u;
   *m = *m + (1.0f - beta1) * (g - *m);
   *v = *v * beta2 + (1.0f - beta2) * g * g;
   u = *m / (sqrtf(*v) / bc2_sqrt + eps);   /* the update's sign is m_hat's */
-  if (!cautious || muon__same_sign(w, u)) w = w * decay;
+  if (!cautious || muon__same_sign(w, u)) w = decayed;
   return w - step_size * u;
 }
 
@@ -972,6 +988,8 @@ MUON_API muon_hparams muon_default_hparams(void) {
   hp.ns_steps = 5;
   muon_set_ns_preset(&hp, MUON_NS_QUINTIC);
   hp.eps = 1e-7f;
+  hp.ns_algorithm = MUON_NS_STANDARD;
+  hp.ns_restarts = 1u << 2;
   hp.precision = MUON_PRECISION_FP32;
   hp.gemm = MUON_GEMM_AUTO;
   hp.symmetric = 1;
@@ -980,6 +998,7 @@ MUON_API muon_hparams muon_default_hparams(void) {
 
 MUON_API muon_adamw_hparams muon_default_adamw_hparams(void) {
   muon_adamw_hparams hp;
+  memset(&hp, 0, sizeof hp);   /* every field not set here is 0 (cautious_wd, fields to come) */
   hp.lr = 1e-3f;
   hp.beta1 = 0.9f;
   hp.beta2 = 0.999f;
@@ -1248,6 +1267,12 @@ static muon_status muon__check_hparams(const muon_hparams *hp, int compute_versi
   int k;
   if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
   if (hp->cautious_wd && compute_version < 2) { snprintf(buf, size, "muon_hparams.cautious_wd needs a compute backend of vtable version >= 2 (this one is %d)", compute_version); return MUON_ERR_ARG; }
+  if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM) { snprintf(buf, size, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)", (int)hp->ns_algorithm); return MUON_ERR_ARG; }
+  if (hp->ns_algorithm == MUON_NS_GRAM && compute_version < 3) { snprintf(buf, size, "muon_hparams.ns_algorithm MUON_NS_GRAM needs a compute backend of vtable version >= 3 (this one is %d)", compute_version); return MUON_ERR_ARG; }
+  if (hp->ns_algorithm == MUON_NS_GRAM && ((hp->ns_restarts & 1u) || (hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
+    snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)", hp->ns_restarts, hp->ns_steps);
+    return MUON_ERR_ARG;
+  }
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
   if (!(hp->momentum >= 0 && hp->momentum < 1)) { snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum); return MUON_ERR_ARG; }
@@ -2347,13 +2372,19 @@ static size_t muon__ns_pack_floats(int m, int n) {
   return pack && mn >= pack ? pack : 0;
 }
 
-static size_t muon__ns_ws_floats(int m, int n) {
-  return (size_t)m * n + 2 * (size_t)m * m + muon__ns_pack_floats(m, n);
+/* Does this operand run the Gram iteration? Only where it saves flops: n >= 2m. */
+static int muon__use_gram(const muon_hparams *hp, int m, int n) {
+  return hp->ns_algorithm == MUON_NS_GRAM && (long long)n >= 2 * (long long)m;
+}
+
+/* Y (m x n), then m x m matrices: A and B (standard), R, B, Q, T, S (Gram); then the pack. */
+static size_t muon__ns_ws_floats(int m, int n, int gram) {
+  return (size_t)m * n + (gram ? 5 : 2) * (size_t)m * m + muon__ns_pack_floats(m, n);
 }
 
 MUON_API size_t muon_ns_workspace_floats(int rows, int cols) {
   int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return rows > 0 && cols > 0 ? muon__ns_ws_floats(m, n) : 0;
+  return rows > 0 && cols > 0 ? muon__ns_ws_floats(m, n, (long long)n >= 2 * (long long)m) : 0;
 }
 
 static int muon__use_cblas(const muon_hparams *hp) {
@@ -2365,9 +2396,59 @@ static int muon__use_cblas(const muon_hparams *hp) {
 #endif
 }
 
-/* ws holds muon__ns_ws_floats(m, n) floats. */
+/* Gram Newton-Schulz on the normalised m x n X (n >= 2m): with X_k = Q_k X_0 and R_k = X_k X_k^T,
+   iteration k forms P = a I + b R + c R^2 and moves Q <- P Q, R <- P^2 R (all polynomials in
+   R_0, so they commute); X = Q X_0 once at the end. A restart before iteration k makes X_0 = Q X_0,
+   R = X_0 X_0^T and Q = I again, which bounds the error the m x m products accumulate. */
+static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__gemm_ctx *g, int bf16) {
+  size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
+  float *Y = ws, *R = ws + mn, *B = R + mm, *Q = B + mm, *T = Q + mm, *S = T + mm, *x0 = X, *t;
+  int k, fresh = 1;   /* fresh: Q is the identity, not stored */
+  muon__gram(g, m, n, 1.0f, x0, n, 0.0f, R, m);                 /* R = X_0 X_0^T   (m, m) */
+  if (bf16) muon__bf16_round(R, mm);
+  for (k = 0; k < hp->ns_steps; k++) {
+    float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], c = hp->ns_coefficients[k][2];
+    int last = k + 1 == hp->ns_steps, restart_next = !last && ((hp->ns_restarts >> (k + 1)) & 1u);
+    memcpy(B, R, mm * sizeof(float));
+    muon__gram(g, m, m, c, R, m, b, B, m);                       /* B = b R + c R R^T */
+    for (i = 0; i < (size_t)m; i++) B[i * m + i] += a;           /* P = a I + B, rounded once */
+    if (bf16) muon__bf16_round(B, mm);
+    if (fresh) { memcpy(Q, B, mm * sizeof(float)); fresh = 0; }  /* Q = P */
+    else {
+      muon__matmul(g, m, m, m, 1.0f, B, m, Q, m, 0.0f, T, m);    /* Q = P Q */
+      if (bf16) muon__bf16_round(T, mm);
+      t = Q; Q = T; T = t;
+    }
+    if (last) break;
+    if (restart_next) {                                          /* X_0 = Q X_0, R = X_0 X_0^T, Q = I */
+      float *y = x0 == X ? Y : X;
+      muon__matmul(g, m, n, m, 1.0f, Q, m, x0, n, 0.0f, y, n);
+      if (bf16) muon__bf16_round(y, mn);
+      x0 = y;
+      muon__gram(g, m, n, 1.0f, x0, n, 0.0f, R, m);
+      if (bf16) muon__bf16_round(R, mm);
+      fresh = 1;
+      continue;
+    }
+    muon__gram(g, m, m, 1.0f, B, m, 0.0f, S, m);                 /* S = P P^T = P^2 */
+    if (bf16) muon__bf16_round(S, mm);
+    muon__matmul(g, m, m, m, 1.0f, S, m, R, m, 0.0f, T, m);      /* R = P^2 R */
+    if (bf16) muon__bf16_round(T, mm);
+    t = R; R = T; T = t;
+  }
+  {
+    float *y = x0 == X ? Y : X;                                  /* X = Q X_0 */
+    if (fresh) memcpy(y, x0, mn * sizeof(float));
+    else muon__matmul(g, m, n, m, 1.0f, Q, m, x0, n, 0.0f, y, n);
+    if (bf16) muon__bf16_round(y, mn);
+    if (y != X) memcpy(X, y, mn * sizeof(float));
+  }
+}
+
+/* ws holds muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) floats. */
 static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws) {
   size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
+  int gram = muon__use_gram(hp, m, n);
   float *Y = ws, *A = ws + mn, *B = A + mm, *x = X, *t;
   int bf16 = hp->precision == MUON_PRECISION_BF16, k;
   double ss = 0;
@@ -2375,7 +2456,7 @@ static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, 
   muon__gemm_ctx g;
   g.cblas = muon__use_cblas(hp);
   g.symmetric = hp->symmetric;
-  g.pack = B + mm;
+  g.pack = ws + mn + (gram ? 5 : 2) * mm;
   g.pack_floats = muon__ns_pack_floats(m, n);
 
   if (bf16) muon__bf16_round(x, mn);
@@ -2386,6 +2467,7 @@ static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, 
   if (bf16) d = muon__bf16(d);
   for (i = 0; i < mn; i++) x[i] = x[i] / d;
   if (bf16) muon__bf16_round(x, mn);
+  if (gram) { muon__gram_iterations(X, m, n, hp, ws, &g, bf16); return; }
 
   for (k = 0; k < hp->ns_steps; k++) {
     float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], c = hp->ns_coefficients[k][2];
@@ -2461,8 +2543,8 @@ static muon_status muon__cpu_momentum(void *ctx, size_t n, float *momentum, cons
 }
 
 static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
-  (void)ctx; (void)batch; (void)hp;   /* a batch runs one operand after another */
-  return muon__ns_ws_floats(m, n) * sizeof(float);
+  (void)ctx; (void)batch;   /* a batch runs one operand after another */
+  return muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) * sizeof(float);
 }
 
 static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
@@ -2598,7 +2680,7 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
   m = rows < cols ? rows : cols;
   n = rows < cols ? cols : rows;
   if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
-  X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n)) * sizeof(float));
+  X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n))) * sizeof(float));
   if (!X) return MUON_ERR_NOMEM;
   op = muon__whole(rows, cols, 0, 0);
   (void)muon__cpu_pack(NULL, &op, 1, (float *)in, X, 1);   /* only reads `in` */
@@ -2632,6 +2714,7 @@ static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
   muon__put_float(p, hp->eps); muon__put32(p, (uint32_t)hp->precision);
   muon__put32(p, (uint32_t)hp->gemm); muon__put32(p, (uint32_t)hp->symmetric);
   muon__put32(p, (uint32_t)hp->cautious_wd);
+  muon__put32(p, (uint32_t)hp->ns_algorithm); muon__put32(p, (uint32_t)hp->ns_restarts);
 }
 static uint32_t muon__get32(const unsigned char **p) {
   uint32_t v = 0;
@@ -2663,6 +2746,8 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp, uint32_
   hp->eps = muon__get_float(p); hp->precision = (muon_precision)muon__get32(p);
   hp->gemm = (muon_gemm)muon__get32(p); hp->symmetric = (int)muon__get32(p);
   hp->cautious_wd = version >= 3 ? (int)muon__get32(p) : 0;
+  hp->ns_algorithm = version >= 3 ? (muon_ns_algorithm)muon__get32(p) : MUON_NS_STANDARD;
+  hp->ns_restarts = version >= 3 ? muon__get32(p) : 1u << 2;
 }
 /* ---------------------------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. */
@@ -2807,6 +2892,8 @@ static unsigned long long muon__ns_hash(const muon_hparams *hp) {
   muon__put32(&p, (uint32_t)hp->precision);
   muon__put32(&p, (uint32_t)muon__use_cblas(hp));
   muon__put32(&p, (uint32_t)hp->symmetric);
+  muon__put32(&p, (uint32_t)hp->ns_algorithm);
+  muon__put32(&p, hp->ns_algorithm == MUON_NS_GRAM ? (uint32_t)hp->ns_restarts : 0u);
   return muon__fnv1a(buf, (size_t)(p - buf));
 }
 
@@ -4242,7 +4329,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8 + MUON__ADAMW_GROUP_RECORD * (size_t)opt->n_adamw_groups;
   int i;
-  for (i = 0; i < opt->n_groups; i++) n += 4 * (12 + 3 * (size_t)opt->groups[i].ns_steps);
+  for (i = 0; i < opt->n_groups; i++) n += 4 * (14 + 3 * (size_t)opt->groups[i].ns_steps);
   for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * opt->matrices[i].size;
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
   return n;
@@ -4391,7 +4478,7 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
   if (b->version < 1 || b->version > MUON__STATE_VERSION)
     return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads versions 1 to %u", op, b->version, MUON__STATE_VERSION);
   hdr = b->version == 1 ? 32 : MUON__STATE_HEADER;
-  gfields = b->version >= 3 ? 12 : 11;                       /* u32 fields of a group besides its triples */
+  gfields = b->version >= 3 ? 14 : 11;                       /* u32 fields of a group besides its triples */
   agrec = b->version >= 3 ? MUON__ADAMW_GROUP_RECORD : 20;
   if (size < hdr + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
   b->n_matrices = muon__get32(&p);
@@ -4481,7 +4568,7 @@ static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams 
 static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups, uint64_t steps, const char *op) {
   int i;
   for (i = 0; i < opt->n_groups; i++) {
-    unsigned char x[4 * (12 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
+    unsigned char x[4 * (14 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
     if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
     muon__put_hparams(&px, &opt->groups[i]);
     muon__put_hparams(&py, &groups[i]);

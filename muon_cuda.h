@@ -326,6 +326,27 @@ static cudaError_t muon_cuda__cast_launch(const muon_cuda__cast_k *k, cudaStream
   return MUON_CUDA__LAUNCH(muon_cuda__cast_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
 }
 
+/* Gram NS: B[i][i] += a on `batch` fp32 m x m matrices. */
+typedef struct muon_cuda__add_diag_k {
+  float *B;
+  float a;
+  int m;
+  size_t n;                  /* batch * m */
+} muon_cuda__add_diag_k;
+
+MUON_CUDA__KERNEL(muon_cuda__add_diag_kernel, muon_cuda__add_diag_k) {
+  size_t i;
+  for (i = MUON_CUDA__INDEX; i < a.n; i += MUON_CUDA__STRIDE) {
+    size_t b = i / (size_t)a.m, r = i % (size_t)a.m;
+    a.B[b * (size_t)a.m * a.m + r * (size_t)a.m + r] += a.a;
+  }
+}
+
+static cudaError_t muon_cuda__add_diag_launch(const muon_cuda__add_diag_k *k, cudaStream_t stream) {
+  if (k->n == 0) return cudaSuccess;
+  return MUON_CUDA__LAUNCH(muon_cuda__add_diag_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+}
+
 /* pack: up to MUON_CUDA__PACK_OPS piece copies per launch, passed by value (no device table, no
    upload). Flat element t of the launch belongs to the first op j with t < end[j] (end: the
    cumulative element counts); its element k = t - end[j-1] moves between pieces[op.piece + k]
@@ -685,6 +706,8 @@ static muon_status muon_cuda__cast(void *ctx, void *dst, muon_dtype dst_dtype, c
 
 typedef struct muon_cuda__ns_layout {
   size_t x, y, a, b, norms, ptrs, bytes; /* byte offsets in the workspace, and its size */
+  size_t q, t2, s, bf;       /* Gram NS: Q, two scratch m x m, and B in fp32 (bf16 mode) */
+  int gram;                  /* Gram Newton-Schulz (hp->ns_algorithm, n >= 2m) */
   int sym;                   /* symmetric path */
   int t, r;                  /* tiles per side; rows of the last tile row (<= tile) */
   size_t cnt[3];             /* tiles per operand: interior, bottom row, corner */
@@ -693,13 +716,14 @@ typedef struct muon_cuda__ns_layout {
 
 static size_t muon_cuda__align(size_t bytes) { return (bytes + 255) & ~(size_t)255; }
 
-static muon_cuda__ns_layout muon_cuda__ns_plan(int batch, int m, int n, int bf16, int symmetric) {
+static muon_cuda__ns_layout muon_cuda__ns_plan(int batch, int m, int n, int bf16, int symmetric, int gram) {
   muon_cuda__ns_layout L;
   size_t mn = (size_t)batch * m * n, mm = (size_t)batch * m * m, e = bf16 ? 2 : 4, off = 0;
   memset(&L, 0, sizeof L);
   L.t = (m + MUON_CUDA_SYM_TILE - 1) / MUON_CUDA_SYM_TILE;
   L.r = m - (L.t - 1) * MUON_CUDA_SYM_TILE;
-  L.sym = symmetric && L.t >= MUON_CUDA_SYM_MIN_TILES && L.t >= 2;
+  L.sym = !gram && symmetric && L.t >= MUON_CUDA_SYM_MIN_TILES && L.t >= 2;
+  L.gram = gram;
   L.cnt[0] = (size_t)(L.t - 1) * L.t / 2;
   L.cnt[1] = (size_t)(L.t - 1);
   L.cnt[2] = 1;
@@ -709,11 +733,22 @@ static muon_cuda__ns_layout muon_cuda__ns_plan(int batch, int m, int n, int bf16
   L.y = off; off += muon_cuda__align(mn * e);
   L.a = off; off += muon_cuda__align(mm * e);
   L.b = off; off += muon_cuda__align(mm * e);
+  if (gram) {
+    L.q = off; off += muon_cuda__align(mm * e);
+    L.t2 = off; off += muon_cuda__align(mm * e);
+    L.s = off; off += muon_cuda__align(mm * e);
+    if (bf16) { L.bf = off; off += muon_cuda__align(mm * sizeof(float)); }
+  }
   L.norms = off; off += muon_cuda__align((size_t)batch * sizeof(float));
   L.ptrs = off;
   if (L.sym) off += muon_cuda__align(9 * (size_t)batch * L.tiles * sizeof(void *));
   L.bytes = off;
   return L;
+}
+
+/* As muon.h's CPU backend: the Gram iteration only where it saves flops, n >= 2m. */
+static int muon_cuda__use_gram(const muon_hparams *hp, int m, int n) {
+  return hp->ns_algorithm == MUON_NS_GRAM && (long long)n >= 2 * (long long)m;
 }
 
 static int muon_cuda__ns_shape_ok(int batch, int m, int n) {
@@ -723,7 +758,7 @@ static int muon_cuda__ns_shape_ok(int batch, int m, int n) {
 static size_t muon_cuda__ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
   (void)ctx;
   if (!hp || !muon_cuda__ns_shape_ok(batch, m, n)) return 0;
-  return muon_cuda__ns_plan(batch, m, n, hp->precision == MUON_PRECISION_BF16, hp->symmetric).bytes;
+  return muon_cuda__ns_plan(batch, m, n, hp->precision == MUON_PRECISION_BF16, hp->symmetric, muon_cuda__use_gram(hp, m, n)).bytes;
 }
 
 /* Symmetric path: the tile pointer arrays. Set s (0: X X^T with X in buffer 0, 1: with X in
@@ -821,15 +856,24 @@ static muon_status muon_cuda__blas_begin(muon_cuda__ctx *c) {
    the C x R matrix: its transpose. So the row-major product C = opA(A) opB(B) is, to cuBLAS,
    C^T = opB(B)^T opA(A)^T: pass B first and A second, each with its OWN transpose flag, and the
    dimensions as (N, M, K). This is the only place that knows. */
+static muon_status muon_cuda__gemm_ex(muon_cuda__ctx *c, int transa, int transb, int M, int N, int K, float alpha,
+                                      const void *A, int lda, long long stride_a, const void *B, int ldb,
+                                      long long stride_b, float beta, void *C, int ldc, long long stride_c, int batch,
+                                      cudaDataType_t type, cudaDataType_t ctype) {
+  MUON_CUDA__CHECK(c, cublasGemmStridedBatchedEx(c->blas, transb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                                 transa ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb,
+                                                 stride_b, A, type, lda, stride_a, &beta, C, ctype, ldc, stride_c,
+                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return MUON_OK;
+}
+
+/* C in the operands' type (the usual case). */
 static muon_status muon_cuda__gemm(muon_cuda__ctx *c, int transa, int transb, int M, int N, int K, float alpha,
                                    const void *A, int lda, long long stride_a, const void *B, int ldb,
                                    long long stride_b, float beta, void *C, int ldc, long long stride_c, int batch,
                                    cudaDataType_t type) {
-  MUON_CUDA__CHECK(c, cublasGemmStridedBatchedEx(c->blas, transb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                 transa ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb,
-                                                 stride_b, A, type, lda, stride_a, &beta, C, type, ldc, stride_c,
-                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  return MUON_OK;
+  return muon_cuda__gemm_ex(c, transa, transb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                            stride_c, batch, type, type);
 }
 
 /* The same row-major product over arrays of `count` pointers (device memory), op(B) = B^T: the
@@ -869,6 +913,63 @@ static muon_status muon_cuda__gram(muon_cuda__ctx *c, const muon_cuda__ns_layout
   return MUON_OK;
 }
 
+/* Gram Newton-Schulz on the normalised operands x, as muon.h's muon__gram_iterations: per
+   iteration P = a I + b R + c R^2 (formed in fp32, rounded once in bf16 mode, like the CPU),
+   Q <- P Q, R <- P^2 R, restarts X_0 = Q X_0, R = X_0 X_0^T; X = Q X_0 at the end, into *out
+   (x's buffer or y's). Plain GEMMs: the symmetric tiles are the standard path's. */
+static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_layout *L, char *w, void *x, int batch,
+                                      int m, int n, const muon_hparams *hp, int bf16, void **out) {
+  size_t mm = (size_t)m * m;
+  long long smn = (long long)m * n, smm = (long long)mm;
+  cudaDataType_t type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  void *x0 = x, *other = w + L->y, *R = w + L->a, *P = w + L->b, *Q = w + L->q, *T = w + L->t2, *S = w + L->s, *t;
+  float *Bf = bf16 ? (float *)(void *)(w + L->bf) : (float *)P;
+  int k, fresh = 1;   /* fresh: Q is the identity, not stored */
+  if (muon_cuda__gemm(c, 0, 1, m, m, n, 1.0f, x0, n, smn, x0, n, smn, 0.0f, R, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+  for (k = 0; k < hp->ns_steps; k++) {
+    float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], cc = hp->ns_coefficients[k][2];
+    int last = k + 1 == hp->ns_steps, restart_next = !last && ((hp->ns_restarts >> (k + 1)) & 1u);
+    muon_cuda__add_diag_k d;
+    if (bf16) {   /* Bf = R in fp32, the GEMM's beta term */
+      muon_cuda__cast_k up;
+      up.dst = Bf; up.src = R; up.dst_bf16 = 0; up.src_bf16 = 1; up.n = (size_t)batch * mm;
+      MUON_CUDA__CHECK(c, muon_cuda__cast_launch(&up, c->stream));
+    } else {
+      MUON_CUDA__CHECK(c, cudaMemcpyAsync(Bf, R, (size_t)batch * mm * 4, cudaMemcpyDeviceToDevice, c->stream));
+    }
+    if (muon_cuda__gemm_ex(c, 0, 1, m, m, m, cc, R, m, smm, R, m, smm, b, Bf, m, smm, batch, type, CUDA_R_32F) != MUON_OK)
+      return MUON_ERR_BACKEND;   /* Bf = b R + c R R^T */
+    d.B = Bf; d.a = a; d.m = m; d.n = (size_t)batch * m;
+    MUON_CUDA__CHECK(c, muon_cuda__add_diag_launch(&d, c->stream));   /* P = a I + B */
+    if (bf16) {
+      muon_cuda__cast_k down;
+      down.dst = P; down.src = Bf; down.dst_bf16 = 1; down.src_bf16 = 0; down.n = (size_t)batch * mm;
+      MUON_CUDA__CHECK(c, muon_cuda__cast_launch(&down, c->stream));
+    }
+    if (fresh) {
+      MUON_CUDA__CHECK(c, cudaMemcpyAsync(Q, P, (size_t)batch * mm * (bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, c->stream));
+      fresh = 0;
+    } else {
+      if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, P, m, smm, Q, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+      t = Q; Q = T; T = t;
+    }
+    if (last) break;
+    if (restart_next) {   /* X_0 = Q X_0, R = X_0 X_0^T, Q = I */
+      if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+      t = x0; x0 = other; other = t;
+      if (muon_cuda__gemm(c, 0, 1, m, m, n, 1.0f, x0, n, smn, x0, n, smn, 0.0f, R, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+      fresh = 1;
+      continue;
+    }
+    if (muon_cuda__gemm(c, 0, 1, m, m, m, 1.0f, P, m, smm, P, m, smm, 0.0f, S, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+    if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, S, m, smm, R, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+    t = R; R = T; T = t;   /* R = P^2 R */
+  }
+  if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+  *out = other;
+  return MUON_OK;
+}
+
 /* `batch` row-major m x n operands X + b*m*n (m <= n), orthogonalised in place. */
 static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp,
                                             void *ws) {
@@ -894,7 +995,7 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
   total = (size_t)batch * mn;
   e = bf16 ? 2 : 4;
   type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  L = muon_cuda__ns_plan(batch, m, n, bf16, hp->symmetric);
+  L = muon_cuda__ns_plan(batch, m, n, bf16, hp->symmetric, muon_cuda__use_gram(hp, m, n));
   norms = (float *)(void *)(w + L.norms);
   if (muon_cuda__blas_begin(c) != MUON_OK) return MUON_ERR_BACKEND;
 
@@ -945,8 +1046,13 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
     MUON_CUDA__CHECK(c, muon_cuda__sym_ptrs_launch(&pk, c->stream));
   }
   x0 = x;
+  if (L.gram) {
+    void *result;
+    if (muon_cuda__gram_ns(c, &L, w, x, batch, m, n, hp, bf16, &result) != MUON_OK) return MUON_ERR_BACKEND;
+    x = result;
+  }
 
-  for (k = 0; k < hp->ns_steps; k++) {
+  for (k = L.gram ? hp->ns_steps : 0; k < hp->ns_steps; k++) {
     float ca = hp->ns_coefficients[k][0], cb = hp->ns_coefficients[k][1], cc = hp->ns_coefficients[k][2];
     /* A = X X^T (m, m) */
     if (muon_cuda__gram(c, &L, ptrs, x == x0 ? 0 : 1, m, n, 1.0f, x, 0.0f, A, batch, type) != MUON_OK)

@@ -8,7 +8,7 @@
      training, muon_check_layouts checks muon's layouts against this file's own piece logic;
      after, muon_gather_matrix assembles every matrix on its owner, which compares it with the
      single-device parameter and momentum.
-   Options: --steps N, --quiet, --cautious (cautious weight decay), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
+   Options: --steps N, --quiet, --cautious (cautious weight decay), --gram (Gram Newton-Schulz), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
    of the distributed run to PATH and of rank 0's single-device run to PATH.ref, for
    tools/muoncmp), --wrong-dim (muon is told the other TP dim than the one the pieces are cut
    by: the mistake muon_check_layouts and muoncmp are there to find).
@@ -48,6 +48,7 @@ typedef struct ex_world {
   int plan;           /* --plan */
   int wrong_dim;      /* --wrong-dim */
   int cautious;       /* --cautious: cautious weight decay (muon_hparams.cautious_wd) */
+  int gram;           /* --gram: Gram Newton-Schulz (muon_hparams.ns_algorithm) */
   const char *dump;   /* --dump PATH */
 } ex_world;
 
@@ -81,6 +82,7 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--plan")) w.plan = 1;
     else if (!strcmp(argv[i], "--wrong-dim")) w.wrong_dim = 1;
     else if (!strcmp(argv[i], "--cautious")) w.cautious = 1;
+    else if (!strcmp(argv[i], "--gram")) w.gram = 1;
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
   }
 #ifdef EX_NCCL
@@ -248,6 +250,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   all_sums = (long long *)calloc(3 * (size_t)w->size, sizeof(long long));
   desc.hparams.lr = 0.02f;
   desc.hparams.cautious_wd = w->cautious;
+  desc.hparams.ns_algorithm = w->gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
   desc.comm = &w->world;
   desc.dist = &cfg;
   desc.compute = ex_compute(w);

@@ -66,9 +66,12 @@ Step cases (golden.list), lines in this order:
 Newton-Schulz cases (ns.list):
     muon-ns 1
     name TEXT...
-    ns ROWS COLS NS_STEPS PRESET PRECISION EPS      (PRESET as above: 0 quintic, 1 Polar Express)
+    ns ROWS COLS NS_STEPS PRESET PRECISION EPS ALGORITHM RESTARTS
+                                       PRESET as above (0 quintic, 1 Polar Express); ALGORITHM 0
+                                       standard, 1 Gram (with RESTARTS, a bit per iteration)
     arr ns_in 0 N
     arr ns_out 0 N
+    arr ns_polar 0 N                   (Gram cases) the exact polar factor, from an SVD
     end
 """
 import os
@@ -122,6 +125,15 @@ def coefficients(preset):
     return [tuple(f32(v) for v in abc) for abc in table]
 
 
+def normalise(X, eps, bf16_mode):
+    """X / max(|X|_F, eps); in bf16 mode the input, the norm and the result rounded (torch)."""
+    if bf16_mode:
+        X = bf16(X)
+        norm = bf16(float(np.sqrt(np.sum(X * X))))
+        return bf16(X / max(norm, eps))
+    return X / max(float(np.sqrt(np.sum(X * X))), eps)
+
+
 def newton_schulz(U, steps, preset, eps, bf16_mode):
     """DESIGN 1.3: O = NS(U) for U (rows x cols)."""
     coeffs = coefficients(preset)
@@ -129,12 +141,7 @@ def newton_schulz(U, steps, preset, eps, bf16_mode):
     transposed = X.shape[0] > X.shape[1]
     if transposed:
         X = X.T.copy()  # X is m x n, m <= n
-    if bf16_mode:
-        X = bf16(X)
-        norm = bf16(float(np.sqrt(np.sum(X * X))))
-        X = bf16(X / max(norm, eps))
-    else:
-        X = X / max(float(np.sqrt(np.sum(X * X))), eps)
+    X = normalise(X, eps, bf16_mode)
     for k in range(steps):
         a, b, c = coeffs[min(k, len(coeffs) - 1)]
         A = X @ X.T
@@ -149,6 +156,51 @@ def newton_schulz(U, steps, preset, eps, bf16_mode):
     if transposed:
         X = X.T.copy()
     return X
+
+
+def gram_newton_schulz(U, steps, preset, eps, bf16_mode, restarts):
+    """Gram Newton-Schulz (Zhang, Amsel, Chen, Dao 2026), from its definition: the iteration
+    X_{k+1} = p_k(X_k X_k^T) X_k with p_k(R) = a I + b R + c R^2 is carried on the Gram matrix:
+    X_k = Q_k X_0 and R_k = X_k X_k^T = Q_k^2 R_0 (polynomials in R_0 commute), so per iteration
+    P = p_k(R), Q <- P Q, R <- P^2 R, and X = Q X_0 at the end. A restart before iteration k sets
+    X_0 = Q X_0, R = X_0 X_0^T, Q = I. Only for m x n operands with n >= 2m; squarer ones run the
+    standard iteration (the C library's choice: Gram saves flops only there). bf16 mode rounds
+    every product's output, as the standard path does."""
+    X = np.array(U, dtype=np.float64)
+    transposed = X.shape[0] > X.shape[1]
+    m, n = (X.shape[1], X.shape[0]) if transposed else X.shape
+    if n < 2 * m:
+        return newton_schulz(U, steps, preset, eps, bf16_mode)
+    coeffs = coefficients(preset)
+    rnd = bf16 if bf16_mode else (lambda v: v)
+    if transposed:
+        X = X.T.copy()
+    X = normalise(X, eps, bf16_mode)
+    I = np.eye(m)
+    R = rnd(X @ X.T)
+    Q = None  # the identity
+    for k in range(steps):
+        a, b, c = coeffs[min(k, len(coeffs) - 1)]
+        P = rnd(b * R + c * (R @ R.T) + a * I)
+        Q = P if Q is None else rnd(P @ Q)
+        if k + 1 == steps:
+            break
+        if (restarts >> (k + 1)) & 1:
+            X = rnd(Q @ X)
+            R = rnd(X @ X.T)
+            Q = None
+            continue
+        R = rnd(rnd(P @ P.T) @ R)
+    X = X if Q is None else rnd(Q @ X)
+    if transposed:
+        X = X.T.copy()
+    return X
+
+
+def polar(U):
+    """The exact orthogonal polar factor U V^T of U = U S V^T."""
+    u, _, vt = np.linalg.svd(np.array(U, dtype=np.float64), full_matrices=False)
+    return u @ vt
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,16 +383,22 @@ class StepCase:
         w.close()
 
 
-def write_ns_case(path, name, seed, rows, cols, steps=5, preset=0, precision=0, eps=1e-7, scale=1.0, zero=False):
+def write_ns_case(path, name, seed, rows, cols, steps=5, preset=0, precision=0, eps=1e-7, scale=1.0, zero=False,
+                  algorithm=0, restarts=4):
     rng = np.random.default_rng(seed)
     X = np.zeros((rows, cols)) if zero else f32(rng.standard_normal((rows, cols)) * scale)
-    O = newton_schulz(X, steps, preset, f32(eps), precision == 1)
+    if algorithm == 1:
+        O = gram_newton_schulz(X, steps, preset, f32(eps), precision == 1, restarts)
+    else:
+        O = newton_schulz(X, steps, preset, f32(eps), precision == 1)
     w = Writer(path)
     w.line("muon-ns 1")
     w.line("name " + name)
-    w.line("ns %d %d %d %d %d %r" % (rows, cols, steps, preset, precision, f32(eps)))
+    w.line("ns %d %d %d %d %d %r %d %d" % (rows, cols, steps, preset, precision, f32(eps), algorithm, restarts))
     w.arr("ns_in", 0, X)
     w.arr("ns_out", 0, O)
+    if algorithm == 1:
+        w.arr("ns_polar", 0, polar(X))
     w.line("end")
     w.close()
 
@@ -518,6 +576,18 @@ def ns_cases():
     C.append(dict(name="NS bf16 quintic 64x96", seed=116, rows=64, cols=96, precision=1))
     C.append(dict(name="NS bf16 quintic 96x64", seed=117, rows=96, cols=64, precision=1))
     C.append(dict(name="NS bf16 Polar Express 33x33", seed=118, rows=33, cols=33, precision=1, preset=1))
+    # Gram Newton-Schulz: default restart (iteration 2), none, two; tall and wide; both schedules;
+    # bf16; a squarer operand (runs the standard iteration)
+    C.append(dict(name="NS Gram 64x200 (restart at 2)", seed=120, rows=64, cols=200, algorithm=1))
+    C.append(dict(name="NS Gram 200x64 (restart at 2)", seed=121, rows=200, cols=64, algorithm=1))
+    C.append(dict(name="NS Gram 48x128 no restart", seed=122, rows=48, cols=128, algorithm=1, restarts=0))
+    C.append(dict(name="NS Gram Polar Express 10 steps 40x120 (restarts 2, 6)", seed=123, rows=40, cols=120,
+                  algorithm=1, preset=1, steps=10, restarts=(1 << 2) | (1 << 6)))
+    C.append(dict(name="NS Gram bf16 64x160 (restart at 2)", seed=124, rows=64, cols=160, algorithm=1, precision=1))
+    C.append(dict(name="NS Gram bf16 64x160 no restart (drifts: why restarts)", seed=124, rows=64, cols=160, algorithm=1, precision=1,
+                  restarts=0))
+    C.append(dict(name="NS Gram 1x40 (a row)", seed=125, rows=1, cols=40, algorithm=1))
+    C.append(dict(name="NS Gram 50x60 (squarer: the standard iteration)", seed=126, rows=50, cols=60, algorithm=1))
     return C
 
 

@@ -432,17 +432,18 @@ static void test_state_matrices_only(void) {
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
   }
   TEST_CASE("state: version-1 and version-2 blobs (no names; v1 no rank, world or layouts) still load, to the same state");
-  {   /* v2 = v3 without the group's cautious_wd (its last u32), the AdamW group's (likewise), and
+  {   /* v2 = v3 without the group's cautious_wd, ns_algorithm and ns_restarts (its last 3 u32), the
+         AdamW group's cautious_wd (its last u32), and
          the matrix's name hash (8 bytes after its size); v1 = v2 without the rank and world (header
          bytes 32..40) and the layout record. One Muon group of ns_steps 5 and one AdamW group. */
-    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, g3 = 4 * (12 + 15), n2 = n - 4 - 4 - 8, n1 = n2 - 8 - lrec, k;
+    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, g3 = 4 * (14 + 15), n2 = n - 12 - 4 - 8, n1 = n2 - 8 - lrec, k;
     size_t grp = 48, mat = grp + g3 + 24;   /* where the groups and the matrix record start in v3 */
     unsigned char *v3 = (unsigned char *)blob, *v2 = (unsigned char *)malloc(n2), *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
     uint64_t sum;
-    memcpy(v2, v3, grp + g3 - 4);                             /* header, counts, the group less its cautious_wd */
-    memcpy(v2 + grp + g3 - 4, v3 + grp + g3, 20);             /* the AdamW group less its cautious_wd */
-    memcpy(v2 + grp + g3 + 16, v3 + mat, 16);                 /* rows, cols, size */
-    memcpy(v2 + grp + g3 + 32, v3 + mat + 24, n - 8 - mat - 24);   /* momentum, layout (no name hash) */
+    memcpy(v2, v3, grp + g3 - 12);                            /* header, counts, the group less 3 fields */
+    memcpy(v2 + grp + g3 - 12, v3 + grp + g3, 20);            /* the AdamW group less its cautious_wd */
+    memcpy(v2 + grp + g3 + 8, v3 + mat, 16);                  /* rows, cols, size */
+    memcpy(v2 + grp + g3 + 24, v3 + mat + 24, n - 8 - mat - 24);   /* momentum, layout (no name hash) */
     v2[8] = 2;
     sum = muon__fnv1a(v2, n2 - 8);
     for (k = 0; k < 8; k++) v2[n2 - 8 + k] = (unsigned char)(sum >> (8 * k));
@@ -579,8 +580,10 @@ static void test_determinism(void) {
   /* Largest matrix: 24 x 40 -> m=24, n=40: NS workspace <= 2mn + 2m^2 floats. */
   CHECK(s.ns_workspace_bytes <= (2 * 24 * 40 + 2 * 24 * 24) * 4, "ns workspace %zu bytes", s.ns_workspace_bytes);
   CHECK(s.state_bytes == (2 * 960 + 800 + 2 * 24 + 2 * 10) * 4, "state bytes %zu", s.state_bytes);
-  CHECK(muon_ns_workspace_floats(1000, 300) <= 2 * 300 * 1000 + 2 * 300 * 300, "ns workspace bound at 1000 x 300");
-  CHECK(muon_ns_workspace_floats(4096, 1024) <= 2ul * 1024 * 4096 + 2ul * 1024 * 1024, "ns workspace bound at 4096 x 1024");
+  /* the public bound covers either algorithm: 2mn + 2m^2, or 2mn + 5m^2 where Gram can run (n >= 2m) */
+  CHECK(muon_ns_workspace_floats(1000, 300) <= 2 * 300 * 1000 + 5 * 300 * 300, "ns workspace bound at 1000 x 300");
+  CHECK(muon_ns_workspace_floats(4096, 1024) <= 2ul * 1024 * 4096 + 5ul * 1024 * 1024, "ns workspace bound at 4096 x 1024");
+  CHECK(muon_ns_workspace_floats(700, 500) <= 2 * 500 * 700 + 2 * 500 * 500, "ns workspace bound at 700 x 500 (standard only)");
   muon_destroy(oa);
   muon_destroy(ob);
 }
@@ -857,6 +860,41 @@ static void test_cautious(void) {
     muon_destroy(b);
   }
   muon_destroy(o);
+
+  TEST_CASE("ns_algorithm / ns_restarts: unknown algorithm, a restart at 0 or past ns_steps, a version-2 backend: MUON_ERR_ARG naming the field");
+  {
+    muon_hparams h = muon_default_hparams();
+    muon_compute cpu = muon_compute_cpu();
+    muon_compute_vtable v2 = *cpu.vt;
+    static float in[4 * 12], out[4 * 12];
+    int k;
+    for (k = 0; k < 48; k++) in[k] = (float)((k * 7) % 11) - 5.0f;
+    h.ns_algorithm = (muon_ns_algorithm)7;
+    d = muon_default_desc();
+    d.hparams = h;
+    CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "muon_hparams.ns_algorithm"), "algorithm 7: %s", muon_error(NULL));
+    h.ns_algorithm = MUON_NS_GRAM;
+    h.ns_restarts = 1u;
+    CHECK(muon_newton_schulz(in, 4, 12, out, &h) == MUON_ERR_ARG, "a restart at iteration 0");
+    d.hparams = h;
+    CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "muon_hparams.ns_restarts"), "restart 0: %s", muon_error(NULL));
+    h.ns_restarts = 1u << 5;   /* ns_steps is 5: iterations 0..4 */
+    d.hparams = h;
+    CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "ns_restarts") && strstr(muon_error(NULL), "ns_steps = 5"), "restart 5: %s", muon_error(NULL));
+    h.ns_restarts = 1u << 4;
+    d.hparams = h;
+    v2.version = 2;
+    cpu.vt = &v2;
+    d.compute = &cpu;
+    CHECK(muon_create(&o, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "MUON_NS_GRAM needs a compute backend of vtable version >= 3"), "v2 backend: %s", muon_error(NULL));
+    d.compute = NULL;
+    CHECK(muon_create(&o, &d) == MUON_OK, "the CPU backend takes it: %s", muon_error(NULL));
+    muon_destroy(o);
+    CHECK(muon_newton_schulz(in, 4, 12, out, &h) == MUON_OK, "muon_newton_schulz with Gram");
+    h.ns_restarts = 1u << 9;   /* restarts are not checked for the standard iteration */
+    h.ns_algorithm = MUON_NS_STANDARD;
+    CHECK(muon_newton_schulz(in, 4, 12, out, &h) == MUON_OK, "standard ignores ns_restarts");
+  }
 
   TEST_CASE("cautious_wd: a weight whose sign opposes O keeps its value before the step; one that agrees (or is zero) decays");
   {

@@ -55,9 +55,12 @@
 
 #define NS_FP32_TOL 1e-5
 #define NS_BF16_TOL 4e-2
+#define NS_GRAM_BF16_TOL 1e-1   /* bf16 Gram NS amplifies accumulation-order differences (m x m
+                                   products of P, whose Polar Express entries reach ~20): 6.5e-2
+                                   measured at 10x24 with Polar Express, <= 4e-2 with quintic */
 
 static muon_compute G;
-static double worst_fp32, worst_bf16; /* observed NS errors, printed at the end */
+static double worst_fp32, worst_bf16, worst_gram_bf16; /* observed NS errors, printed at the end */
 
 /* ---- helpers --------------------------------------------------------------------------------- */
 static uint32_t rng_state = 12345u;
@@ -554,14 +557,17 @@ static int gpu_ns(const float *in, float *out, int batch, int m, int n, const mu
   return ok;
 }
 
-static void ns_case(int batch, int m, int n, muon_precision prec, int symmetric, int polar, int zero) {
+static void ns_case_alg(int batch, int m, int n, muon_precision prec, int symmetric, int polar, int zero, muon_ns_algorithm alg, unsigned restarts) {
   muon_hparams hp = muon_default_hparams();
   size_t mn = (size_t)m * n, total = (size_t)batch * mn, i;
   float *in = (float *)xmalloc(total * 4), *got = (float *)xmalloc(total * 4), *ref = (float *)xmalloc(total * 4);
-  double *refd = (double *)xmalloc(total * 8), tol = prec == MUON_PRECISION_BF16 ? NS_BF16_TOL : NS_FP32_TOL;
+  double *refd = (double *)xmalloc(total * 8);
+  double tol = prec == MUON_PRECISION_BF16 ? (alg == MUON_NS_GRAM && n >= 2 * m ? NS_GRAM_BF16_TOL : NS_BF16_TOL) : NS_FP32_TOL;
   int b;
   hp.precision = prec;
   hp.symmetric = symmetric;
+  hp.ns_algorithm = alg;
+  hp.ns_restarts = restarts;
   if (polar) muon_set_ns_preset(&hp, MUON_NS_POLAR_EXPRESS);
   for (i = 0; i < total; i++) in[i] = zero ? 0.0f : 0.3f * frand() + (i % 7 == 0 ? 0.5f : 0.0f);
   for (b = 0; b < batch; b++)
@@ -571,10 +577,11 @@ static void ns_case(int batch, int m, int n, muon_precision prec, int symmetric,
     for (b = 0; b < batch; b++) {
       size_t worst;
       double err = rel_err(got + (size_t)b * mn, refd + (size_t)b * mn, mn, &worst);
-      if (prec == MUON_PRECISION_BF16) { if (err > worst_bf16) worst_bf16 = err; }
+      if (prec == MUON_PRECISION_BF16 && alg == MUON_NS_GRAM && n >= 2 * m) { if (err > worst_gram_bf16) worst_gram_bf16 = err; }
+      else if (prec == MUON_PRECISION_BF16) { if (err > worst_bf16) worst_bf16 = err; }
       else if (err > worst_fp32) worst_fp32 = err;
-      CHECK(err <= tol, "%s NS %dx%d (batch %d, operand %d, symmetric %d, polar %d): rel err %.3g > %.1g at %zu (got %g, cpu %g)",
-            prec == MUON_PRECISION_BF16 ? "bf16" : "fp32", m, n, batch, b, symmetric, polar, err, tol, worst,
+      CHECK(err <= tol, "%s %s NS %dx%d (batch %d, operand %d, symmetric %d, polar %d): rel err %.3g > %.1g at %zu (got %g, cpu %g)",
+            prec == MUON_PRECISION_BF16 ? "bf16" : "fp32", alg == MUON_NS_GRAM ? "Gram" : "standard", m, n, batch, b, symmetric, polar, err, tol, worst,
             (double)got[(size_t)b * mn + worst], refd[(size_t)b * mn + worst]);
     }
     for (i = 0; i < total; i++) {
@@ -585,6 +592,10 @@ static void ns_case(int batch, int m, int n, muon_precision prec, int symmetric,
     }
   }
   free(in); free(got); free(ref); free(refd);
+}
+
+static void ns_case(int batch, int m, int n, muon_precision prec, int symmetric, int polar, int zero) {
+  ns_case_alg(batch, m, n, prec, symmetric, polar, zero, MUON_NS_STANDARD, 0);
 }
 
 static void test_ns(void) {
@@ -601,6 +612,16 @@ static void test_ns(void) {
     ns_case(1, 24, 24, (muon_precision)prec, 1, 1, 0); /* 3 per side, all full */
     ns_case(2, 10, 24, (muon_precision)prec, 0, 1, 0); /* per-iteration coefficients */
     ns_case(2, 6, 9, (muon_precision)prec, 1, 0, 1);   /* zeros: the eps path */
+  }
+  for (prec = 0; prec < 2; prec++) {
+    TEST_CASE(prec ? "newton_schulz Gram (ns_algorithm), bf16, vs muon_newton_schulz's Gram (1e-1), bf16 outputs"
+                   : "newton_schulz Gram (ns_algorithm), fp32, vs muon_newton_schulz's Gram (1e-5 relative)");
+    ns_case_alg(1, 16, 40, (muon_precision)prec, 1, 0, 0, MUON_NS_GRAM, 1u << 2);   /* the default restart */
+    ns_case_alg(3, 5, 13, (muon_precision)prec, 0, 0, 0, MUON_NS_GRAM, 0);         /* batched, no restart */
+    ns_case_alg(2, 10, 24, (muon_precision)prec, 1, 1, 0, MUON_NS_GRAM, (1u << 1) | (1u << 3)); /* Polar Express, two restarts */
+    ns_case_alg(1, 1, 17, (muon_precision)prec, 1, 0, 0, MUON_NS_GRAM, 1u << 2);    /* a row */
+    ns_case_alg(2, 6, 9, (muon_precision)prec, 1, 0, 1, MUON_NS_GRAM, 1u << 2);     /* squarer: the standard path */
+    ns_case_alg(2, 4, 12, (muon_precision)prec, 1, 0, 1, MUON_NS_GRAM, 1u << 2);    /* zeros */
   }
 }
 
@@ -881,8 +902,8 @@ int main(void) {
 #endif
   test_shared();
 
-  printf("NS vs CPU, worst relative error: fp32 %.3g (limit %.0e), bf16 %.3g (limit %.0e)\n", worst_fp32, NS_FP32_TOL,
-         worst_bf16, NS_BF16_TOL);
+  printf("NS vs CPU, worst relative error: fp32 %.3g (limit %.0e), bf16 %.3g (limit %.0e), bf16 Gram %.3g (limit %.0e)\n", worst_fp32, NS_FP32_TOL,
+         worst_bf16, NS_BF16_TOL, worst_gram_bf16, NS_GRAM_BF16_TOL);
   TEST_CASE("destroy: every byte returned");
   muon_compute_destroy(&G);
   CHECK(device_bytes() == before, "device bytes %zu, were %zu", device_bytes(), before);

@@ -25,6 +25,12 @@
 
 #define NS_FP32_TOL 1e-5
 #define NS_BF16_TOL 4e-2
+#define NS_GRAM_FP32_TOL 3e-4   /* Gram's m x m products accumulate more rounding: 1.2e-5 measured
+                                   without restarts, 8e-5 (built-in GEMM) and 1.4e-4 (OpenBLAS)
+                                   with Polar Express over 10 steps */
+/* bf16 Gram without restarts drifts (the paper's reason for restarts): that case only checks the
+   drift is there and measures it. */
+#define NS_GRAM_DRIFTS(c) ((c)->algorithm == 1 && (c)->precision && (c)->restarts == 0)
 
 static double worst_fp32, worst_bf16;
 
@@ -85,11 +91,21 @@ static void print_mismatches(const float *a, const double *ref, size_t n, int co
 
 typedef struct ns_case {
   char name[256];
-  int rows, cols, steps, preset, precision;
+  int rows, cols, steps, preset, precision, algorithm;
+  unsigned restarts;
   double eps;
   float *in;
   double *out;
+  double *polar;             /* Gram cases: the exact polar factor */
 } ns_case;
+
+/* |O - polar|_F / |polar|_F */
+static double polar_distance(const float *o, const double *polar, size_t n) {
+  double num = 0, den = 0;
+  size_t i;
+  for (i = 0; i < n; i++) { num += ((double)o[i] - polar[i]) * ((double)o[i] - polar[i]); den += polar[i] * polar[i]; }
+  return sqrt(num / (den > 0 ? den : 1));
+}
 
 static const char *gemm_name(muon_gemm g) {
   return g == MUON_GEMM_AUTO ? "auto" : g == MUON_GEMM_BUILTIN ? "builtin" : "cblas";
@@ -103,7 +119,7 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
   float *out2 = (float *)xcalloc(n, sizeof(float));
   float *inplace = (float *)xcalloc(n, sizeof(float));
   float *in = (float *)xcalloc(n, sizeof(float));
-  double tol = c->precision ? NS_BF16_TOL : NS_FP32_TOL, worst = 0;
+  double tol = c->precision ? NS_BF16_TOL : c->algorithm == 1 ? NS_GRAM_FP32_TOL : NS_FP32_TOL, worst = 0;
   int sym;
   snprintf(title, sizeof title, "ns: %s [gemm %s, symmetric 0 and 1; %s within %g of max |ref|]", c->name,
            gemm_name(gemm), c->precision ? "bf16" : "fp32", tol);
@@ -118,6 +134,8 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
     hp.eps = (float)c->eps;
     hp.gemm = gemm;
     hp.symmetric = sym;
+    hp.ns_algorithm = (muon_ns_algorithm)c->algorithm;
+    hp.ns_restarts = c->restarts;
     memcpy(in, c->in, n * sizeof(float));
     st = muon_newton_schulz(in, c->rows, c->cols, out, &hp);
     CHECK(st == MUON_OK, "symmetric %d: muon_newton_schulz: %s", sym, muon_status_string(st));
@@ -137,8 +155,8 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
     }
     rel = test_rel_err(out, c->out, n, NULL);
     if (rel > worst) worst = rel;
-    CHECK(rel <= tol, "symmetric %d: rel err %.3g > %.3g", sym, rel, tol);
-    if (rel > tol) {
+    CHECK(rel <= tol || NS_GRAM_DRIFTS(c), "symmetric %d: rel err %.3g > %.3g", sym, rel, tol);
+    if (rel > tol && !NS_GRAM_DRIFTS(c)) {
       double m = 1e-30;
       size_t i;
       for (i = 0; i < n; i++) if (fabs(c->out[i]) > m) m = fabs(c->out[i]);
@@ -153,8 +171,19 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
     st = muon_newton_schulz(inplace, c->rows, c->cols, inplace, &hp);
     CHECK(st == MUON_OK && memcmp(out, inplace, n * sizeof(float)) == 0,
           "symmetric %d: in-place (in == out) gave different bits", sym);
+    if (c->polar) {   /* Gram computes standard NS's polynomial: as far from the polar factor */
+      double dg = polar_distance(out, c->polar, n), ds, lim = c->precision ? 2e-2 : NS_GRAM_FP32_TOL;
+      hp.ns_algorithm = MUON_NS_STANDARD;
+      st = muon_newton_schulz(in, c->rows, c->cols, out2, &hp);
+      ds = polar_distance(out2, c->polar, n);
+      if (NS_GRAM_DRIFTS(c)) CHECK(st == MUON_OK && dg > ds, "symmetric %d: bf16 Gram without restarts should drift from the polar factor: Gram %.6g, standard %.6g", sym, dg, ds);
+      else CHECK(st == MUON_OK && fabs(dg - ds) <= lim, "symmetric %d: distance to the polar factor: Gram %.6g, standard %.6g (limit %.0e apart)", sym, dg, ds, lim);
+      if (sym) printf("  [ns] %-45s gemm %-7s distance to the polar factor: Gram %.6f, standard %.6f (%s)\n", c->name, gemm_name(gemm), dg, ds,
+                      c->precision ? "bf16" : "fp32");
+    }
   }
-  if (c->precision) { if (worst > worst_bf16) worst_bf16 = worst; }
+  if (NS_GRAM_DRIFTS(c)) {}
+  else if (c->precision) { if (worst > worst_bf16) worst_bf16 = worst; }
   else if (worst > worst_fp32) worst_fp32 = worst;
   printf("  [ns] %-45s gemm %-7s worst rel err %.2e\n", c->name, gemm_name(gemm), worst);
   free(out);
@@ -181,8 +210,9 @@ static void run_case(const char *path) {
     if (strncmp(line, "muon-ns 1", 9) == 0) continue;
     if (strncmp(line, "name ", 5) == 0) {
       copy_text(c.name, sizeof c.name, line + 5);
-    } else if (sscanf(line, "ns %d %d %d %d %d %lf", &c.rows, &c.cols, &c.steps, &c.preset, &c.precision, &c.eps) ==
-               6) {
+    } else if (strncmp(line, "ns ", 3) == 0 &&
+               sscanf(line, "ns %d %d %d %d %d %lf %d %u", &c.rows, &c.cols, &c.steps, &c.preset, &c.precision, &c.eps,
+                      &c.algorithm, &c.restarts) >= 6) {
       n = (size_t)c.rows * (size_t)c.cols;
       c.in = (float *)xcalloc(n, sizeof(float));
       c.out = (double *)xcalloc(n, sizeof(double));
@@ -195,6 +225,9 @@ static void run_case(const char *path) {
         free(tmp);
       } else if (strcmp(kind, "ns_out") == 0) {
         if (!read_f64(f, c.out, n)) break;
+      } else if (strcmp(kind, "ns_polar") == 0) {
+        c.polar = (double *)xcalloc(n, sizeof(double));
+        if (!read_f64(f, c.polar, n)) break;
       } else {
         break;
       }
@@ -209,9 +242,9 @@ static void run_case(const char *path) {
   CHECK(ok, "%s: cannot parse line '%s'", path, line);
   if (ok) {
     size_t m = (size_t)(c.rows < c.cols ? c.rows : c.cols), nn = (size_t)(c.rows < c.cols ? c.cols : c.rows);
-    size_t ws = muon_ns_workspace_floats(c.rows, c.cols);
-    CHECK(ws <= 2 * m * nn + 2 * m * m, "muon_ns_workspace_floats(%d, %d) = %lu > 2mn + 2m^2 = %lu", c.rows,
-          c.cols, (unsigned long)ws, (unsigned long)(2 * m * nn + 2 * m * m));
+    size_t ws = muon_ns_workspace_floats(c.rows, c.cols), k = nn >= 2 * m ? 5 : 2;
+    CHECK(ws <= 2 * m * nn + k * m * m, "muon_ns_workspace_floats(%d, %d) = %lu > 2mn + %lum^2 = %lu", c.rows,
+          c.cols, (unsigned long)ws, (unsigned long)k, (unsigned long)(2 * m * nn + k * m * m));
     run_variant(&c, MUON_GEMM_AUTO);
     run_variant(&c, MUON_GEMM_BUILTIN);
 #ifdef MUON_USE_CBLAS
@@ -220,6 +253,7 @@ static void run_case(const char *path) {
   }
   free(c.in);
   free(c.out);
+  free(c.polar);
 }
 
 int main(int argc, char **argv) {

@@ -41,6 +41,9 @@ static const int matrix_shape[N_MATRICES][2] = { {17, 9}, {6, 40}, {10, 10}, {3,
 
 /* The model: initial weights and one gradient per step, full size; and the one-device result. */
 static float *full_w0[N_MATRICES], *full_grad[N_STEPS][N_MATRICES], *one_device[N_MATRICES];
+/* The Muon variants every rank and the one device run with (after the plain meshes: cautious
+   weight decay and Gram Newton-Schulz, whose wide and tall matrices take the Gram iteration). */
+static int variant_cautious, variant_gram;
 /* While comparing: the first rank seen holding each element, and its bits there. */
 static int *held_by[N_MATRICES];
 static float *held_value[N_MATRICES];
@@ -344,6 +347,8 @@ static void *rank_main(void *arg) {
   cfg.round_bytes = me->round_bytes;
   cfg.round_robin = me->round_robin;
   desc.hparams.lr = LR;
+  desc.hparams.cautious_wd = variant_cautious;
+  desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
   desc.comm = &comm;
   desc.dist = &cfg;
   if ((st = muon_create(&opt, &desc)) != MUON_OK) {
@@ -524,8 +529,11 @@ static void run_one_device(void) {
   muon_desc desc = muon_default_desc();
   muon_optimizer *opt = NULL;
   int i, step;
-  TEST_CASE("one device: three steps of the full matrices (the reference)");
+  TEST_CASE(variant_gram ? "one device, cautious weight decay and Gram NS: three steps of the full matrices (the reference)"
+                         : "one device: three steps of the full matrices (the reference)");
   desc.hparams.lr = LR;
+  desc.hparams.cautious_wd = variant_cautious;
+  desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
   if (muon_create(&opt, &desc) != MUON_OK) { CHECK(0, "muon_create failed"); return; }
   for (i = 0; i < N_MATRICES; i++) {
     muon_matrix m = muon_default_matrix();
@@ -586,6 +594,24 @@ int main(int argc, char **argv) {
   report("random meshes: replicas agree bit for bit", &replicas, "replica checks");
   report("the same meshes with 64-byte rounds and/or round-robin owners: no call fails, no bit changes",
          &variants, "checks");
+
+  /* The variants: a third of the meshes again, with cautious weight decay and Gram NS. */
+  {
+    tally v_calls, v_equal;
+    memset(&v_calls, 0, sizeof v_calls);
+    memset(&v_equal, 0, sizeof v_equal);
+    variant_cautious = variant_gram = 1;
+    run_one_device();
+    for (id = 0; id < n_meshes; id += 3) {
+      mesh m = random_mesh(id);
+      run_mesh(&m, &v_calls, &v_equal, &v_equal, NULL);
+    }
+    report("random meshes with cautious weight decay and Gram Newton-Schulz: bitwise equal to one device, replicas agree",
+           &v_equal, "element checks");
+    report("random meshes with cautious weight decay and Gram Newton-Schulz: every call succeeds", &v_calls, "rank runs");
+    CHECK(v_equal.checked > 0, "no element was checked");
+    variant_cautious = variant_gram = 0;
+  }
 
   printf("  %d meshes, P = 1..8:", n_meshes);
   for (p = 1; p <= MAX_RANKS; p++) printf(" %d", cov.meshes_of[p]);
