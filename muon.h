@@ -3811,6 +3811,11 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
       st = muon__fail(opt, recs[r].status < MUON_STATUS_COUNT ? (muon_status)recs[r].status : MUON_ERR_BACKEND,
                       "%s: rank %d could not go on (%s); nothing was applied%s", kind == 1 ? "muon_step" : "muon_plan", r,
                       muon_status_string((muon_status)recs[r].status), r == me ? "" : " (see that rank's message)");
+  for (r = 0; r < P && st == MUON_OK; r++)   /* a tool's agreement (kind 3) pairs only with another */
+    if ((recs[r].kind == 3) != (recs[0].kind == 3))
+      st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: rank %d called %s while rank 0 called %s: they are collective, call the same on every rank; nothing was applied",
+                      kind == 1 ? "muon_step" : kind == 2 ? "muon_plan" : "muon_gather_matrix / muon_dump_file / muon_check_layouts", r,
+                      recs[r].kind == 3 ? "a verification tool" : "muon_step or muon_plan", recs[0].kind == 3 ? "a verification tool" : "muon_step or muon_plan");
   for (r = 1; r < P && st == MUON_OK; r++)
     if (recs[r].settings != recs[0].settings) {
       char what[200];
@@ -5066,23 +5071,30 @@ MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *c
    element positions. Collective, for checks rather than every step: each matrix's pieces go to
    every rank by one allgather, which is simple and shares no code with the step's exchange. */
 
+/* Three numbers from every rank, into the commit vote's buffer (allocated at creation, so no
+   rank drops out of these small exchanges for want of memory). Distributed only. */
+static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all, const char *op) {
+  long long mine[3];
+  long long *buf = (long long *)(void *)((unsigned char *)opt->agree + (size_t)opt->comm.size * (sizeof(muon__record) + MUON__RECORD_BYTES));
+  mine[0] = a; mine[1] = b; mine[2] = c;
+  *all = buf;
+  return muon__allgather(opt, mine, buf, sizeof mine, op);
+}
+
 /* Every rank plans (together, if anything changed) and agrees on the call's arguments. */
 static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long long a, long long b, long long c) {
-  long long mine[3], *all;
+  const long long *all;
   muon_status st;
   int p;
+  int replanned;
   if (!opt->distributed) return opt->plan.ready ? MUON_OK : muon__plan_local(opt);
-  if ((st = muon_plan(opt)) != MUON_OK) return st;
-  if (!(all = (long long *)muon__alloc(&opt->allocator, 3 * (size_t)opt->comm.size * sizeof(long long))))
-    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %d ranks' arguments failed", op, opt->comm.size);   /* the others then time out */
-  mine[0] = a; mine[1] = b; mine[2] = c;
-  st = muon__allgather(opt, mine, all, sizeof mine, op);
-  for (p = 0; st == MUON_OK && p < opt->comm.size; p++)
+  if ((st = muon__agree(opt, 3, MUON_OK, &replanned)) != MUON_OK) return st;   /* re-plans only a stale plan */
+  if ((st = muon__exchange3(opt, a, b, c, &all, op)) != MUON_OK) return st;
+  for (p = 0; p < opt->comm.size; p++)
     if (all[3 * p] != a || all[3 * p + 1] != b || all[3 * p + 2] != c)
-      st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks %d and %d called it with different arguments (%lld, %lld, %lld vs %lld, %lld, %lld): it is collective",
-                      op, opt->comm.rank, p, a, b, c, all[3 * p], all[3 * p + 1], all[3 * p + 2]);
-  muon__free(&opt->allocator, all);
-  return st;
+      return muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks %d and %d called it with different arguments (%lld, %lld, %lld vs %lld, %lld, %lld): it is collective",
+                        op, opt->comm.rank, p, a, b, c, all[3 * p], all[3 * p + 1], all[3 * p + 2]);
+  return MUON_OK;
 }
 
 /* This rank's piece of matrix x, its parameter or its momentum, as fp32 in host memory. */
@@ -5128,24 +5140,21 @@ static muon_status muon__share_pieces(muon_optimizer *opt, int g, int width, muo
   muon_status st = MUON_OK, local = MUON_OK;
   *blocks = NULL;
   *stride = W;
-  if (!mine || !all) local = MUON_ERR_NOMEM;
-  else {
-    memset(mine, 0, W * sizeof(float));
-    if (x->mine >= 0) local = fill(opt, &opt->matrices[x->local], mine + 1, arg);
-    mine[0] = (float)local;
+  if (opt->distributed) {   /* every rank has its buffers, or all stop here together */
+    const long long *oks;
+    st = muon__exchange3(opt, mine && all, 0, 0, &oks, op);
+    for (p = 0; st == MUON_OK && p < P; p++)
+      if (!oks[3 * p]) st = muon__fail(opt, MUON_ERR_NOMEM, "%s: matrix '%s': rank %d could not allocate %zu floats", op, x->name, p, (size_t)P * W);
+  } else if (!mine || !all) {
+    st = muon__fail(opt, MUON_ERR_NOMEM, "%s: matrix '%s': allocating %zu floats failed", op, x->name, (size_t)P * W);
   }
-  if (opt->distributed) {   /* take part even after a local failure, so no peer waits */
-    if (mine && all) st = muon__allgather(opt, mine, all, W * sizeof(float), op);
-    else {
-      float dummy = (float)MUON_ERR_NOMEM, *dummies = (float *)muon__alloc(&opt->allocator, (size_t)P * sizeof(float));
-      st = dummies ? muon__allgather(opt, &dummy, dummies, sizeof dummy, op) : MUON_ERR_NOMEM;
-      muon__free(&opt->allocator, dummies);
-    }
-  } else if (all) {
-    memcpy(all, mine, W * sizeof(float));
-  }
+  if (st != MUON_OK) { muon__free(&opt->allocator, mine); muon__free(&opt->allocator, all); return st; }
+  memset(mine, 0, W * sizeof(float));
+  if (x->mine >= 0) local = fill(opt, &opt->matrices[x->local], mine + 1, arg);
+  mine[0] = (float)local;   /* a rank that could not read its piece still takes part */
+  if (opt->distributed) st = muon__allgather(opt, mine, all, W * sizeof(float), op);
+  else memcpy(all, mine, W * sizeof(float));
   muon__free(&opt->allocator, mine);
-  if (st == MUON_OK && local != MUON_OK) st = muon__fail(opt, local, "%s: matrix '%s': this rank could not read its piece (%s)", op, x->name, muon_status_string(local));
   for (p = 0; st == MUON_OK && p < P; p++)
     if (all[(size_t)p * W] != 0.0f) st = muon__fail(opt, (muon_status)(int)all[(size_t)p * W], "%s: matrix '%s': rank %d could not read its piece", op, x->name, p);
   if (st != MUON_OK) { muon__free(&opt->allocator, all); return st; }
@@ -5267,12 +5276,9 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
   muon__free(&opt->allocator, buf); muon__free(&opt->allocator, tmp);
   if (st != MUON_OK) return st;
   if (opt->distributed) {   /* the root's verdict, on every rank */
-    long long mine = err, *all = (long long *)muon__alloc(&opt->allocator, (size_t)P * sizeof(long long));
-    if (!all) return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the verdicts failed", op);
-    st = muon__allgather(opt, &mine, all, sizeof mine, op);
-    if (st == MUON_OK) err = (int)all[root];
-    muon__free(&opt->allocator, all);
-    if (st != MUON_OK) return st;
+    const long long *all;
+    if ((st = muon__exchange3(opt, err, 0, 0, &all, op)) != MUON_OK) return st;
+    err = (int)all[3 * root];
   }
   if (err == EINVAL) return muon__fail(opt, MUON_ERR_ARG, "%s: path is NULL on the root, rank %d", op, root);
   if (err) return muon__fail(opt, MUON_ERR_STATE, "%s: rank %d could not write '%s': %s", op, root, me == root && path ? path : "the dump", strerror(err));

@@ -37,6 +37,9 @@ static void layouts(const ex_world *w, muon_layout *lay) {
 static long long fw_index(void *user, int matrix, size_t k) { return ((setup *)user)->idx[matrix][k]; }
 
 static int info_lines;
+static int fail_big;   /* the allocator refuses blocks of 256 bytes or more while set */
+static void *test_alloc(size_t n, void *user) { (void)user; return fail_big && n >= 256 ? NULL : malloc(n); }
+static void test_free(void *p, void *user) { (void)user; free(p); }
 static void count_plan_logs(muon_log_level level, const char *msg, void *user) {
   (void)user;
   if (level == MUON_LOG_INFO && strstr(msg, "muon plan, as rank")) info_lines++;
@@ -52,6 +55,8 @@ static void open_setup(setup *s, ex_world *w) {
   layouts(w, s->lay);
   d.hparams.lr = 0.02f;
   d.logger.func = count_plan_logs;
+  d.allocator.alloc = test_alloc;
+  d.allocator.free = test_free;
   if (muon_create(&s->ref, &d) != MUON_OK) exit(1);
   d.comm = &w->world;
   d.dist = &cfg;
@@ -213,6 +218,28 @@ int main(int argc, char **argv) {
   CHECK(all_are(&w, st, MUON_ERR_ARG), "rank %d: %s", w.rank, muon_error(s.opt));
   st = muon_check_layouts(s.opt, NULL, NULL);
   CHECK(all_are(&w, st, MUON_ERR_ARG), "rank %d: %s", w.rank, muon_error(s.opt));
+
+  TEST_CASE("out of memory on the last rank: muon_gather_matrix fails with MUON_ERR_NOMEM on every rank, no hang; then works again");
+  {
+    float *p = (float *)calloc((size_t)rows[0] * cols[0], sizeof(float));
+    fail_big = w.rank == w.size - 1;
+    st = muon_gather_matrix(s.opt, 0, 0, w.rank == 0 ? p : NULL, NULL);
+    fail_big = 0;
+    CHECK(all_are(&w, st, MUON_ERR_NOMEM), "gather, rank %d: %s", w.rank, muon_error(s.opt));
+    CHECK(strstr(muon_error(s.opt), "could not allocate") != NULL, "message: %s", muon_error(s.opt));
+    st = muon_gather_matrix(s.opt, 0, 0, w.rank == 0 ? p : NULL, NULL);
+    CHECK(all_are(&w, st, MUON_OK), "gather again, rank %d: %s", w.rank, muon_error(s.opt));
+    free(p);
+  }
+  if (w.size > 1) {
+    muon_stats a, b;
+    TEST_CASE("a verification tool on rank 0 while the others step: MUON_ERR_MISMATCH on every rank, nothing applied");
+    muon_get_stats(s.opt, &a);
+    st = w.rank == 0 ? muon_gather_matrix(s.opt, 0, 0, NULL, NULL) : muon_step(s.opt);
+    CHECK(all_are(&w, st, MUON_ERR_MISMATCH), "rank %d: %s", w.rank, muon_error(s.opt));
+    muon_get_stats(s.opt, &b);
+    CHECK(b.steps == a.steps, "a step was counted");
+  }
 
   TEST_CASE("muon_dump_file: the distributed dump equals the single device's (muoncmp exits 0); an unwritable path fails on every rank with the OS reason");
   {
