@@ -201,7 +201,7 @@ CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUD
 endif
 
 # ---- tests ----------------------------------------------------------------------------------
-SINGLE := test_api test_golden test_ns test_trainer test_adamw
+SINGLE := test_api test_golden test_ns test_trainer test_adamw test_gemm
 $(addprefix $(BUILD)/,$(SINGLE)): $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm
 $(addprefix $(BUILD)/,$(addsuffix _cxx,$(SINGLE))): $(BUILD)/%_cxx: tests/%.c muon.h tests/test.h | $(BUILD)
@@ -266,6 +266,7 @@ test: deps check-headers
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
 	  "$(BUILD)/test_adamw" "$(BUILD)/test_adamw_cxx" "$(BUILD)/test_adamw_san" "$(BUILD)/test_adamw_fast" \
+	  "$(BUILD)/test_gemm" "$(BUILD)/test_gemm_cxx" "$(BUILD)/test_gemm_san" "$(BUILD)/test_gemm_fast" \
 	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_golden $(BUILD)/golden" "$(BUILD)/test_golden_cxx $(BUILD)/golden" \

@@ -227,6 +227,84 @@ typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank 
    piece logic (ex_piece) says, independently of muon's. */
 static long long ex_index(void *user, int matrix, size_t k) { return ((const ex_slice *)user)[matrix].idx[k]; }
 
+/* The AdamW half, as trainers keep it: an embedding ("wte") sharded ZeRO-style over the world
+   (muon_adamw_param.offset / full_size) and a norm ("ln") replicated on every rank. */
+#define EX_AW 2
+static const char *const ex_aw_name[EX_AW] = { "wte", "ln" };
+static const int ex_aw_size[EX_AW] = { 96, 24 };
+typedef struct ex_adamw {
+  float full[EX_AW][96], full_g[EX_AW][96], t[EX_AW][96];   /* the single-device run, targets */
+  float mine[EX_AW][96], mine_g[EX_AW][96];                  /* this rank's piece */
+  size_t lo[EX_AW], n[EX_AW];
+  float *dev_full[EX_AW], *dev_full_g[EX_AW], *dev_mine[EX_AW], *dev_mine_g[EX_AW];
+} ex_adamw;
+
+static void ex_adamw_add(const ex_world *w, ex_adamw *a, muon_optimizer *opt, muon_optimizer *ref) {
+  int k;
+  size_t e;
+  for (k = 0; k < EX_AW; k++) {
+    muon_adamw_param p = muon_default_adamw_param(), r = muon_default_adamw_param();
+    long long lo = 0, n = ex_aw_size[k];
+    if (k == 0) n = ex_chunk(ex_aw_size[k], w->size, w->rank, &lo);
+    a->lo[k] = (size_t)lo;
+    a->n[k] = (size_t)n;
+    for (e = 0; e < (size_t)ex_aw_size[k]; e++) {
+      a->full[k][e] = ex_value(ex_hash(ex_aw_name[k], 17u), (long long)e);
+      a->t[k][e] = ex_value(ex_hash(ex_aw_name[k], 18u), (long long)e);
+    }
+    memcpy(a->mine[k], a->full[k] + lo, (size_t)n * sizeof(float));
+    r.name = p.name = ex_aw_name[k];
+    r.param = a->full[k]; r.grad = a->full_g[k]; r.size = (size_t)ex_aw_size[k];
+    p.param = a->mine[k]; p.grad = a->mine_g[k]; p.size = (size_t)n;
+    if (k == 0) { p.offset = (size_t)lo; p.full_size = (size_t)ex_aw_size[k]; }
+    if (EX_ON_DEVICE) {
+      a->dev_full[k] = ex_device(w, (size_t)ex_aw_size[k]); a->dev_full_g[k] = ex_device(w, (size_t)ex_aw_size[k]);
+      a->dev_mine[k] = ex_device(w, (size_t)n); a->dev_mine_g[k] = ex_device(w, (size_t)n);
+      ex_put(w, a->dev_full[k], a->full[k], (size_t)ex_aw_size[k]);
+      ex_put(w, a->dev_mine[k], a->mine[k], (size_t)n);
+      r.param = a->dev_full[k]; r.grad = a->dev_full_g[k];
+      p.param = a->dev_mine[k]; p.grad = a->dev_mine_g[k];
+    }
+    if (muon_add_adamw_param(opt, &p, NULL) != MUON_OK) ex_die(w, "muon_add_adamw_param", muon_error(opt));
+    if (muon_add_adamw_param(ref, &r, NULL) != MUON_OK) ex_die(w, "muon_add_adamw_param (reference)", muon_error(ref));
+  }
+}
+
+/* Gradients of step t from the current parameters: (p - t) + noise, the same on every rank. */
+static void ex_adamw_grads(const ex_world *w, ex_adamw *a, int t) {
+  int k;
+  size_t e;
+  for (k = 0; k < EX_AW; k++) {
+    unsigned seed = ex_hash(ex_aw_name[k], 31u * (unsigned)(t + 1));
+    if (EX_ON_DEVICE) {
+      ex_get(w, a->full[k], a->dev_full[k], (size_t)ex_aw_size[k]);
+      ex_get(w, a->mine[k], a->dev_mine[k], a->n[k]);
+    }
+    for (e = 0; e < (size_t)ex_aw_size[k]; e++) a->full_g[k][e] = (a->full[k][e] - a->t[k][e]) + 0.1f * ex_value(seed, (long long)e);
+    for (e = 0; e < a->n[k]; e++) a->mine_g[k][e] = (a->mine[k][e] - a->t[k][a->lo[k] + e]) + 0.1f * ex_value(seed, (long long)(a->lo[k] + e));
+    if (EX_ON_DEVICE) {
+      ex_put(w, a->dev_full_g[k], a->full_g[k], (size_t)ex_aw_size[k]);
+      ex_put(w, a->dev_mine_g[k], a->mine_g[k], a->n[k]);
+    }
+  }
+}
+
+/* Elements of this rank's pieces that differ from the single device's, bitwise. */
+static long long ex_adamw_check(const ex_world *w, ex_adamw *a) {
+  long long bad = 0;
+  int k;
+  size_t e;
+  for (k = 0; k < EX_AW; k++) {
+    if (EX_ON_DEVICE) {
+      ex_get(w, a->full[k], a->dev_full[k], (size_t)ex_aw_size[k]);
+      ex_get(w, a->mine[k], a->dev_mine[k], a->n[k]);
+    }
+    for (e = 0; e < a->n[k]; e++) bad += memcmp(&a->mine[k][e], &a->full[k][a->lo[k] + e], sizeof(float)) != 0;
+    ex_device_free(a->dev_full[k]); ex_device_free(a->dev_full_g[k]); ex_device_free(a->dev_mine[k]); ex_device_free(a->dev_mine_g[k]);
+  }
+  return bad;
+}
+
 /* Trains both runs for w->steps steps; returns 0 when the distributed parameters equal the
    single-device ones bit for bit, and prints the check line on rank 0. `auto_desc` (may be
    NULL) gets tp_dim_per_matrix / expert_of_matrix filled from the specs and is turned into the
@@ -241,6 +319,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   int n_local = 0, i, k, s, t, n_sl = 0, *tp_dims, *experts, local;
   double maxdiff = 0, loss;
   long long bad = 0, sums[3], *all_sums, moved = 0, announced[3] = { -1, -1, -1 };
+  static ex_adamw aw;
   muon_stats before;
   memset(&before, 0, sizeof before);
   for (i = 0; i < n_specs; i++) n_sl += specs[i].count > 1 ? specs[i].count : 1;
@@ -343,6 +422,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     local += count;
   }
   n_local = s;
+  ex_adamw_add(w, &aw, opt, ref);
   if (muon_check_layouts(opt, ex_index, sl) != MUON_OK) {
     if (!w->wrong_dim) ex_die(w, "muon_check_layouts", muon_error(opt));
     if (w->rank == 0) printf("layout check FAILED: %s\n", muon_error(opt));
@@ -384,6 +464,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
         ex_put(w, x->dev_g, x->g, x->n);
       }
     }
+    ex_adamw_grads(w, &aw, t);
     /* A decaying lr: schedules change it between steps without re-creating anything. */
     muon_set_lr(opt, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
     muon_set_lr(ref, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
@@ -407,6 +488,11 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (!w->quiet && w->rank == 0) printf("step %d  loss %.4f\n", t, loss);
   }
   /* The check: every local piece against the same elements of the single-device result. */
+  {
+    long long aw_bad = ex_adamw_check(w, &aw);
+    if (aw_bad) printf("rank %d: %lld AdamW elements differ from single device\n", w->rank, aw_bad);
+    bad += aw_bad;
+  }
   for (s = 0; EX_ON_DEVICE && s < n_local; s++) {
     ex_get(w, sl[s].full_w, sl[s].dev_full_w, (size_t)sl[s].spec->rows * sl[s].spec->cols);
     ex_get(w, sl[s].w, sl[s].dev_w, sl[s].n);

@@ -576,6 +576,12 @@ def ns_cases():
     C.append(dict(name="NS bf16 quintic 64x96", seed=116, rows=64, cols=96, precision=1))
     C.append(dict(name="NS bf16 quintic 96x64", seed=117, rows=96, cols=64, precision=1))
     C.append(dict(name="NS bf16 Polar Express 33x33", seed=118, rows=33, cols=33, precision=1, preset=1))
+    # Real layer sizes: m*n >= 98,304 floats, so the built-in GEMM takes its packed path (without
+    # and with partial tail panels).
+    C.append(dict(name="NS quintic 256x384 (packed GEMM)", seed=130, rows=256, cols=384))
+    C.append(dict(name="NS quintic 384x256 (packed GEMM)", seed=131, rows=384, cols=256))
+    C.append(dict(name="NS quintic 257x400 (packed, tail panels)", seed=132, rows=257, cols=400))
+    C.append(dict(name="NS quintic 400x257 (packed, tail panels)", seed=133, rows=400, cols=257))
     # Gram Newton-Schulz: default restart (iteration 2), none, two; tall and wide; both schedules;
     # bf16; a squarer operand (runs the standard iteration)
     C.append(dict(name="NS Gram 64x200 (restart at 2)", seed=120, rows=64, cols=200, algorithm=1))
