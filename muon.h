@@ -232,7 +232,8 @@ typedef struct muon_logger {
 /* What to do with a gradient holding NaN or Inf. */
 typedef enum muon_nonfinite {
   MUON_NONFINITE_ERROR = 0,        /* the step returns MUON_ERR_NONFINITE, nothing is applied   */
-  MUON_NONFINITE_SKIP              /* that matrix (or AdamW param) is skipped this step         */
+  MUON_NONFINITE_SKIP              /* that matrix (or AdamW param, matched by name) is skipped
+                                      this step on every rank that holds a piece of it         */
 } muon_nonfinite;
 
 /* ---------------------------------------------------------------------------------------------
@@ -1128,6 +1129,9 @@ typedef struct muon__plan {
   int *order;           /* per round, the globals this rank owns, sorted into NS batches */
   int *order_start;     /* round r's are order [order_start[r], order_start[r+1]) */
   int max_local;        /* most matrices any rank registered */
+  int max_adamw;        /* most AdamW params any rank registered */
+  uint64_t *adamw_names; /* (size + 1) x max_adamw: the name hashes of skipped AdamW params, everyone's then mine */
+  int any_adamw_skip;   /* this step: some rank skips an AdamW param */
   /* Backend memory: */
   float *stash;         /* O of every local matrix, committed only when all rounds succeeded */
   float *send, *recv;   /* alltoallv buffers */
@@ -1899,6 +1903,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   x->exp_avg = m1;
   x->exp_avg_sq = m2;
   opt->n_adamw = i + 1;
+  opt->plan.ready = 0;   /* distributed: the skip list is sized by every rank's count at planning */
   opt->stats.state_bytes += 2 * p->size * sizeof(float);
   if (index_out) *index_out = i;
   return MUON_OK;
@@ -2880,6 +2885,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__dev_free(opt, pl->out_flags);
   muon__free(a, pl->host_out);
   muon__free(a, pl->out_skips);
+  muon__free(a, pl->adamw_names);
   memset(pl, 0, sizeof *pl);
 }
 
@@ -3357,7 +3363,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
 static muon_status muon__plan_collective(muon_optimizer *opt) {
   int P, me, r, i, max_local = 0, *count = NULL;
   muon__entry *mine = NULL, *all = NULL;
-  long long hello[2], *hellos = NULL;
+  long long hello[3], *hellos = NULL;
   unsigned long long verdict[3], *verdicts = NULL;
   muon_status st = MUON_OK, got;
   muon__plan_free(opt);
@@ -3366,21 +3372,26 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   opt->error[0] = '\0';
   /* Round 1: how many matrices each rank has (and whether it could get this far). */
   mine = (muon__entry *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices * sizeof *mine);
-  hellos = (long long *)muon__alloc(&opt->allocator, 2 * (size_t)P * sizeof(long long));
+  hellos = (long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(long long));
   verdicts = (unsigned long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(unsigned long long));
   if (!hellos || !verdicts) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d ranks' headers failed", P); goto done; }
   hello[0] = opt->n_matrices;
   hello[1] = mine ? MUON_OK : MUON_ERR_NOMEM;
+  hello[2] = opt->n_adamw;
   if ((st = muon__allgather(opt, hello, hellos, sizeof hello, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
+  opt->plan.max_adamw = 0;
   for (r = 0; r < P; r++) {
-    if (hellos[2 * r + 1] != MUON_OK) { st = muon__fail(opt, (muon_status)hellos[2 * r + 1], "muon_plan: rank %d could not prepare its matrix list", r); goto done; }
-    if (hellos[2 * r] > max_local) max_local = (int)hellos[2 * r];
+    if (hellos[3 * r + 1] != MUON_OK) { st = muon__fail(opt, (muon_status)hellos[3 * r + 1], "muon_plan: rank %d could not prepare its matrix list", r); goto done; }
+    if (hellos[3 * r] > max_local) max_local = (int)hellos[3 * r];
+    if (hellos[3 * r + 2] > opt->plan.max_adamw) opt->plan.max_adamw = (int)hellos[3 * r + 2];
   }
+  opt->plan.adamw_names = (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
+  if (!opt->plan.adamw_names) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the AdamW skip list failed"); goto done; }
   /* Round 2: every rank's list, padded to the longest. */
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
   all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all);
   if (!count || !all || !mine) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists failed"); goto done; }
-  for (r = 0; r < P; r++) count[r] = (int)hellos[2 * r];
+  for (r = 0; r < P; r++) count[r] = (int)hellos[3 * r];
   {
     muon__entry *pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad);
     if (!pad) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix list failed"); goto done; }
@@ -3682,7 +3693,7 @@ typedef struct muon__record {
   uint32_t n_groups, n_adamw_groups, on_nonfinite, rounding, round_robin, custom, vote;
   float grad_scale;
   uint64_t bad_adamw;           /* 1 + index of the first non-finite AdamW gradient (ERROR mode) */
-  uint64_t reserved;
+  uint64_t adamw_skips;         /* AdamW params here whose gradient is absent or non-finite */
 } muon__record;
 
 static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
@@ -3698,7 +3709,7 @@ static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
   MUON__IO64(r->round_bytes);
   MUON__IO32(r->n_groups); MUON__IO32(r->n_adamw_groups); MUON__IO32(r->on_nonfinite); MUON__IO32(r->rounding);
   MUON__IO32(r->round_robin); MUON__IO32(r->custom); MUON__IO32(r->vote); MUON__IOF(r->grad_scale);
-  MUON__IO64(r->bad_adamw); MUON__IO64(r->reserved);
+  MUON__IO64(r->bad_adamw); MUON__IO64(r->adamw_skips);
 #undef MUON__IO32
 #undef MUON__IO64
 #undef MUON__IOF
@@ -3792,8 +3803,10 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
     if (v) rec.skips++;
     if (v == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad) rec.bad = (uint32_t)i + 1;
   }
-  for (i = 0; kind == 1 && status == MUON_OK && i < opt->n_adamw; i++)
+  for (i = 0; kind == 1 && status == MUON_OK && i < opt->n_adamw; i++) {
+    if (opt->host_verdicts[nm + i]) rec.adamw_skips++;
     if (opt->host_verdicts[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad_adamw) rec.bad_adamw = (uint64_t)i + 1;
+  }
   muon__record_io(&rec, mine, 1);
   recs = (muon__record *)opt->agree;
   all = (unsigned char *)(recs + P);
@@ -3845,6 +3858,7 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
       }
     }
     for (r = 0, opt->plan.any_skip = 0; r < P; r++) if (recs[r].skips) opt->plan.any_skip = 1;
+    for (r = 0, opt->plan.any_adamw_skip = 0; r < P; r++) if (recs[r].adamw_skips) opt->plan.any_adamw_skip = 1;
   }
   return st;
 }
@@ -3885,6 +3899,20 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
   for (i = 0; i < nm; i++) {
     muon__matrix *x = &opt->matrices[i];
     x->skip = !x->size || x->global < 0 || pl->globals[x->global].skip;
+  }
+  /* An AdamW param one rank skips is skipped on every rank that holds a piece of it (matched by
+     name), so replicas and shards keep one state. */
+  if (pl->any_adamw_skip && pl->max_adamw) {
+    uint64_t *mine_names = pl->adamw_names + (size_t)P * pl->max_adamw;
+    int n = 0, r, k;
+    memset(mine_names, 0, (size_t)pl->max_adamw * sizeof(uint64_t));
+    for (i = 0; i < opt->n_adamw && n < pl->max_adamw; i++) if (v[nm + i]) mine_names[n++] = opt->adamw[i].name_hash;
+    if ((st = muon__allgather(opt, mine_names, pl->adamw_names, (size_t)pl->max_adamw * sizeof(uint64_t), "muon_step: agreeing on skipped AdamW params")) != MUON_OK)
+      return st;
+    for (i = 0; i < opt->n_adamw; i++)
+      for (r = 0; r < P && !opt->adamw[i].skip; r++)
+        for (k = 0; k < pl->max_adamw; k++)
+          if (pl->adamw_names[(size_t)r * pl->max_adamw + k] == opt->adamw[i].name_hash) { opt->adamw[i].skip = 1; break; }
   }
   return MUON_OK;
 }

@@ -925,6 +925,54 @@ static void case_long_names(void) {
   muon_destroy(opt);
 }
 
+/* ==== 6c/6d. a NaN AdamW gradient on one rank ===================================================
+   Every rank registers the replicated AdamW param "bias" and a ZeRO shard of "emb" (offset /
+   full_size). Catches: under ERROR, a step that returns MUON_OK or applies anything; under SKIP,
+   the skip taken only on the rank with the NaN, so the replicas of "bias" (and the shards' step
+   counts of "emb") drift apart. */
+static void case_nan_adamw(int skip) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  muon_adamw_param bp = muon_default_adamw_param(), ep = muon_default_adamw_param();
+  float bias[10], dbias[10], before[10], emb[4], demb[4], emb_before[4], *all = (float *)malloc(10 * sizeof(float) * (size_t)W.size);
+  int k, last = W.size - 1, same = 1;
+  muon_status st;
+  TEST_CASE(skip ? "6d. NaN AdamW gradient on one rank, SKIP: the replicated param is skipped on every rank (replicas stay equal), the rest updates"
+                 : "6c. NaN AdamW gradient on one rank, ERROR: MUON_ERR_NONFINITE on every rank naming the param and the rank, nothing applied");
+  d.on_nonfinite = skip ? MUON_NONFINITE_SKIP : MUON_NONFINITE_ERROR;
+  if (!all || !model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); free(all); return; }
+  for (k = 0; k < 10; k++) { bias[k] = 0.1f * (float)k; dbias[k] = 0.01f * (float)(k + 1); }
+  for (k = 0; k < 4; k++) { emb[k] = 0.2f * (float)(W.rank * 4 + k); demb[k] = 0.03f; }
+  bp.name = "bias"; bp.param = bias; bp.grad = dbias; bp.size = 10;
+  ep.name = "emb"; ep.param = emb; ep.grad = demb; ep.size = 4; ep.offset = 4 * (size_t)W.rank; ep.full_size = 4 * (size_t)W.size;
+  CHECK(muon_add_adamw_param(A.opt, &bp, NULL) == MUON_OK && muon_add_adamw_param(A.opt, &ep, NULL) == MUON_OK, "add: %s", muon_error(A.opt));
+  step_both("step 1", &A, NULL);
+  memcpy(before, bias, sizeof bias);
+  memcpy(emb_before, emb, sizeof emb);
+  if (W.rank == last) dbias[3] = NAN;
+  st = muon_step(A.opt);
+  if (!skip) {
+    char rk[32];
+    expect_all("NaN AdamW step", st, MUON_ERR_NONFINITE, A.opt);
+    snprintf(rk, sizeof rk, "rank %d", last);
+    CHECK(has(muon_error(A.opt), "AdamW param") && has(muon_error(A.opt), rk), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+    CHECK(all_true(memcmp(bias, before, sizeof bias) == 0 && memcmp(emb, emb_before, sizeof emb) == 0), "an AdamW param changed on some rank");
+  } else {
+    expect_all("NaN AdamW step (SKIP)", st, MUON_OK, A.opt);
+    CHECK(all_true(memcmp(bias, before, sizeof bias) == 0), "the skipped replicated param 'bias' changed on some rank");
+    CHECK(all_true(memcmp(emb, emb_before, sizeof emb) != 0), "the healthy sharded param 'emb' was not updated on some rank");
+  }
+  dbias[3] = 0.04f;
+  CHECK(muon_step(A.opt) == MUON_OK, "the step after: %s", muon_error(A.opt));
+  /* the replicas of "bias" hold the same bits everywhere */
+  if (W.world.vt->allgather(W.world.ctx, bias, all, sizeof bias) != MUON_OK) CHECK(0, "allgather");
+  for (k = 1; k < W.size; k++) same &= memcmp(all, all + 10 * k, sizeof bias) == 0;
+  CHECK(same, "the replicas of 'bias' differ between ranks");
+  free(all);
+  model_close(&A);
+}
+
 int main(int argc, char **argv) {
   muon_gloo_desc gd = muon_gloo_default_desc();
   char err[512];
@@ -947,6 +995,8 @@ int main(int argc, char **argv) {
   case_state_ns();
   case_plan_vs_step();
   case_nan_grad();
+  case_nan_adamw(0);
+  case_nan_adamw(1);
   nonfinite_output_case(0, 0);
   nonfinite_output_case(0, 1);
   nonfinite_output_case(1, 0);
