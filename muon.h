@@ -2740,6 +2740,16 @@ static void muon__get_floats(const unsigned char **p, float *x, size_t n) {
   for (i = 0; i < n; i++) { uint32_t u = muon__get32(p); memcpy(&x[i], &u, 4); }
 }
 static float muon__get_float(const unsigned char **p) { float x; muon__get_floats(p, &x, 1); return x; }
+/* An AdamW group on the wire: the state blob and the agreement digest. */
+static void muon__put_adamw_hparams(unsigned char **p, const muon_adamw_hparams *a) {
+  muon__put_float(p, a->lr); muon__put_float(p, a->beta1); muon__put_float(p, a->beta2);
+  muon__put_float(p, a->eps); muon__put_float(p, a->weight_decay); muon__put32(p, (uint32_t)a->cautious_wd);
+}
+static void muon__get_adamw_hparams(const unsigned char **p, muon_adamw_hparams *a, uint32_t version) {
+  a->lr = muon__get_float(p); a->beta1 = muon__get_float(p); a->beta2 = muon__get_float(p);
+  a->eps = muon__get_float(p); a->weight_decay = muon__get_float(p);
+  a->cautious_wd = version >= 3 ? (int)muon__get32(p) : 0;
+}
 /* Reads a group written by muon__put_hparams; the ns_steps field decides how much follows, so a
    wrong value is caught by the caller's length check before this runs. */
 static void muon__get_hparams(const unsigned char **p, muon_hparams *hp, uint32_t version) {
@@ -2830,22 +2840,20 @@ static void muon__get_layout(const unsigned char *rec, muon_layout *l) {
   }
 }
 
-/* The layout as text, for the message that says what differs. */
-static void muon__layout_text(const unsigned char *rec, char *out, size_t size) {
-  const unsigned char *p = rec;
-  uint32_t n = muon__get32(&p), k;
+/* A layout as text, for the plan's text and the messages that say what differs. */
+static void muon__layout_text(const muon_layout *l, char *out, size_t size) {
   size_t used = 0;
-  p += 8;
-  if (n == 0) { snprintf(out, size, "the whole matrix"); return; }
+  int k;
+  if (l->n_levels == 0) { snprintf(out, size, "the whole matrix"); return; }
   out[0] = 0;
-  for (k = 0; k < n && k < MUON_MAX_LEVELS && used + 1 < size; k++) {
-    uint32_t placement = muon__get32(&p), dim = muon__get32(&p), gsize = muon__get32(&p), index = muon__get32(&p);
-    long long off = (long long)muon__get64(&p), len = (long long)muon__get64(&p);
+  for (k = 0; k < l->n_levels && k < MUON_MAX_LEVELS && used + 1 < size; k++) {
+    const muon_level *v = &l->levels[k];
+    const char *sep = k ? " > " : "";
     int w;
-    if (placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %u, %u of %u", k ? " > " : "", dim, index, gsize);
-    else if (placement == MUON_FLAT && len < 0) w = snprintf(out + used, size - used, "%sflat chunk %u of %u", k ? " > " : "", index, gsize);
-    else if (placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %u of %u", k ? " > " : "", off, len, index, gsize);
-    else w = snprintf(out + used, size - used, "%sreplicated, %u of %u", k ? " > " : "", index, gsize);
+    if (v->placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %d, %d of %d", sep, v->dim, v->index, v->size);
+    else if (v->placement == MUON_FLAT && v->length < 0) w = snprintf(out + used, size - used, "%sflat chunk %d of %d", sep, v->index, v->size);
+    else if (v->placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %d of %d", sep, v->offset, v->length, v->index, v->size);
+    else w = snprintf(out + used, size - used, "%sreplicated, %d of %d", sep, v->index, v->size);
     used += w > 0 ? (size_t)w : 0;
   }
 }
@@ -3533,10 +3541,8 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
     muon__say(&t, "matrix %d '%s' %d x %d, layout key %lld: owner rank %d, round %d\n", g, x->name, x->rows, x->cols, x->key, x->owner, x->round);
     for (j = 0; opt->distributed && j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
-      unsigned char rec[MUON__LAYOUT_RECORD], *q = rec;
       char levels[240];
-      muon__put_layout(&q, &h->layout);
-      muon__layout_text(rec, levels, sizeof levels);
+      muon__layout_text(&h->layout, levels, sizeof levels);
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
       muon__say_piece(&t, &h->piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
@@ -3744,8 +3750,7 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
   for (g = 0; g < opt->n_adamw_groups; g++) {
     const muon_adamw_hparams *a = &opt->adamw_groups[g];
     p = buf;
-    muon__put_float(&p, a->lr); muon__put_float(&p, a->beta1); muon__put_float(&p, a->beta2);
-    muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay); muon__put32(&p, (uint32_t)a->cautious_wd);
+    muon__put_adamw_hparams(&p, a);
     r->adamw_groups = (r->adamw_groups ^ muon__fnv1a(buf, (size_t)(p - buf))) * 1099511628211ull;
   }
   r->on_nonfinite = (uint32_t)opt->on_nonfinite;
@@ -4417,12 +4422,7 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   muon__put32(&p, (uint32_t)opt->n_groups);
   muon__put32(&p, (uint32_t)opt->n_adamw_groups);
   for (i = 0; i < opt->n_groups; i++) muon__put_hparams(&p, &opt->groups[i]);
-  for (i = 0; i < opt->n_adamw_groups; i++) {
-    const muon_adamw_hparams *a = &opt->adamw_groups[i];
-    muon__put_float(&p, a->lr); muon__put_float(&p, a->beta1); muon__put_float(&p, a->beta2);
-    muon__put_float(&p, a->eps); muon__put_float(&p, a->weight_decay);
-    muon__put32(&p, (uint32_t)a->cautious_wd);
-  }
+  for (i = 0; i < opt->n_adamw_groups; i++) muon__put_adamw_hparams(&p, &opt->adamw_groups[i]);
   if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float))))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save: allocating a staging buffer failed");
   for (i = 0; i < opt->n_matrices && st == MUON_OK; i++) {
@@ -4581,9 +4581,7 @@ static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, m
   }
   for (i = 0; i < b->n_adamw_groups; i++) {
     muon_adamw_hparams *a = &adamw_groups[i];
-    a->lr = muon__get_float(&p); a->beta1 = muon__get_float(&p); a->beta2 = muon__get_float(&p);
-    a->eps = muon__get_float(&p); a->weight_decay = muon__get_float(&p);
-    a->cautious_wd = b->version >= 3 ? (int)muon__get32(&p) : 0;
+    muon__get_adamw_hparams(&p, a, b->version);
     if (muon__check_adamw_hparams(a, opt->compute.vt->version, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
   }
   return MUON_OK;
@@ -4670,8 +4668,10 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
         muon__put_layout(&q, &x->layout);
         if (memcmp(mine, m.layout, MUON__LAYOUT_RECORD) != 0) {
           char saved[200], here[200];
-          muon__layout_text(m.layout, saved, sizeof saved);
-          muon__layout_text(mine, here, sizeof here);
+          muon_layout was;
+          muon__get_layout(m.layout, &was);
+          muon__layout_text(&was, saved, sizeof saved);
+          muon__layout_text(&x->layout, here, sizeof here);
           st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') was saved as the piece [%s], here it is [%s]%s",
                           i, x->name, saved, here, strcmp(saved, here) == 0 ? " (their layout keys differ)" : "");
           goto done;
@@ -5330,6 +5330,23 @@ static muon_status muon__fill_indices(muon_optimizer *opt, const muon__matrix *x
   return MUON_OK;
 }
 
+/* The first element of holder h's block (two floats per element: the framework's full index, 24
+   bits each) that is not where the declared piece puts it: local k, declared and framework's
+   full indices (-1: outside the matrix). 0 if every element is in place. */
+static int muon__misplaced(const muon__global *x, const muon__holder *h, const float *b, size_t *k, long long *want, long long *got) {
+  muon__seg s = muon__segs(&h->piece);
+  while (muon__next_seg(&h->piece, &s)) {
+    long long i;
+    for (i = 0; i < s.len; i++) {
+      *k = (size_t)(s.off + i);
+      *want = s.row * x->cols + s.col + i;
+      *got = b[2 * *k] < 0 ? -1 : (long long)b[2 * *k] + ((long long)b[2 * *k + 1] << 24);
+      if (*got != *want) return 1;
+    }
+  }
+  return 0;
+}
+
 MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index, void *user) {
   const char *op = "muon_check_layouts";
   muon__index_arg arg;
@@ -5348,27 +5365,17 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
     /* Every rank checks every holder's piece: all reach the same verdict without another exchange. */
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
-      const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
-      muon__seg s = muon__segs(&h->piece);
-      while (muon__next_seg(&h->piece, &s)) {
-        long long i;
-        for (i = 0; i < s.len; i++) {
-          size_t k = (size_t)(s.off + i);
-          long long want = s.row * x->cols + s.col + i;
-          long long got = b[2 * k] < 0 ? -1 : (long long)b[2 * k] + ((long long)b[2 * k + 1] << 24);
-          unsigned char rec[MUON__LAYOUT_RECORD], *q = rec;
-          char levels[240];
-          if (got == want) continue;
-          muon__put_layout(&q, &h->layout);
-          muon__layout_text(rec, levels, sizeof levels);
-          if (got < 0) st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d's local element %zu is outside the matrix by the framework's index", op, x->name, x->rows, x->cols, h->rank, k);
-          else st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d described its piece as [%s], which puts its local element %zu at (row %lld, col %lld); "
-                                                     "the framework has it at (row %lld, col %lld)",
-                               op, x->name, x->rows, x->cols, h->rank, levels, k, want / x->cols, want % x->cols, got / x->cols, got % x->cols);
-          muon__free(&opt->allocator, blocks);
-          return st;
-        }
-      }
+      size_t k;
+      long long want, got;
+      char levels[240];
+      if (!muon__misplaced(x, h, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
+      muon__layout_text(&h->layout, levels, sizeof levels);
+      if (got < 0) st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d's local element %zu is outside the matrix by the framework's index", op, x->name, x->rows, x->cols, h->rank, k);
+      else st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d described its piece as [%s], which puts its local element %zu at (row %lld, col %lld); "
+                                                 "the framework has it at (row %lld, col %lld)",
+                           op, x->name, x->rows, x->cols, h->rank, levels, k, want / x->cols, want % x->cols, got / x->cols, got % x->cols);
+      muon__free(&opt->allocator, blocks);
+      return st;
     }
     muon__free(&opt->allocator, blocks);
   }
