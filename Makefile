@@ -194,7 +194,9 @@ CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BU
               $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
               "$(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
               "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
-              "tests/run_examples.sh --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)"
+              "tests/run_examples.sh --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
+              $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
+              "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
 else
 CUDA_BINS  :=
 CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUDA compile, link and stand-in tests skipped'; echo '0 passed, 0 failed, 1 skipped'"
@@ -256,7 +258,11 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 2 $(RS) --layout fsdp_flat --load $(BUILD)/reshard/c --from 1" \
   "$(RUN) -n 3 $(RS) --layout ddp --load $(BUILD)/reshard/c --from 1" \
   "$(RUN) -n 4 $(RS) --layout hsdp --save $(BUILD)/reshard/d" \
-  "$(RUN) -n 2 $(RS) --layout fsdp --load $(BUILD)/reshard/d --from 4"
+  "$(RUN) -n 2 $(RS) --layout fsdp --load $(BUILD)/reshard/d --from 4" \
+  "$(RUN) -n 4 $(RS) --layout tp_fsdp --normuon larger --save $(BUILD)/reshard/e" \
+  "$(RUN) -n 3 $(RS) --layout fsdp --normuon larger --load $(BUILD)/reshard/e --from 4" \
+  "$(RUN) -n 1 $(RS) --layout single --normuon rows --save $(BUILD)/reshard/f" \
+  "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1"
 
 # The binaries build in parallel (JOBS, default: every core); the tests then run one at a time.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -289,6 +295,8 @@ test: deps check-headers
 	  "$(RUN) -n 3 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 4 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
 	  "tests/run_wrong_dim.sh $(BUILD)" \
 	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
+	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \
+	  "$(RUN) -n 4 $(BUILD)/tp_fsdp --normuon rows --gram --quiet && echo 'tp_fsdp --normuon rows --gram: 1 passed, 0 failed'" \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  $(CUDA_TESTS)
 

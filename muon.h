@@ -165,6 +165,16 @@ typedef enum muon_ns_algorithm {
                                       equal to it: the same math, rounded differently          */
 } muon_ns_algorithm;
 
+typedef enum muon_normuon {
+  MUON_NORMUON_OFF = 0,            /* plain Muon (torch.optim.Muon)                              */
+  MUON_NORMUON_ROWS,               /* NorMuon as the paper's reference (Li et al. 2025): a second
+                                      moment per row of the matrix; O / (sqrt(v) + 1e-10), then
+                                      times |O|_F / (|O'|_F + 1e-10)                             */
+  MUON_NORMUON_LARGER              /* NorMuon as nanochat and modded-nanogpt keep it: per row when
+                                      rows >= cols, else per column; O / sqrt(max(v, 1e-10)), then
+                                      times |O|_F / max(|O'|_F, 1e-10). The formulas: muon__normuon */
+} muon_normuon;
+
 typedef enum muon_gemm {
   MUON_GEMM_AUTO = 0,              /* CBLAS when compiled with MUON_USE_CBLAS, else built-in    */
   MUON_GEMM_BUILTIN,               /* the portable blocked GEMM of this header                  */
@@ -190,6 +200,12 @@ typedef struct muon_hparams {
                                       ns_steps (X = Q X_0, R = X X^T, Q = I); default 1 << 2, the
                                       restart at iteration 2 of DeepSpeed's Gram NS               */
   muon_precision precision;
+  muon_normuon normuon;            /* MUON_NORMUON_OFF. After Newton-Schulz, on the owner: each
+                                      row's (or column's) mean square q of O, v = lerp(v, q,
+                                      1 - normuon_beta2), O scaled per row by 1/sqrt(v) and back to
+                                      its Frobenius norm. v (one float per row or column) is owner
+                                      state: saved, loaded, resharded, moved when owners change  */
+  float normuon_beta2;             /* 0.95, in [0, 1)                                            */
   /* How, not what: these change speed (and the last bits), never the math. */
   muon_gemm gemm;
   int symmetric;                   /* 1: X*X^T and A*A compute one triangle (fewer flops)       */
@@ -307,8 +323,9 @@ MUON_API void muon_comm_destroy(muon_comm *comm);
    `sync` that returns non-OK means the step is abandoned, and the core then changes nothing the
    user can see (every write before the commit goes to the backend's scratch buffers).
    Element types. float is fp32; bf16 is stored as uint16_t (the top half of the fp32 bits). */
-#define MUON_COMPUTE_VTABLE_VERSION 3   /* 2: apply and adamw honour args->cautious;
-                                           3: newton_schulz honours hp->ns_algorithm */
+#define MUON_COMPUTE_VTABLE_VERSION 4   /* 2: apply and adamw honour args->cautious;
+                                           3: newton_schulz honours hp->ns_algorithm;
+                                           4: the normuon slot */
 
 typedef enum muon_dtype {
   MUON_DTYPE_FP32 = 0,
@@ -426,6 +443,13 @@ typedef struct muon_compute_vtable {
   const char *(*error)(void *ctx);
   /* Optional: frees ctx; called by muon_compute_destroy. */
   void (*destroy)(void *ctx);
+  /* Version 4, required then. NorMuon of one orthogonalised operand X (m x n row-major, m <= n)
+     in place, exactly as muon__normuon: the statistics are kept per column of X (per_column,
+     len = n) or per row (len = m); v (len floats) is the second moment before this step and is
+     only read, v_new (len floats) gets the new one. hp->normuon picks the epsilons,
+     hp->normuon_beta2 the average. All backend memory. */
+  muon_status (*normuon)(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
+                         const muon_hparams *hp);
 } muon_compute_vtable;
 
 typedef struct muon_compute {
@@ -702,7 +726,8 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
 
 /* ---------------------------------------------------------------------------------------------
-   State: momentum, AdamW moments and step counts in a versioned, checksummed little blob.
+   State: momentum, NorMuon second moments, AdamW moments and step counts in a versioned,
+   checksummed little blob. A rank saves the NorMuon second moments of the matrices it owns.
    Loading checks everything before it changes anything: a truncated, corrupted or mismatched
    blob is MUON_ERR_STATE and the optimizer is untouched. */
 MUON_API size_t muon_state_size(const muon_optimizer *opt);
@@ -714,7 +739,8 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
    per old rank, in any order) into this optimizer, whatever its world size and layouts. Each
    matrix takes, element by element, the momentum of the saved pieces that hold that element
    (matched by name and layout key, as planning matches them; saved replicas must agree bit for
-   bit), each AdamW param its moments by name and muon_adamw_param.offset / full_size. The
+   bit), each AdamW param its moments by name and muon_adamw_param.offset / full_size, and every
+   holder of a matrix its NorMuon second moment from the blob of its old owner. The
    result is the state a single device would hold, cut to this rank's pieces. Not collective:
    every rank reads the blobs it is given, all of them. Group hyperparameters and the step
    count come from the blobs as in muon_state_load. All-or-nothing like muon_state_load: a
@@ -992,6 +1018,8 @@ MUON_API muon_hparams muon_default_hparams(void) {
   hp.ns_algorithm = MUON_NS_STANDARD;
   hp.ns_restarts = 1u << 2;
   hp.precision = MUON_PRECISION_FP32;
+  hp.normuon = MUON_NORMUON_OFF;
+  hp.normuon_beta2 = 0.95f;
   hp.gemm = MUON_GEMM_AUTO;
   hp.symmetric = 1;
   return hp;
@@ -1091,6 +1119,11 @@ typedef struct muon__matrix {
   muon__piece piece;
   int global;           /* index in the plan's global list */
   size_t stash;         /* offset of this matrix's O in the plan's stash */
+  float *normuon;       /* backend memory, owner only: NorMuon's second moment v (normuon_len
+                           floats), then room for the step's new one, committed with the rest */
+  int normuon_len;
+  float *normuon_next;  /* planning or a load: the buffer that replaces normuon once all is well */
+  int normuon_next_len;
 } muon__matrix;
 
 /* One rank's share of a global matrix. */
@@ -1277,6 +1310,9 @@ static muon_status muon__check_hparams(const muon_hparams *hp, int compute_versi
     snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)", hp->ns_restarts, hp->ns_steps);
     return MUON_ERR_ARG;
   }
+  if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER) { snprintf(buf, size, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon); return MUON_ERR_ARG; }
+  if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) { snprintf(buf, size, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)", (double)hp->normuon_beta2); return MUON_ERR_ARG; }
+  if (hp->normuon && compute_version < 4) { snprintf(buf, size, "muon_hparams.normuon needs a compute backend of vtable version >= 4 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
   if (!(hp->momentum >= 0 && hp->momentum < 1)) { snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum); return MUON_ERR_ARG; }
@@ -1539,6 +1575,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     else if (!v->alloc || !v->free || !v->copy || !v->zero || !v->pack || !v->momentum || !v->ns_workspace ||
              !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync)
       bad = "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error and destroy are required)";
+    else if (v->version >= 4 && !v->normuon) bad = "muon_desc.compute->vt has version >= 4 but no normuon slot";
     else if (!v->alloc_host != !v->free_host) bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
     if (bad) {
       char full[300];
@@ -1605,8 +1642,11 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   if (!opt) return;
   a = opt->allocator;
   muon__plan_free(opt);
-  for (i = 0; i < opt->n_matrices; i++)
+  for (i = 0; i < opt->n_matrices; i++) {
     if (opt->matrices[i].own_momentum) muon__dev_free(opt, opt->matrices[i].momentum);
+    muon__dev_free(opt, opt->matrices[i].normuon);
+    muon__dev_free(opt, opt->matrices[i].normuon_next);
+  }
   for (i = 0; i < opt->n_adamw; i++) {
     muon__dev_free(opt, opt->adamw[i].exp_avg);
     muon__dev_free(opt, opt->adamw[i].exp_avg_sq);
@@ -2489,6 +2529,72 @@ static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, 
   if (x != X) memcpy(X, x, mn * sizeof(float));
 }
 
+/* NorMuon (Li et al. 2025) of one orthogonalised operand X, m x n, in place; len = per_column ?
+   n : m statistics, each over cnt = per_column ? m : n elements (sums in double, in the order below):
+     q_i   = (1/cnt) sum x^2 over statistic i's elements
+     v'_i  = v_i + (1 - beta2)(q_i - v_i)                                 (torch's lerp_)
+     s_i   = ROWS:   1 / (sqrt(v'_i) + 1e-10)                  (the paper's reference)
+             LARGER: 1 / sqrt(max(v'_i, 1e-10))                (nanochat, modded-nanogpt)
+     |O|   = sqrt(sum_i cnt q_i),  |O'| = sqrt(sum_i cnt q_i s_i^2)
+     x    *= s_i * |O| / (ROWS: |O'| + 1e-10;  LARGER: max(|O'|, 1e-10))
+   A row's sum runs in 8 lanes (element j in lane j % 8) added in lane order; a column's runs
+   down the rows. The norms come from the q_i, as nanochat computes them; the paper takes them from the scaled
+   matrix, the same value up to rounding. v'_i goes to v_new; v is only read. */
+static float muon__normuon_scale(float v, int kind) {
+  return kind == MUON_NORMUON_ROWS ? 1.0f / (sqrtf(v) + 1e-10f) : 1.0f / sqrtf(v > 1e-10f ? v : 1e-10f);
+}
+
+static void muon__normuon(float *X, int m, int n, int per_column, const float *v, float *v_new, int kind, float beta2) {
+  int len = per_column ? n : m, cnt = per_column ? m : n, i, j, b;
+  float w = 1.0f - beta2;
+  double before = 0, after = 0, scale;
+  for (i = 0; i < len; i++) v_new[i] = 0;
+  if (per_column) {
+    for (j = 0; j < n; j += 16) {                   /* 16 columns at a time, rows in order */
+      double acc[16] = {0};
+      int nb = n - j < 16 ? n - j : 16;
+      if (nb == 16)                                 /* a constant bound: vectorised at -O2 too */
+        for (i = 0; i < m; i++) {
+          const float *x = X + (size_t)i * n + j;
+          for (b = 0; b < 16; b++) acc[b] += (double)x[b] * x[b];
+        }
+      else
+        for (i = 0; i < m; i++)
+          for (b = 0; b < nb; b++) { double x = X[(size_t)i * n + j + b]; acc[b] += x * x; }
+      for (b = 0; b < nb; b++) v_new[j + b] = (float)(acc[b] / cnt);
+    }
+  } else {
+    for (i = 0; i < m; i++) {                       /* 8 lanes (column j in lane j % 8), summed in order */
+      double acc[8] = {0}, sum = 0;
+      const float *x = X + (size_t)i * n;
+      for (j = 0; j + 8 <= n; j += 8)
+        for (b = 0; b < 8; b++) acc[b] += (double)x[j + b] * x[j + b];
+      for (b = 0; j + b < n; b++) acc[b] += (double)x[j + b] * x[j + b];
+      for (b = 0; b < 8; b++) sum += acc[b];
+      v_new[i] = (float)(sum / cnt);
+    }
+  }
+  for (i = 0; i < len; i++) {
+    float q = v_new[i], s;
+    v_new[i] = w < 0.5f ? v[i] + w * (q - v[i]) : q - (q - v[i]) * (1.0f - w);
+    s = muon__normuon_scale(v_new[i], kind);
+    before += (double)cnt * q;
+    after += (double)cnt * q * s * s;
+  }
+  after = sqrt(after);
+  scale = sqrt(before) / (kind == MUON_NORMUON_ROWS ? after + 1e-10 : (after > 1e-10 ? after : 1e-10));
+  for (j = 0; j < n; j += 256) {                    /* the factors of 256 columns, then rows */
+    float f[256];
+    int nb = n - j < 256 ? n - j : 256;
+    for (b = 0; per_column && b < nb; b++) f[b] = (float)(muon__normuon_scale(v_new[j + b], kind) * scale);
+    for (i = 0; i < m; i++) {
+      float *x = X + (size_t)i * n + j, r = per_column ? 0 : (float)(muon__normuon_scale(v_new[i], kind) * scale);
+      if (per_column) for (b = 0; b < nb; b++) x[b] *= f[b];
+      else for (b = 0; b < nb; b++) x[b] *= r;
+    }
+  }
+}
+
 /* ---------------------------------------------------------------------------------------------
    The CPU compute backend: host memory, the element-wise formulas and the Newton-Schulz above.
    ctx is the allocator to use (NULL: malloc/free). */
@@ -2593,12 +2699,18 @@ static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, co
 }
 
 static muon_status muon__cpu_sync(void *ctx) { (void)ctx; return MUON_OK; }
+static muon_status muon__cpu_normuon(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
+                                     const muon_hparams *hp) {
+  (void)ctx;
+  muon__normuon(X, m, n, per_column, v, v_new, (int)hp->normuon, hp->normuon_beta2);
+  return MUON_OK;
+}
 
 static const muon_compute_vtable muon__cpu_vtable = {
   MUON_COMPUTE_VTABLE_VERSION, MUON_MEMORY_HOST, muon__cpu_alloc, muon__cpu_free, NULL, NULL,
   muon__cpu_copy, muon__cpu_zero, muon__cpu_pack, muon__cpu_momentum, muon__cpu_ns_workspace,
   muon__cpu_newton_schulz, muon__cpu_apply, muon__cpu_adamw, muon__cpu_nonfinite, muon__cpu_cast,
-  muon__cpu_sync, NULL, NULL
+  muon__cpu_sync, NULL, NULL, muon__cpu_normuon
 };
 
 MUON_API muon_compute muon_compute_cpu(void) {
@@ -2720,6 +2832,7 @@ static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
   muon__put32(p, (uint32_t)hp->gemm); muon__put32(p, (uint32_t)hp->symmetric);
   muon__put32(p, (uint32_t)hp->cautious_wd);
   muon__put32(p, (uint32_t)hp->ns_algorithm); muon__put32(p, (uint32_t)hp->ns_restarts);
+  muon__put32(p, (uint32_t)hp->normuon); muon__put_float(p, hp->normuon_beta2);
 }
 static uint32_t muon__get32(const unsigned char **p) {
   uint32_t v = 0;
@@ -2763,6 +2876,8 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp, uint32_
   hp->cautious_wd = version >= 3 ? (int)muon__get32(p) : 0;
   hp->ns_algorithm = version >= 3 ? (muon_ns_algorithm)muon__get32(p) : MUON_NS_STANDARD;
   hp->ns_restarts = version >= 3 ? muon__get32(p) : 1u << 2;
+  hp->normuon = version >= 4 ? (muon_normuon)muon__get32(p) : MUON_NORMUON_OFF;
+  hp->normuon_beta2 = version >= 4 ? muon__get_float(p) : 0.95f;
 }
 /* ---------------------------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. */
@@ -2865,6 +2980,7 @@ typedef struct muon__entry {     /* one registered matrix on the wire */
   long long piece[6];
   unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
   unsigned char layout[MUON__LAYOUT_RECORD];   /* as the rank described its piece */
+  long long normuon_have, normuon_want;        /* NorMuon's second moment: held here, wanted */
 } muon__entry;
 
 static void muon__plan_free(muon_optimizer *opt) {
@@ -2898,7 +3014,7 @@ static void muon__plan_free(muon_optimizer *opt) {
 }
 
 static unsigned long long muon__ns_hash(const muon_hparams *hp) {
-  unsigned char buf[4 * (8 + 3 * MUON_NS_MAX_STEPS)], *p = buf;
+  unsigned char buf[4 * (9 + 3 * MUON_NS_MAX_STEPS)], *p = buf;
   int k;
   muon__put32(&p, (uint32_t)hp->ns_steps);
   for (k = 0; k < hp->ns_steps; k++) muon__put_floats(&p, hp->ns_coefficients[k], 3);
@@ -2908,6 +3024,7 @@ static unsigned long long muon__ns_hash(const muon_hparams *hp) {
   muon__put32(&p, (uint32_t)hp->symmetric);
   muon__put32(&p, (uint32_t)hp->ns_algorithm);
   muon__put32(&p, hp->ns_algorithm == MUON_NS_GRAM ? (uint32_t)hp->ns_restarts : 0u);
+  muon__put32(&p, (uint32_t)hp->normuon);   /* where the second moment lives is planned */
   return muon__fnv1a(buf, (size_t)(p - buf));
 }
 
@@ -3335,6 +3452,164 @@ static unsigned long long muon__plan_hash(const muon__plan *pl) {
   return (h ^ (unsigned long long)pl->n_globals) * 1099511628211ull;
 }
 
+/* alltoallv displacements from counts. */
+static void muon__prefix(size_t *displs, const size_t *counts, int P) {
+  int p;
+  size_t at = 0;
+  for (p = 0; p < P; p++) { displs[p] = at; at += counts[p]; }
+}
+
+/* NorMuon's second moment v: one float per row (or column) of a matrix, kept by its owner only
+   (muon__matrix.normuon). Planning places it: the owner keeps its v, takes it from the holder
+   that had it (the previous owner, or a loaded checkpoint), or starts it at zero. */
+/* The length of v (0: NorMuon off), and whether its statistics run along the columns of the NS
+   operand (the transpose when rows > cols): one decision, so length and axis cannot disagree. */
+static int muon__normuon_axis(const muon_hparams *hp, int rows, int cols, int *per_column) {
+  int per_row = hp->normuon == MUON_NORMUON_ROWS || rows >= cols;   /* of the matrix itself */
+  if (per_column) *per_column = per_row ? rows > cols : 1;
+  if (hp->normuon == MUON_NORMUON_OFF) return 0;
+  return per_row ? rows : cols;
+}
+static int muon__normuon_len(const muon_hparams *hp, int rows, int cols) { return muon__normuon_axis(hp, rows, cols, NULL); }
+
+static void muon__normuon_drop_next(muon_optimizer *opt) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__dev_free(opt, opt->matrices[i].normuon_next);
+    opt->matrices[i].normuon_next = NULL;
+    opt->matrices[i].normuon_next_len = 0;
+  }
+}
+
+/* A zeroed v for every matrix this rank owns that lacks one of the right length. */
+static muon_status muon__normuon_prepare(muon_optimizer *opt) {
+  int i;
+  muon_status st = MUON_OK;
+  for (i = 0; i < opt->n_matrices && st == MUON_OK; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    int want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
+    if (!want || x->global < 0 || opt->plan.globals[x->global].owner != opt->plan.me || (x->normuon && x->normuon_len == want)) continue;
+    x->normuon_next = (float *)muon__dev_alloc(opt, 2 * (size_t)want * sizeof(float));
+    if (!x->normuon_next) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NorMuon second moment of '%s' (%d floats) failed", x->name, want);
+    else if ((st = muon__dev_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float), "muon_plan: zeroing a NorMuon second moment")) == MUON_OK)
+      x->normuon_next_len = want;
+  }
+  if (st != MUON_OK) muon__normuon_drop_next(opt);
+  return st;
+}
+
+/* The placed v become the matrices' own; holders that are not owners drop theirs. `moved`: per
+   matrix, v came from another rank (else a fresh one starts at zero, said after a first step). */
+static void muon__normuon_finish(muon_optimizer *opt, const unsigned char *moved) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    int owner = x->global >= 0 && opt->plan.globals[x->global].owner == opt->plan.me;
+    if (x->normuon_next) {
+      if (opt->stats.steps > 0 && !(moved && moved[i])) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "NorMuon second moment of matrix '%s' starts at zero at step %lld (NorMuon turned on, or a state saved without it)",
+                 x->name, opt->stats.steps);
+        muon__log(&opt->logger, MUON_LOG_WARN, msg);
+      }
+      muon__dev_free(opt, x->normuon);
+      x->normuon = x->normuon_next;
+      x->normuon_len = x->normuon_next_len;
+      x->normuon_next = NULL;
+      x->normuon_next_len = 0;
+    } else if (x->normuon && (!owner || !muon__normuon_len(&opt->groups[x->group], x->rows, x->cols))) {
+      muon__dev_free(opt, x->normuon);
+      x->normuon = NULL;
+      x->normuon_len = 0;
+    }
+  }
+}
+
+/* Where global g's v comes from when its owner lacks it: the first holder (ascending rank) that
+   has one of the wanted length; -1 if the owner has it, none wants it, or nobody has it. */
+static int muon__normuon_source(const muon__plan *pl, int g, const muon__entry *all, int stride, int *len) {
+  const muon__global *x = &pl->globals[g];
+  const muon__entry *o = NULL, *e;
+  int j;
+  for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == x->owner) o = &all[(size_t)x->owner * stride + x->holders[j].local];
+  if (!o || !o->normuon_want || o->normuon_have == o->normuon_want) return -1;
+  *len = (int)o->normuon_want;
+  for (j = 0; j < x->n_holders; j++) {
+    e = &all[(size_t)x->holders[j].rank * stride + x->holders[j].local];
+    if (e->normuon_have == o->normuon_want) return x->holders[j].rank;
+  }
+  return -1;
+}
+
+/* The counts of the exchange that moves v to new owners (pl->counts); 0 if nothing moves. */
+static int muon__normuon_counts(muon_optimizer *opt, const muon__entry *all, int stride) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, g, src, len = 0, any = 0;
+  size_t *cnt = pl->counts;
+  memset(cnt, 0, 4 * (size_t)P * sizeof(size_t));
+  for (g = 0; g < pl->n_globals; g++) {
+    if ((src = muon__normuon_source(pl, g, all, stride, &len)) < 0) continue;
+    any = 1;
+    if (src == me) cnt[pl->globals[g].owner] += (size_t)len;
+    if (pl->globals[g].owner == me) cnt[2 * (size_t)P + src] += (size_t)len;
+  }
+  muon__prefix(cnt + P, cnt, P);
+  muon__prefix(cnt + 3 * (size_t)P, cnt + 2 * (size_t)P, P);
+  return any;
+}
+
+/* The buffers of that exchange, in the communicator's memory: allocated before the plans are
+   compared, so that a rank short of memory fails with all the others. */
+static int muon__normuon_staged(const muon_optimizer *opt) {
+  return opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST);
+}
+
+static muon_status muon__normuon_buffers(muon_optimizer *opt, float **send, float **recv) {
+  size_t *c = opt->plan.counts;
+  int P = opt->plan.P, staged = muon__normuon_staged(opt);
+  size_t ns = (c[2 * P - 1] + c[P - 1] + 1) * sizeof(float), nr = (c[4 * P - 1] + c[3 * P - 1] + 1) * sizeof(float);
+  *send = (float *)(staged ? muon__host_alloc(opt, ns) : muon__dev_alloc(opt, ns));
+  *recv = (float *)(staged ? muon__host_alloc(opt, nr) : muon__dev_alloc(opt, nr));
+  if (*send && *recv) return MUON_OK;
+  return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes to move NorMuon second moments failed", ns + nr);
+}
+
+static void muon__normuon_free_buffers(muon_optimizer *opt, float *send, float *recv) {
+  if (muon__normuon_staged(opt)) { muon__host_free(opt, send); muon__host_free(opt, recv); }
+  else { muon__dev_free(opt, send); muon__dev_free(opt, recv); }
+}
+
+/* The move itself: sources pack in global order, the collective, owners unpack into their new
+   v. A backend failure still joins the collective (peers must not wait alone). */
+static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *all, int stride, float *send, float *recv, unsigned char *moved) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, g, src, len = 0, staged = muon__normuon_staged(opt);
+  size_t *cnt = pl->counts, *cur = pl->counts + 8 * (size_t)P;
+  muon_status st = MUON_OK, local = MUON_OK;
+  memcpy(cur, cnt + P, (size_t)P * sizeof(size_t));
+  for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
+    const muon__global *x = &pl->globals[g];
+    if ((src = muon__normuon_source(pl, g, all, stride, &len)) != me) continue;
+    local = opt->compute.vt->copy(opt->compute.ctx, send + cur[x->owner], opt->matrices[x->local].normuon, (size_t)len * sizeof(float), staged, 0);
+    if (local != MUON_OK) local = muon__backend_fail(opt, local, "muon_plan: reading a NorMuon second moment");
+    cur[x->owner] += (size_t)len;
+  }
+  if (local == MUON_OK && staged) local = muon__sync(opt, "muon_plan: reading NorMuon second moments");
+  if ((st = muon__alltoallv(opt, send, recv, cnt, "muon_plan: moving NorMuon second moments")) != MUON_OK) return st;
+  memcpy(cur, cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
+  for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
+    const muon__global *x = &pl->globals[g];
+    if ((src = muon__normuon_source(pl, g, all, stride, &len)) < 0 || x->owner != me) continue;
+    local = opt->compute.vt->copy(opt->compute.ctx, opt->matrices[x->local].normuon_next, recv + cur[src], (size_t)len * sizeof(float), 0, staged);
+    if (local != MUON_OK) local = muon__backend_fail(opt, local, "muon_plan: writing a NorMuon second moment");
+    cur[src] += (size_t)len;
+    moved[x->local] = 1;
+  }
+  if ((st = muon__comm_wait(opt, "muon_plan: moving NorMuon second moments")) != MUON_OK) return st;
+  if (local == MUON_OK) local = muon__sync(opt, "muon_plan: writing NorMuon second moments");
+  return local;
+}
+
 /* Without a dist config each rank is a world of its own: every matrix it holds is a global
    one that it owns, and the step runs the same rounds with nothing to exchange. */
 static muon_status muon__plan_local(muon_optimizer *opt) {
@@ -3362,15 +3637,18 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   }
   st = muon__build_plan(opt, e, &n, n);
   muon__free(&opt->allocator, e);
+  if (st == MUON_OK) st = muon__normuon_prepare(opt);
   if (st != MUON_OK) muon__plan_free(opt);
-  else { opt->plan.ready = 1; muon__log_plan(opt); }
+  else { muon__normuon_finish(opt, NULL); opt->plan.ready = 1; muon__log_plan(opt); }
   return st;
 }
 
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
-  int P, me, r, i, max_local = 0, *count = NULL;
+  int P, me, r, i, max_local = 0, *count = NULL, moving = 0;
   muon__entry *mine = NULL, *all = NULL;
+  float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
+  unsigned char *moved = NULL;
   long long hello[3], *hellos = NULL;
   unsigned long long verdict[3], *verdicts = NULL;
   muon_status st = MUON_OK, got;
@@ -3416,6 +3694,8 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
       e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
       e->hparams = muon__ns_hash(&opt->groups[x->group]);
+      e->normuon_have = x->normuon ? x->normuon_len : 0;
+      e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
       { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
     }
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
@@ -3426,6 +3706,13 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
   got = muon__build_plan(opt, all, count, max_local);
+  if (got == MUON_OK) got = muon__normuon_prepare(opt);
+  if (got == MUON_OK && (moving = muon__normuon_counts(opt, all, max_local)) != 0) {
+    got = muon__normuon_buffers(opt, &nm_send, &nm_recv);
+    if (got == MUON_OK && !(moved = (unsigned char *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices + 1)))
+      got = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d flags failed", opt->n_matrices);
+    if (moved) memset(moved, 0, (size_t)opt->n_matrices + 1);
+  }
   verdict[0] = (unsigned long long)got;
   verdict[1] = got == MUON_OK ? muon__plan_hash(&opt->plan) : 0;
   verdict[2] = 0;
@@ -3441,10 +3728,14 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       goto done;
     }
   }
+  if (moving && (st = muon__normuon_move(opt, all, max_local, nm_send, nm_recv, moved)) != MUON_OK) goto done;
+  muon__normuon_finish(opt, moved);
   opt->plan.ready = 1;
   muon__log_plan(opt);
 done:
-  if (st != MUON_OK) muon__plan_free(opt);
+  if (st != MUON_OK) { muon__normuon_drop_next(opt); muon__plan_free(opt); }
+  if (moving) muon__normuon_free_buffers(opt, nm_send, nm_recv);
+  muon__free(&opt->allocator, moved);
   muon__free(&opt->allocator, mine);
   muon__free(&opt->allocator, all);
   muon__free(&opt->allocator, count);
@@ -3740,6 +4031,7 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
     muon__put_float(&p, hp->weight_decay); muon__put_float(&p, hp->momentum);
     muon__put32(&p, (uint32_t)hp->nesterov); muon__put32(&p, (uint32_t)hp->momentum_style);
     muon__put32(&p, (uint32_t)hp->adjust_lr); muon__put32(&p, (uint32_t)hp->cautious_wd);
+    muon__put_float(&p, hp->normuon ? hp->normuon_beta2 : 0.0f);
     rest = muon__fnv1a(buf, (size_t)(p - buf));
     if (g < MUON__AGREE_GROUPS) { r->lr[g] = hp->lr; r->ns[g] = ns; r->rest[g] = rest; }
     p = buf;
@@ -3922,11 +4214,6 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
   return MUON_OK;
 }
 
-static void muon__prefix(size_t *displs, const size_t *counts, int P) {
-  int p;
-  size_t at = 0;
-  for (p = 0; p < P; p++) { displs[p] = at; at += counts[p]; }
-}
 
 /* A failure of this rank's own work (the compute backend) during the rounds does not stop the
    rank: it keeps taking part in every collective, with whatever its buffers hold, so that its
@@ -3959,6 +4246,18 @@ static muon_status muon__exchange(muon_optimizer *opt, const size_t *cnt, const 
   return MUON_OK;
 }
 
+/* NorMuon on the owner: O of global x (its NS operand) and its v, the new v staged for the
+   commit (muon__normuon). */
+static muon_status muon__normuon_apply(muon_optimizer *opt, const muon__global *x, float *operand) {
+  const muon_hparams *hp = muon__global_hparams(opt, x);
+  const muon__matrix *own = &opt->matrices[x->local];
+  int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, per_column;
+  if (muon__normuon_axis(hp, x->rows, x->cols, &per_column) != own->normuon_len || !own->normuon_len) return MUON_OK;
+  MUON__BACKEND(opt, opt->compute.vt->normuon(opt->compute.ctx, operand, m, n, per_column,
+                                              own->normuon, own->normuon + own->normuon_len, hp), "muon_step: NorMuon");
+  return MUON_OK;
+}
+
 /* Newton-Schulz of round r's owned operands, batch by batch (see muon__plan_batches), and the
    non-finite check of each result, read at the commit. */
 static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
@@ -3974,6 +4273,8 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
                                                       muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
     for (k = 0; k < b; k++) {
       int g = pl->order[i + k];
+      muon_status st = muon__normuon_apply(opt, &pl->globals[g], pl->gathered + pl->globals[g].xoff);
+      if (st != MUON_OK) return st;
       MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, pl->gathered + pl->globals[g].xoff, MUON_DTYPE_FP32,
                                                     (size_t)m * n, &pl->out_flags[g]), "muon_step: checking Newton-Schulz outputs");
     }
@@ -4144,6 +4445,7 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
                     "muon_step: Newton-Schulz");
       MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, full + mn, MUON_DTYPE_FP32, mn, &pl->out_flags[g]),
                     "muon_step: checking Newton-Schulz outputs");
+      if ((st = muon__normuon_apply(opt, x, full + mn)) != MUON_OK) return st;
       opt->stats.ns_calls++;
       opt->stats.ns_batches++;
       if ((st = muon__pack(opt, 1, full, full, 0)) != MUON_OK) return st;
@@ -4216,6 +4518,9 @@ static muon_status muon__commit(muon_optimizer *opt) {
                   "muon_step: momentum (the update may be partly applied)");
     MUON__BACKEND(opt, opt->compute.vt->apply(opt->compute.ctx, x->size, x->param, opt->plan.stash + x->stash, &a),
                   "muon_step: update (the update may be partly applied)");
+    if (x->normuon && hp->normuon)   /* the owner's v: the one staged beside it this step */
+      MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0),
+                    "muon_step: NorMuon second moment (the update may be partly applied)");
   }
   for (i = 0; i < opt->n_adamw; i++) {
     muon__adamw *p = &opt->adamw[i];
@@ -4352,23 +4657,24 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
      per matrix:      u32 rows | u32 cols | u64 size | (3) u64 name hash | size x f32 momentum
                       | (2 on) the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
                         (u32 placement, dim, size, index | u64 offset, length), unused ones 0
+                      | (4 on) u32 len | len x f32 NorMuon second moment (its owner's; else 0)
      per AdamW param: u64 size | u64 step | (3) u64 name hash | u64 full size | u64 offset
                       | size x f32 exp_avg | size x f32 exp_avg_sq
      u64 FNV-1a of everything before it
-   Versions 1 (no rank, world or layouts) and 2 (no names) still load where they were saved;
-   resharding needs the names and ranges of version 3. */
-#define MUON__STATE_VERSION 3u
+   Versions 1 (no rank, world or layouts), 2 (no names) and 3 (no NorMuon) still load where they
+   were saved; resharding needs the names and ranges of version 3. */
+#define MUON__STATE_VERSION 4u
 #define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
 #define MUON__STATE_HEADER 40u                      /* version 1: 32 */
-#define MUON__MATRIX_RECORD (24u + MUON__LAYOUT_RECORD)   /* besides the momentum */
+#define MUON__MATRIX_RECORD (28u + MUON__LAYOUT_RECORD)   /* besides the momentum and v */
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
 #define MUON__ADAMW_GROUP_RECORD 24u                       /* version 3; 20 before */
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8 + MUON__ADAMW_GROUP_RECORD * (size_t)opt->n_adamw_groups;
   int i;
-  for (i = 0; i < opt->n_groups; i++) n += 4 * (14 + 3 * (size_t)opt->groups[i].ns_steps);
-  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * opt->matrices[i].size;
+  for (i = 0; i < opt->n_groups; i++) n += 4 * (16 + 3 * (size_t)opt->groups[i].ns_steps);
+  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (opt->matrices[i].size + (size_t)opt->matrices[i].normuon_len);
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
   return n;
 }
@@ -4380,7 +4686,10 @@ MUON_API size_t muon_state_size(const muon_optimizer *opt) { return opt ? muon__
 static size_t muon__largest_state(const muon_optimizer *opt) {
   size_t n = 0;
   int i;
-  for (i = 0; i < opt->n_matrices; i++) if (opt->matrices[i].size > n) n = opt->matrices[i].size;
+  for (i = 0; i < opt->n_matrices; i++) {
+    if (opt->matrices[i].size > n) n = opt->matrices[i].size;
+    if ((size_t)opt->matrices[i].normuon_len > n) n = (size_t)opt->matrices[i].normuon_len;
+  }
   for (i = 0; i < opt->n_adamw; i++) if (opt->adamw[i].size > n) n = opt->adamw[i].size;
   return n;
 }
@@ -4431,7 +4740,10 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put32(&p, (uint32_t)x->cols);
     muon__put64(&p, (uint64_t)x->size);
     muon__put64(&p, (uint64_t)x->name_hash);
-    if ((st = muon__put_state(opt, &p, x->momentum, x->size, tmp)) == MUON_OK) muon__put_layout(&p, &x->layout);
+    if ((st = muon__put_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break;
+    muon__put_layout(&p, &x->layout);
+    muon__put32(&p, (uint32_t)x->normuon_len);   /* NorMuon's v: its owner's, else none */
+    if (x->normuon_len) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp);
   }
   for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
@@ -4471,6 +4783,8 @@ typedef struct muon__saved_matrix {
   uint32_t rows, cols;
   uint64_t size, name_hash;                  /* name_hash: version 3 on, else 0 */
   const unsigned char *momentum, *layout;    /* layout: version 2 on, else NULL */
+  uint32_t normuon_len;                      /* NorMuon's v: version 4 on, 0 if none */
+  const unsigned char *normuon;
 } muon__saved_matrix;
 
 typedef struct muon__saved_adamw {
@@ -4487,6 +4801,9 @@ static void muon__next_saved_matrix(const muon__blob *b, const unsigned char **p
   *p += 4 * (size_t)m->size;
   m->layout = b->version >= 2 ? *p : NULL;
   if (m->layout) *p += MUON__LAYOUT_RECORD;
+  m->normuon_len = b->version >= 4 ? muon__get32(p) : 0;
+  m->normuon = *p;
+  *p += 4 * (size_t)m->normuon_len;
 }
 
 static void muon__next_saved_adamw(const muon__blob *b, const unsigned char **p, muon__saved_adamw *a) {
@@ -4511,7 +4828,7 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
   if (b->version < 1 || b->version > MUON__STATE_VERSION)
     return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads versions 1 to %u", op, b->version, MUON__STATE_VERSION);
   hdr = b->version == 1 ? 32 : MUON__STATE_HEADER;
-  gfields = b->version >= 3 ? 14 : 11;                       /* u32 fields of a group besides its triples */
+  gfields = b->version >= 4 ? 16 : b->version >= 3 ? 14 : 11;   /* u32 fields of a group besides its triples */
   agrec = b->version >= 3 ? MUON__ADAMW_GROUP_RECORD : 20;
   if (size < hdr + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
   b->n_matrices = muon__get32(&p);
@@ -4542,14 +4859,21 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
     return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside its groups (truncated, or a group has more than MUON_NS_MAX_STEPS = %d steps)", op, size, MUON_NS_MAX_STEPS);
   p += agrec * (size_t)b->n_adamw_groups;
   b->matrices = p;
-  mrec = 16 + (b->version >= 3 ? 8 : 0) + (b->version >= 2 ? MUON__LAYOUT_RECORD : 0);
+  mrec = 16 + (b->version >= 3 ? 8 : 0) + (b->version >= 2 ? MUON__LAYOUT_RECORD : 0) + (b->version >= 4 ? 4 : 0);
   for (i = 0; i < b->n_matrices; i++) {
     uint64_t n;
+    uint32_t v = 0;
     if ((size_t)(end - p) < mrec) break;
     q = p + 8;
     n = muon__get64(&q);
     if (n > ((size_t)(end - p) - mrec) / 4) break;
     p += mrec + 4 * (size_t)n;
+    if (b->version >= 4) {   /* v's length is the record's last u32 before v */
+      q = p - 4;
+      v = muon__get32(&q);
+      if (v > (size_t)(end - p) / 4) break;
+      p += 4 * (size_t)v;
+    }
   }
   if (i < b->n_matrices) return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside matrix %u's record (truncated, or shapes differ)", op, size, i);
   b->adamw = p;
@@ -4599,7 +4923,7 @@ static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams 
 static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups, uint64_t steps, const char *op) {
   int i;
   for (i = 0; i < opt->n_groups; i++) {
-    unsigned char x[4 * (14 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
+    unsigned char x[4 * (16 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
     if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
     muon__put_hparams(&px, &opt->groups[i]);
     muon__put_hparams(&py, &groups[i]);
@@ -4613,6 +4937,43 @@ static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const m
   memcpy(opt->groups, groups, (size_t)opt->n_groups * sizeof(muon_hparams));
   memcpy(opt->adamw_groups, adamw_groups, (size_t)opt->n_adamw_groups * sizeof(muon_adamw_hparams));
   opt->stats.steps = (long long)steps;
+}
+
+/* A saved v must have the length its group (as saved) gives it, and be finite and >= 0. */
+static muon_status muon__check_saved_normuon(muon_optimizer *opt, const muon__saved_matrix *m, const muon__matrix *x,
+                                             const muon_hparams *hp, const char *op, const char *who) {
+  int want = muon__normuon_len(hp, x->rows, x->cols);
+  if (!m->normuon_len) return MUON_OK;
+  if ((int)m->normuon_len != want)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: %s has a NorMuon second moment of %u floats for matrix '%s' (%d x %d), its group wants %d",
+                      op, who, m->normuon_len, x->name, x->rows, x->cols, want);
+  if (!muon__blob_finite(m->normuon, m->normuon_len, 1))
+    return muon__fail(opt, MUON_ERR_STATE, "%s: %s's NorMuon second moment of matrix '%s' holds NaN, Inf or a negative value", op, who, x->name);
+  return MUON_OK;
+}
+
+/* Room for a loaded v of len floats (normuon_next), swapped in by muon__normuon_finish_load. */
+static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int len, const char *op) {
+  if (x->normuon_next && x->normuon_next_len == len) return MUON_OK;
+  muon__dev_free(opt, x->normuon_next);
+  x->normuon_next_len = 0;
+  if (!(x->normuon_next = (float *)muon__dev_alloc(opt, 2 * (size_t)len * sizeof(float))))
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the NorMuon second moment of '%s' (%d floats) failed", op, x->name, len);
+  x->normuon_next_len = len;
+  return MUON_OK;
+}
+
+static void muon__normuon_finish_load(muon_optimizer *opt) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    if (!x->normuon_next) continue;
+    muon__dev_free(opt, x->normuon);
+    x->normuon = x->normuon_next;
+    x->normuon_len = x->normuon_next_len;
+    x->normuon_next = NULL;
+    x->normuon_next_len = 0;
+  }
 }
 
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
@@ -4649,7 +5010,13 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       muon__matrix *x = &opt->matrices[i];
       muon__saved_matrix m;
       muon__next_saved_matrix(&b, &p, &m);
-      if (pass) { if ((st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done; continue; }
+      if (pass) {
+        if ((st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done;
+        if (m.normuon_len) st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
+        else if (x->normuon) st = muon__dev_zero(opt, x->normuon, (size_t)x->normuon_len * sizeof(float), "muon_state_load: clearing a NorMuon second moment");
+        if (st != MUON_OK) goto done;
+        continue;
+      }
       if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols || m.size != (uint64_t)x->size) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
                         i, x->name, x->rows, x->cols, x->size, m.rows, m.cols, (unsigned long long)m.size);
@@ -4677,6 +5044,9 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
           goto done;
         }
       }
+      if ((st = muon__check_saved_normuon(opt, &m, x, &groups[x->group], "muon_state_load", "the state")) != MUON_OK) goto done;
+      if (m.normuon_len && !(x->normuon && x->normuon_len == (int)m.normuon_len) &&
+          (st = muon__normuon_room(opt, x, (int)m.normuon_len, "muon_state_load")) != MUON_OK) goto done;
     }
     p = b.adamw;
     for (i = 0; i < opt->n_adamw; i++) {
@@ -4712,8 +5082,10 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       }
     }
   }
+  muon__normuon_finish_load(opt);
   muon__adopt(opt, groups, adamw_groups, b.steps, op);
 done:
+  if (st != MUON_OK) muon__normuon_drop_next(opt);
   muon__free(&opt->allocator, tmp);
   muon__free(&opt->allocator, groups);
   return st;
@@ -4859,6 +5231,7 @@ typedef struct muon__reshard {
   unsigned char *got;           /* per staged element (matrices, then AdamW): it arrived */
   size_t *at;                   /* where each matrix's, then each AdamW param's, floats start */
   long long *adamw_step;        /* per AdamW param, -1 until a piece arrives */
+  float **normuon;              /* per matrix: NorMuon's v from the blob of its owner, or NULL */
   unsigned char *group_bytes;   /* the first blob's group section: the others must match it */
   size_t group_len;
   uint64_t steps;
@@ -4909,7 +5282,7 @@ static long long muon__reshard_range(size_t lo, size_t n, float *dst, unsigned c
 
 static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, const void *buf, size_t size, const char *op) {
   muon__blob b;
-  const unsigned char *p;
+  const unsigned char *p, *q;
   uint32_t j;
   int i;
   muon_status st;
@@ -4953,6 +5326,19 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
       bad = muon__reshard_copy(&x->piece, R->mom + R->at[i], R->got + R->at[i], &from, m.momentum);
       if (bad >= 0)
         return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' differs from another saved replica's (local element %lld): they belong to different checkpoints", op, b.rank, x->name, bad);
+      if ((st = muon__check_saved_normuon(opt, &m, x, &R->groups[x->group], op, "the blob")) != MUON_OK) return st;
+      if (m.normuon_len && !R->normuon[i]) {
+        if (!(R->normuon[i] = (float *)muon__alloc(&opt->allocator, 4 * (size_t)m.normuon_len)))
+          return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %u floats failed", op, m.normuon_len);
+        q = m.normuon;
+        muon__get_floats(&q, R->normuon[i], m.normuon_len);
+      } else if (m.normuon_len) {
+        uint32_t k;
+        q = m.normuon;
+        for (k = 0; k < m.normuon_len; k++)
+          if (muon__get32(&q) != muon__f2u(R->normuon[i][k]))
+            return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's NorMuon second moment of matrix '%s' differs from another blob's: they belong to different checkpoints", op, b.rank, x->name);
+      }
     }
   }
   p = b.adamw;
@@ -5017,8 +5403,10 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     R.adamw_step = (long long *)muon__alloc(&opt->allocator, (size_t)(na + 1) * sizeof(long long));
     R.seen = (unsigned char *)muon__alloc(&opt->allocator, (size_t)n);
     R.groups = muon__alloc_groups(opt, &R.adamw_groups);
+    R.normuon = (float **)muon__alloc(&opt->allocator, (size_t)(nm + 1) * sizeof(float *));
+    if (R.normuon) for (i = 0; i < nm; i++) R.normuon[i] = NULL;
   }
-  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups) {
+  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups || !R.normuon) {
     st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the staging of %zu floats failed", fn, total);
     goto done;
   }
@@ -5060,9 +5448,23 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
       goto done;
     }
   }
+  /* NorMuon's v goes to every holder (its owner here may be any of them): room first. */
+  for (i = 0; i < nm && st == MUON_OK; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    int len = R.normuon[i] ? muon__normuon_len(&R.groups[x->group], x->rows, x->cols) : 0;
+    if (len && !(x->normuon && x->normuon_len == len)) st = muon__normuon_room(opt, x, len, fn);
+  }
+  if (st != MUON_OK) goto done;
   /* All arrived: now the optimizer changes. */
-  for (i = 0; i < nm && st == MUON_OK; i++)
-    st = muon__put_tensor(opt, opt->matrices[i].momentum, R.mom + R.at[i], opt->matrices[i].size, "muon_state_reshard: writing the state (partly loaded)");
+  for (i = 0; i < nm && st == MUON_OK; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size, "muon_state_reshard: writing the state (partly loaded)");
+    if (st == MUON_OK && R.normuon[i])
+      st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i], (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
+                            "muon_state_reshard: writing the state (partly loaded)");
+    else if (st == MUON_OK && x->normuon)
+      st = muon__dev_zero(opt, x->normuon, (size_t)x->normuon_len * sizeof(float), "muon_state_reshard: clearing a NorMuon second moment");
+  }
   for (i = 0; i < na && st == MUON_OK; i++) {
     muon__adamw *a = &opt->adamw[i];
     size_t at = R.at[nm + i] - R.at[nm];
@@ -5071,8 +5473,11 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     a->step = R.adamw_step[i];
   }
   if (st == MUON_OK && opt->device) st = muon__sync(opt, "muon_state_reshard: writing the state (partly loaded)");
-  if (st == MUON_OK) muon__adopt(opt, R.groups, R.adamw_groups, R.steps, fn);
+  if (st == MUON_OK) { muon__normuon_finish_load(opt); muon__adopt(opt, R.groups, R.adamw_groups, R.steps, fn); }
 done:
+  if (st != MUON_OK) muon__normuon_drop_next(opt);
+  for (i = 0; R.normuon && i < nm; i++) muon__free(&opt->allocator, R.normuon[i]);
+  muon__free(&opt->allocator, R.normuon);
   muon__free(&opt->allocator, R.at); muon__free(&opt->allocator, R.mom);
   muon__free(&opt->allocator, R.m1); muon__free(&opt->allocator, R.m2);
   muon__free(&opt->allocator, R.got); muon__free(&opt->allocator, R.adamw_step);

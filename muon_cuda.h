@@ -58,6 +58,10 @@
          picks its kernel (split-K included) from the shape AND the batch count, and documents
          no promise that batch 1 and batch 3 sum alike. tests/test_cuda_slots.c checks it; run
          it on each GPU model (`make test-gpu`).
+       - NorMuon (the normuon slot, vtable version 4) is three kernels, each sum a thread's own
+         loop in muon.h's order (sums in double): the CPU backend's bits, and the same bits run to
+         run and batch to batch. Between kernels it keeps one double of its own device memory
+         (allocated at create), so the slot needs no workspace and never allocates.
        - The calling thread's current device must be desc.device whenever muon calls the backend
          (muon_cuda_create makes it current for the creating thread).
        - A shared cuBLAS handle (desc.cublas) gets its stream, pointer mode, math mode and (with
@@ -186,6 +190,8 @@ extern dim3 muon_standin_threadIdx, muon_standin_blockIdx, muon_standin_blockDim
 #define MUON_CUDA__INDEX  ((size_t)muon_standin_blockIdx.x * muon_standin_blockDim.x + muon_standin_threadIdx.x)
 #define MUON_CUDA__STRIDE ((size_t)muon_standin_gridDim.x * muon_standin_blockDim.x)
 #define MUON_CUDA__DIV(x, y) ((x) / (y))
+#define MUON_CUDA__SQRT(x) sqrtf(x)
+#define MUON_CUDA__DEVICE static /* a helper called only by kernels */
 #else
 #define MUON_CUDA__KERNEL(name, T) static __global__ void name(const __grid_constant__ T a)
 #define MUON_CUDA__LAUNCH(name, grid, block, stream, args) \
@@ -194,6 +200,8 @@ extern dim3 muon_standin_threadIdx, muon_standin_blockIdx, muon_standin_blockDim
 #define MUON_CUDA__STRIDE ((size_t)gridDim.x * blockDim.x)
 /* Correctly rounded whatever the build's flags (--use_fast_math makes `/` approximate). */
 #define MUON_CUDA__DIV(x, y) __fdiv_rn((x), (y))
+#define MUON_CUDA__SQRT(x) __fsqrt_rn(x)
+#define MUON_CUDA__DEVICE static __device__
 #endif
 
 #define MUON_CUDA__BLOCK 256
@@ -223,6 +231,9 @@ typedef struct muon_cuda__ctx {
   int own_blas;
   void *blas_ws;             /* desc.workspace_limit bytes, or NULL */
   size_t blas_ws_bytes;
+  double *normuon_scale;     /* 1 double of device memory (allocated at create, so that no slot
+                                allocates): NorMuon's |O| / |O'|, from its second kernel to its
+                                third */
   int dead;                  /* creation failed: every slot fails */
   int failed;                /* a failure was recorded since the last sync */
   char err[512];
@@ -1083,6 +1094,120 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
 }
 
 /* ---------------------------------------------------------------------------------------------
+   NorMuon, muon.h's muon__normuon in three kernels on the stream (no host wait, no workspace):
+     1. sums:    one thread per statistic (row or column) sums x^2 in double in muon.h's order, and
+                 writes q = sum / cnt into v_new. Per column, neighbouring threads read
+                 neighbouring columns (coalesced); per row, each thread walks its own row.
+     2. moments: ONE thread: v' = lerp(v, q, 1 - beta2) into v_new, and the two norms summed in
+                 double in index order, into c->normuon_scale = |O| / |O'|.
+     3. scale:   one thread per element: x *= (float)(s(v'_i) * scale), s recomputed from v_new.
+   Why serial sums: the kernels are element-wise (the stand-in has no shared memory or
+   __syncthreads) and no float atomics may sum in a varying order; a thread's own loop in the
+   CPU's order is deterministic and gives the CPU's q, v', norms and factors bit for bit (double
+   arithmetic is IEEE on the GPU; -fmad=false keeps the separate roundings). Kernel 2 is O(len),
+   len <= the larger side: microseconds against the Newton-Schulz before it. */
+typedef struct muon_cuda__normuon_k {
+  float *X;
+  const float *v;
+  float *v_new;
+  double *scale;             /* device scalar: |O| / |O'| (kernel 2 writes, kernel 3 reads) */
+  int m, n, per_column, len, cnt;
+  int rows;                  /* hp->normuon == MUON_NORMUON_ROWS: the paper's epsilons */
+  float beta2;
+  size_t total;              /* m * n */
+} muon_cuda__normuon_k;
+
+/* s_i of muon__normuon_scale: ROWS 1 / (sqrt(v) + 1e-10), LARGER 1 / sqrt(max(v, 1e-10)). */
+MUON_CUDA__DEVICE float muon_cuda__normuon_s(float v, int rows) {
+  return rows ? MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v) + 1e-10f) : MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v > 1e-10f ? v : 1e-10f));
+}
+
+MUON_CUDA__KERNEL(muon_cuda__normuon_sums_kernel, muon_cuda__normuon_k) {
+  size_t k, j, n = (size_t)a.n;
+  for (k = MUON_CUDA__INDEX; k < (size_t)a.len; k += MUON_CUDA__STRIDE) {
+    double acc = 0;
+    if (a.per_column) {
+      for (j = 0; j < (size_t)a.m; j++) { double x = a.X[j * n + k]; acc += x * x; }
+    } else {                       /* muon__normuon's 8 lanes (element j in lane j % 8), in order */
+      const float *row = a.X + k * n;
+      double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      size_t b;
+      for (j = 0; j + 8 <= n; j += 8)
+        for (b = 0; b < 8; b++) lane[b] += (double)row[j + b] * row[j + b];
+      for (b = 0; j + b < n; b++) lane[b] += (double)row[j + b] * row[j + b];
+      for (b = 0; b < 8; b++) acc += lane[b];
+    }
+    a.v_new[k] = (float)(acc / a.cnt);
+  }
+}
+
+MUON_CUDA__KERNEL(muon_cuda__normuon_moments_kernel, muon_cuda__normuon_k) {
+  float w = 1.0f - a.beta2;
+  double before = 0, after = 0;
+  int i;
+  if (MUON_CUDA__INDEX != 0) return;   /* launched as one thread */
+  for (i = 0; i < a.len; i++) {
+    float q = a.v_new[i], v = a.v[i], vn, s;
+    vn = w < 0.5f ? v + w * (q - v) : q - (q - v) * (1.0f - w);   /* torch's lerp */
+    s = muon_cuda__normuon_s(vn, a.rows);
+    a.v_new[i] = vn;
+    before += (double)a.cnt * q;
+    after += (double)a.cnt * q * s * s;
+  }
+  after = sqrt(after);
+  *a.scale = sqrt(before) / (a.rows ? after + 1e-10 : (after > 1e-10 ? after : 1e-10));
+}
+
+MUON_CUDA__KERNEL(muon_cuda__normuon_scale_kernel, muon_cuda__normuon_k) {
+  size_t i, n = (size_t)a.n;
+  double scale = *a.scale;
+  for (i = MUON_CUDA__INDEX; i < a.total; i += MUON_CUDA__STRIDE) {
+    size_t k = a.per_column ? i % n : i / n;
+    a.X[i] *= (float)(muon_cuda__normuon_s(a.v_new[k], a.rows) * scale);
+  }
+}
+
+static cudaError_t muon_cuda__normuon_launch(const muon_cuda__normuon_k *k, cudaStream_t stream) {
+  cudaError_t e = MUON_CUDA__LAUNCH(muon_cuda__normuon_sums_kernel, muon_cuda__grid((size_t)k->len),
+                                    muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  if (e == cudaSuccess)
+    e = MUON_CUDA__LAUNCH(muon_cuda__normuon_moments_kernel, muon_cuda__dim3(1), muon_cuda__dim3(1), stream, *k);
+  if (e == cudaSuccess)
+    e = MUON_CUDA__LAUNCH(muon_cuda__normuon_scale_kernel, muon_cuda__grid(k->total), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                          stream, *k);
+  return e;
+}
+
+/* X (m x n, device), v and v_new (len floats, device; v_new must not overlap v or X); hp is host
+   memory, read here (its two fields travel by value in the launches). */
+static muon_status muon_cuda__normuon(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
+                                      const muon_hparams *hp) {
+  muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
+  muon_cuda__normuon_k k;
+  MUON_CUDA__LIVE(c);
+  if (!X || !v || !v_new || !hp) return muon_cuda__invalid(c, "normuon: X, v, v_new and hp must not be NULL");
+  if (m <= 0 || n <= 0) return muon_cuda__invalid(c, "normuon: needs m > 0 and n > 0");
+  if (hp->normuon != MUON_NORMUON_ROWS && hp->normuon != MUON_NORMUON_LARGER)
+    return muon_cuda__invalid(c, "normuon: hp->normuon must be MUON_NORMUON_ROWS or MUON_NORMUON_LARGER");
+  if (!(hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) return muon_cuda__invalid(c, "normuon: hp->normuon_beta2 must be in [0, 1)");
+  memset(&k, 0, sizeof k);
+  k.X = X;
+  k.v = v;
+  k.v_new = v_new;
+  k.scale = c->normuon_scale;
+  k.m = m;
+  k.n = n;
+  k.per_column = per_column != 0;
+  k.len = per_column ? n : m;
+  k.cnt = per_column ? m : n;
+  k.rows = hp->normuon == MUON_NORMUON_ROWS;
+  k.beta2 = hp->normuon_beta2;
+  k.total = (size_t)m * n;
+  MUON_CUDA__CHECK(c, muon_cuda__normuon_launch(&k, c->stream));
+  return MUON_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
    sync, error, destroy, create */
 static muon_status muon_cuda__sync(void *ctx) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
@@ -1110,6 +1235,7 @@ static void muon_cuda__destroy(void *ctx) {
     if (cublasGetStream(c->blas, &s) == CUBLAS_STATUS_SUCCESS) (void)cublasSetStream(c->blas, s);
   }
   if (c->blas_ws) (void)cudaFree(c->blas_ws);
+  if (c->normuon_scale) (void)cudaFree(c->normuon_scale);
   if (c->stream && c->own_stream) (void)cudaStreamDestroy(c->stream);
   free(c);
 }
@@ -1133,7 +1259,8 @@ static const muon_compute_vtable muon_cuda__vtable = {
   muon_cuda__cast,
   muon_cuda__sync,
   muon_cuda__error,
-  muon_cuda__destroy
+  muon_cuda__destroy,
+  muon_cuda__normuon
 };
 
 MUON_API muon_cuda_desc muon_cuda_default_desc(void) {
@@ -1161,6 +1288,7 @@ static muon_status muon_cuda__setup(muon_cuda__ctx *c, const muon_cuda_desc *d) 
     MUON_CUDA__CHECK(c, cudaMalloc(&c->blas_ws, d->workspace_limit));
     c->blas_ws_bytes = d->workspace_limit;
   }
+  MUON_CUDA__CHECK(c, cudaMalloc((void **)&c->normuon_scale, sizeof(double)));
   return MUON_OK;
 }
 

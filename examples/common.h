@@ -8,7 +8,10 @@
      training, muon_check_layouts checks muon's layouts against this file's own piece logic;
      after, muon_gather_matrix assembles every matrix on its owner, which compares it with the
      single-device parameter and momentum.
-   Options: --steps N, --quiet, --cautious (cautious weight decay), --gram (Gram Newton-Schulz), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
+   Options: --steps N, --quiet, --cautious (cautious weight decay), --gram (Gram Newton-Schulz),
+   --normuon rows|larger (NorMuon as the paper, or as nanochat keeps it), --late (after the first
+   step every rank and the single device register one more matrix, whole on every rank: muon
+   re-plans, owners move, and NorMuon's second moments must move with them), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
    of the distributed run to PATH and of rank 0's single-device run to PATH.ref, for
    tools/muoncmp), --wrong-dim (muon is told the other TP dim than the one the pieces are cut
    by: the mistake muon_check_layouts and muoncmp are there to find).
@@ -49,6 +52,8 @@ typedef struct ex_world {
   int wrong_dim;      /* --wrong-dim */
   int cautious;       /* --cautious: cautious weight decay (muon_hparams.cautious_wd) */
   int gram;           /* --gram: Gram Newton-Schulz (muon_hparams.ns_algorithm) */
+  muon_normuon normuon; /* --normuon rows|larger (muon_hparams.normuon) */
+  int late;           /* --late */
   const char *dump;   /* --dump PATH */
 } ex_world;
 
@@ -83,6 +88,8 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--wrong-dim")) w.wrong_dim = 1;
     else if (!strcmp(argv[i], "--cautious")) w.cautious = 1;
     else if (!strcmp(argv[i], "--gram")) w.gram = 1;
+    else if (!strcmp(argv[i], "--late")) w.late = 1;
+    else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
   }
 #ifdef EX_NCCL
@@ -309,6 +316,38 @@ static long long ex_adamw_check(const ex_world *w, ex_adamw *a) {
    single-device ones bit for bit, and prints the check line on rank 0. `auto_desc` (may be
    NULL) gets tp_dim_per_matrix / expert_of_matrix filled from the specs and is turned into the
    config; otherwise `cfg` is used, with each spec's layout when `layouts` is set. */
+/* --late: one more matrix, whole on every rank (a layout of no levels), registered between steps
+   on the distributed optimizer and the single device alike; owner[] gets the owners before. Its
+   values never change the check (the check compares the example's own matrices). */
+#define EX_LATE_ROWS 40
+#define EX_LATE_COLS 56
+static float *ex__late_dev[4];   /* the late matrix's device buffers, freed by ex_run */
+static void ex_late(const ex_world *w, muon_optimizer *opt, muon_optimizer *ref, int n_local, int *owner) {
+  static float host_w[2][EX_LATE_ROWS * EX_LATE_COLS], host_g[EX_LATE_ROWS * EX_LATE_COLS];
+  static muon_layout whole;
+  size_t n = EX_LATE_ROWS * EX_LATE_COLS, e;
+  int k, s;
+  for (s = 0; s < n_local; s++) muon_get_owner(opt, s, &owner[s]);
+  for (e = 0; e < n; e++) { host_g[e] = ex_value(4242u, (long long)e); host_w[0][e] = host_w[1][e] = ex_value(4243u, (long long)e); }
+  for (k = 0; k < 2; k++) {
+    muon_matrix m = muon_default_matrix();
+    m.name = "late";
+    m.rows = EX_LATE_ROWS;
+    m.cols = EX_LATE_COLS;
+    m.param = host_w[k];
+    m.grad = host_g;
+    if (EX_ON_DEVICE) {
+      float *dw = ex__late_dev[2 * k] = ex_device(w, n), *dg = ex__late_dev[2 * k + 1] = ex_device(w, n);
+      ex_put(w, dw, host_w[k], n);
+      ex_put(w, dg, host_g, n);
+      m.param = dw;
+      m.grad = dg;
+    }
+    if (k == 0) m.layout = &whole;
+    if (muon_add_matrix(k ? ref : opt, &m, NULL) != MUON_OK) ex_die(w, "muon_add_matrix (late)", muon_error(k ? ref : opt));
+  }
+}
+
 static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, int n_specs, muon_auto_desc *auto_desc,
                   const muon_dist_config *cfg_in, int layouts) {
   muon_desc desc = muon_default_desc(), ref_desc;
@@ -318,7 +357,8 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   ex_slice *sl;
   int n_local = 0, i, k, s, t, n_sl = 0, *tp_dims, *experts, local;
   double maxdiff = 0, loss;
-  long long bad = 0, sums[3], *all_sums, moved = 0, announced[3] = { -1, -1, -1 };
+  long long bad = 0, sums[3], *all_sums, moved = 0, announced[3] = { -1, -1, -1 }, late_moved = 0;
+  int *late_owner;
   static ex_adamw aw;
   muon_stats before;
   memset(&before, 0, sizeof before);
@@ -327,9 +367,11 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   tp_dims = (int *)calloc((size_t)n_sl + 1, sizeof(int));
   experts = (int *)calloc((size_t)n_sl + 1, sizeof(int));
   all_sums = (long long *)calloc(3 * (size_t)w->size, sizeof(long long));
+  late_owner = (int *)calloc((size_t)n_sl + 1, sizeof(int));
   desc.hparams.lr = 0.02f;
   desc.hparams.cautious_wd = w->cautious;
   desc.hparams.ns_algorithm = w->gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
+  desc.hparams.normuon = w->normuon;
   desc.comm = &w->world;
   desc.dist = &cfg;
   desc.compute = ex_compute(w);
@@ -468,8 +510,13 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     /* A decaying lr: schedules change it between steps without re-creating anything. */
     muon_set_lr(opt, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
     muon_set_lr(ref, 0, 0.02f * (1.0f - 0.5f * (float)t / (float)w->steps));
+    if (w->late && t == 1) ex_late(w, opt, ref, n_local, late_owner);
     muon_get_stats(opt, &before);
     if (muon_step(opt) != MUON_OK) ex_die(w, "muon_step", muon_error(opt));
+    for (s = 0; w->late && t == 1 && s < n_local; s++) {
+      int now;
+      if (muon_get_owner(opt, s, &now) == MUON_OK && now != late_owner[s]) late_moved++;
+    }
     if (t == 0) {   /* the first step moves what muon_plan_text announced */
       muon_get_stats(opt, &st);
       if ((announced[0] >= 0 && (st.bytes_sent - before.bytes_sent != announced[0] || st.bytes_received - before.bytes_received != announced[1])) ||
@@ -546,6 +593,16 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   if (!w->quiet)
     printf("rank %d: owns %d of %d matrices, NS calls %lld, sent %lld B, received %lld B, collectives %lld\n",
            w->rank, muon_owned(opt, NULL, 0), muon_global_count(opt), st.ns_calls, st.bytes_sent, st.bytes_received, st.collectives);
+  if (w->late) {   /* how many matrices the late one moved to another owner, over all ranks */
+    sums[0] = late_moved; sums[1] = sums[2] = 0;
+    if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "late");
+    for (k = 0, late_moved = 0; k < w->size; k++) late_moved += all_sums[3 * k];
+    if (w->rank == 0) printf("late matrix: %lld local matrices changed owner\n", late_moved);
+    if (w->size > 1 && !late_moved) {   /* --late is there to move owners: else it tested nothing */
+      if (w->rank == 0) printf("late matrix: no owner moved, so no NorMuon second moment moved either\n");
+      bad++;
+    }
+  }
   sums[0] = bad;
   sums[1] = (long long)(maxdiff * 1e9);
   sums[2] = st.bytes_sent + st.bytes_received + st.control_bytes;
@@ -572,9 +629,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     ex_device_free(sl[s].dev_g);
     s += specs[i].count > 1 ? specs[i].count : 1;
   }
-  free(sl); free(tp_dims); free(experts); free(all_sums);
+  free(sl); free(tp_dims); free(experts); free(all_sums); free(late_owner);
   muon_destroy(opt);
   muon_destroy(ref);
+  for (k = 0; k < 4; k++) { ex_device_free(ex__late_dev[k]); ex__late_dev[k] = NULL; }
   return bad ? 1 : 0;
 }
 

@@ -17,6 +17,8 @@ OUTPUT
 ------
 OUTDIR/golden.list  one case file name per line: optimizer-step cases (tests/test_golden.c)
 OUTDIR/ns.list      one case file name per line: Newton-Schulz cases   (tests/test_ns.c)
+OUTDIR/normuon.list one case file name per line: NorMuon cases of one NS operand (tests/test_golden.c,
+                    which calls muon__normuon directly)
 OUTDIR/*.case       one file per case.
 
 A case file is a sequence of '\\n'-terminated ASCII lines of space-separated tokens; a line that
@@ -33,13 +35,17 @@ Step cases (golden.list), lines in this order:
     name TEXT...                       the rest of the line is the case name
     defaults 0|1                       1: the C side must use muon_default_desc() untouched (and
                                        checks that it equals the group 0 / adamw_group 0 lines)
-    group G LR WD MOMENTUM NESTEROV STYLE ADJUST NS_STEPS PRESET PRECISION EPS
+    group G LR WD MOMENTUM NESTEROV STYLE ADJUST NS_STEPS PRESET PRECISION EPS [CAUTIOUS [NORMUON BETA2]]
                                        Muon group G (0 = desc.hparams, then 1, 2, ... in order,
                                        each made with muon_add_group). STYLE 0 lerp / 1 sgd;
                                        ADJUST 0 original / 1 match_rms_adamw / 2 none; PRESET -1 =
                                        leave muon_default_hparams()'s coefficients, 0 quintic,
-                                       1 Polar Express (muon_set_ns_preset); PRECISION 0 fp32 / 1 bf16
-    adamw_group G LR BETA1 BETA2 EPS WD
+                                       1 Polar Express (muon_set_ns_preset); PRECISION 0 fp32 / 1 bf16.
+                                       Optional trailing fields (absent: the defaults): CAUTIOUS
+                                       0 / 1 (cautious_wd); NORMUON 0 off / 1 rows / 2 larger
+                                       (muon_normuon) and BETA2 (normuon_beta2, 0.95), written only
+                                       when NORMUON is not 0, so older cases keep their bytes
+    adamw_group G LR BETA1 BETA2 EPS WD [CAUTIOUS]
                                        AdamW group G (0 = desc.adamw, then muon_add_adamw_group)
     matrix E ROWS COLS COUNT STRIDE GROUP
                                        entry E of muon_add_matrix. The flat buffer holds
@@ -72,6 +78,19 @@ Newton-Schulz cases (ns.list):
     arr ns_in 0 N
     arr ns_out 0 N
     arr ns_polar 0 N                   (Gram cases) the exact polar factor, from an SVD
+    end
+
+NorMuon operand cases (normuon.list): one orthogonalised operand X (M x N, row-major, M <= N as
+Newton-Schulz leaves it) and its second moment, through NorMuon once:
+    muon-normuon 1
+    name TEXT...
+    normuon M N PER_COLUMN KIND BETA2  PER_COLUMN 1: one statistic per column of X (LEN = N), 0:
+                                       per row (LEN = M); KIND 1 rows / 2 larger (muon_normuon:
+                                       the epsilons)
+    arr nm_x 0 M*N                     X before (float32 values)
+    arr nm_v 0 LEN                     the second moment before (float32 values, >= 0)
+    arr nm_out 0 M*N                   the reference X after
+    arr nm_v_new 0 LEN                 the reference second moment after
     end
 """
 import os
@@ -204,21 +223,66 @@ def polar(U):
 
 
 # ----------------------------------------------------------------------------------------------
+# NorMuon (Li et al. 2025, arXiv 2510.05491), from its definition
+
+
+def normuon_axis(kind, rows, cols):
+    """The axis of O (rows x cols) whose entries one statistic averages over: 1 = one statistic
+    per row, 0 = one per column. ROWS (the paper's reference implementation): per row, always.
+    LARGER (nanochat, modded-nanogpt): per row when rows >= cols, else per column."""
+    return 1 if kind == 1 or rows >= cols else 0
+
+
+def normuon(O, v, kind, beta2, axis=None):
+    """NorMuon of the Newton-Schulz output O (rows x cols, the matrix itself, never an NS operand)
+    with second moment v (one per row or per column, see normuon_axis; None: zeros, the first
+    step). axis (1: per row, 0: per column) overrides normuon_axis's choice: the operand cases
+    take every (kind, axis) pair. Returns (O'', v'):
+        q_i  = mean of O^2 over statistic i's row (or column)
+        v'_i = v_i + (1 - beta2)(q_i - v_i)                            (torch: v.lerp_(q, 1 - beta2))
+        O'   = O * s, s_i = 1 / (sqrt(v'_i) + 1e-10)  (ROWS, the paper)
+                          1 / sqrt(max(v'_i, 1e-10))  (LARGER, nanochat)
+        O''  = O' * |O|_F / (|O'|_F + 1e-10)          (ROWS)
+                      |O|_F / max(|O'|_F, 1e-10)      (LARGER)
+    with the norms those of the actual matrices O and O' (the paper's form)."""
+    O = np.asarray(O, dtype=np.float64)
+    if axis is None:
+        axis = normuon_axis(kind, O.shape[0], O.shape[1])
+    q = np.mean(O * O, axis=axis)
+    if v is None:
+        v = np.zeros_like(q)
+    v = v + (1.0 - beta2) * (q - v)
+    if kind == 1:
+        s = 1.0 / (np.sqrt(v) + 1e-10)
+    else:
+        s = 1.0 / np.sqrt(np.maximum(v, 1e-10))
+    O1 = O * (s[:, None] if axis == 1 else s[None, :])
+    n0 = float(np.sqrt(np.sum(O * O)))
+    n1 = float(np.sqrt(np.sum(O1 * O1)))
+    O2 = O1 * (n0 / (n1 + 1e-10) if kind == 1 else n0 / max(n1, 1e-10))
+    return O2, v
+
+
+# ----------------------------------------------------------------------------------------------
 # One Muon update (DESIGN 1) and one AdamW update (torch.optim.AdamW, single tensor)
 
 
 class MuonGroup:
     def __init__(self, lr=1e-3, wd=0.1, momentum=0.95, nesterov=1, style=0, adjust=0,
-                 ns_steps=5, preset=-1, precision=0, eps=1e-7, cautious=0):
+                 ns_steps=5, preset=-1, precision=0, eps=1e-7, cautious=0, normuon=0, normuon_beta2=0.95):
         self.cautious = int(cautious)
+        self.normuon, self.normuon_beta2 = int(normuon), f32(normuon_beta2)
         self.lr, self.wd, self.momentum = f32(lr), f32(wd), f32(momentum)
         self.nesterov, self.style, self.adjust = int(nesterov), int(style), int(adjust)
         self.ns_steps, self.preset, self.precision, self.eps = int(ns_steps), int(preset), int(precision), f32(eps)
 
     def line(self, g):
-        return "group %d %r %r %r %d %d %d %d %d %d %r %d" % (
+        s = "group %d %r %r %r %d %d %d %d %d %d %r %d" % (
             g, self.lr, self.wd, self.momentum, self.nesterov, self.style, self.adjust,
             self.ns_steps, self.preset, self.precision, self.eps, self.cautious)
+        if self.normuon:
+            s += " %d %r" % (self.normuon, self.normuon_beta2)
+        return s
 
 
 class AdamWGroup:
@@ -230,8 +294,9 @@ class AdamWGroup:
         return "adamw_group %d %r %r %r %r %r %d" % (g, self.lr, self.beta1, self.beta2, self.eps, self.wd, self.cautious)
 
 
-def muon_update(W, G, B, hp):
-    """Returns (W', B') for one matrix W (rows x cols), gradient G, momentum B."""
+def muon_update(W, G, B, hp, V=None):
+    """Returns (W', B', V') for one matrix W (rows x cols), gradient G, momentum B and NorMuon
+    second moment V (None before the first step; stays None without NorMuon)."""
     mu = hp.momentum
     if hp.style == 0:  # torch: buf.lerp_(grad, 1 - mu); grad.lerp_(buf, mu)
         B = B + (1.0 - mu) * (G - B)
@@ -240,6 +305,8 @@ def muon_update(W, G, B, hp):
         B = mu * B + G
         U = G + mu * B if hp.nesterov else B
     O = newton_schulz(U, hp.ns_steps, hp.preset, hp.eps, hp.precision == 1)
+    if hp.normuon:
+        O, V = normuon(O, V, hp.normuon, hp.normuon_beta2)
     rows, cols = W.shape
     if hp.adjust == 0:
         adj = hp.lr * np.sqrt(max(1.0, rows / cols))
@@ -253,7 +320,7 @@ def muon_update(W, G, B, hp):
     decay = W * (1.0 - hp.lr * hp.wd)
     W = np.where(W * O >= 0, decay, W) if hp.cautious else decay
     W = W - adj * O
-    return W, B
+    return W, B, V
 
 
 def adamw_update(p, g, m, v, step, hp):
@@ -312,7 +379,8 @@ class StepCase:
         for k in range(n):
             flat[k * s:k * s + rows * cols] = f32(self.rng.standard_normal(rows * cols) * self.param_scale)
         self.matrices.append(dict(rows=rows, cols=cols, count=count, stride=stride, s=s, n=n, group=group,
-                                  p=flat, p0=flat.copy(), B=[np.zeros((rows, cols)) for _ in range(n)]))
+                                  p=flat, p0=flat.copy(), B=[np.zeros((rows, cols)) for _ in range(n)],
+                                  V=[None] * n))
 
     def adamw(self, size, group=0, grad_scale=1.0):
         p = f32(self.rng.standard_normal(size) * self.param_scale)
@@ -360,7 +428,7 @@ class StepCase:
                 for k in range(m["n"]):
                     W = m["p"][k * s:k * s + rows * cols].reshape(rows, cols)
                     G = g[k * s:k * s + rows * cols].reshape(rows, cols)
-                    W2, m["B"][k] = muon_update(W, G, m["B"][k], hp)
+                    W2, m["B"][k], m["V"][k] = muon_update(W, G, m["B"][k], hp, m["V"][k])
                     m["p"][k * s:k * s + rows * cols] = W2.ravel()
             for e, a in enumerate(self.adamws):
                 if e in absent_a:
@@ -399,6 +467,40 @@ def write_ns_case(path, name, seed, rows, cols, steps=5, preset=0, precision=0, 
     w.arr("ns_out", 0, O)
     if algorithm == 1:
         w.arr("ns_polar", 0, polar(X))
+    w.line("end")
+    w.close()
+
+
+def write_normuon_case(path, name, seed, m, n, per_column, kind, beta2=0.95, v0="zero", tiny=None, scale=1.0):
+    """One NS operand X (m x n, m <= n) through NorMuon once. Rows and columns get different scales
+    so the statistics differ; v0 "zero" (a first step) or "random" (positive, around the q's).
+    tiny: "row" or "col" makes statistic 0's row (or column) 1e-9 times smaller, so the epsilons
+    matter there; scale multiplies the whole operand (a tiny one: the norm's epsilon too)."""
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((m, n)) * np.exp(rng.uniform(-1.0, 1.0, (m, 1))) * np.exp(rng.uniform(-1.0, 1.0, (1, n)))
+    X = X / np.sqrt(np.mean(X * X)) / np.sqrt(n)   # about the size of an NS output
+    if tiny == "row":
+        X[0, :] *= 1e-9
+    elif tiny == "col":
+        X[:, 0] *= 1e-9
+    X = f32(X * scale)
+    axis = 0 if per_column else 1
+    length = n if per_column else m
+    if v0 == "zero":
+        v = np.zeros(length)
+    else:
+        q = np.mean(X * X, axis=axis)
+        v = f32(q * np.exp(rng.uniform(-1.5, 1.5, length)))
+    beta2 = f32(beta2)
+    out, v_new = normuon(X, v, kind, beta2, axis=axis)
+    w = Writer(path)
+    w.line("muon-normuon 1")
+    w.line("name " + name)
+    w.line("normuon %d %d %d %d %r" % (m, n, per_column, kind, beta2))
+    w.arr("nm_x", 0, X)
+    w.arr("nm_v", 0, v)
+    w.arr("nm_out", 0, out)
+    w.arr("nm_v_new", 0, v_new)
     w.line("end")
     w.close()
 
@@ -560,6 +662,75 @@ def step_cases():
     c.absent_adamw[2] = [0]
     C.append(c)
 
+    # NorMuon (normuon 1 rows: the paper's reference; 2 larger: nanochat), 5 steps each so the
+    # second moment accumulates; the shapes put the statistics on the NS operand's rows and
+    # columns (tall matrices are transposed there).
+    kinds = [(1, "rows"), (2, "larger")]
+    for ki, (kind, kname) in enumerate(kinds):
+        for i, (r, cc, label) in enumerate([(32, 32, "square"), (48, 20, "tall"), (20, 48, "wide"),
+                                            (1, 40, "1 x n"), (40, 1, "n x 1")]):
+            c = StepCase("NorMuon %s, %s %dx%d (beta2 0.95, lr 0.02, 5 steps)" % (kname, label, r, cc),
+                         200 + 10 * ki + i, 5, [MuonGroup(lr=0.02, normuon=kind)])
+            c.matrix(r, cc)
+            C.append(c)
+
+    for ki, (kind, kname) in enumerate(kinds):
+        c = StepCase("NorMuon %s beta2 0.5 + cautious weight decay 0.1 (24x40 and 40x24, lr 0.05, 5 steps)" % kname,
+                     220 + ki, 5, [MuonGroup(lr=0.05, wd=0.1, cautious=1, normuon=kind, normuon_beta2=0.5)])
+        c.matrix(24, 40)
+        c.matrix(40, 24)
+        C.append(c)
+
+    c = StepCase("NorMuon absent grads: rows / larger / off groups, matrices skipped at steps 2 and 3 (6 steps)",
+                 230, 6, [MuonGroup(lr=0.02, normuon=1), MuonGroup(lr=0.02, normuon=2, normuon_beta2=0.9),
+                          MuonGroup(lr=0.02)])
+    c.matrix(24, 40, group=0)
+    c.matrix(40, 24, group=1)
+    c.matrix(16, 16, group=2)
+    c.matrix(40, 24, group=0)
+    c.absent_matrix[2] = [0, 1]
+    c.absent_matrix[3] = [1, 2]
+    C.append(c)
+
+    c = StepCase("NorMuon + Polar Express 5 NS steps (rows 80x48, larger 48x80 and 80x48, lr 0.02, 4 steps)", 231, 4,
+                 [MuonGroup(lr=0.02, preset=1, normuon=1), MuonGroup(lr=0.02, preset=1, normuon=2)])
+    c.matrix(80, 48, group=0)
+    c.matrix(48, 80, group=1)
+    c.matrix(80, 48, group=1)
+    C.append(c)
+
+    c = StepCase("NorMuon stacked (rows 16x40 count=3 stride 700; larger 40x16 count=2, SGD momentum), 4 steps", 232,
+                 4, [MuonGroup(lr=0.02, normuon=1), MuonGroup(lr=0.02, momentum=0.9, style=1, normuon=2)])
+    c.matrix(16, 40, count=3, stride=700, group=0)
+    c.matrix(40, 16, count=2, stride=0, group=1)
+    C.append(c)
+
+    return C
+
+
+def normuon_cases():
+    C = []
+    seed = 300
+    for kind, kname in [(1, "rows"), (2, "larger")]:
+        for per_column in (0, 1):
+            where = "per column" if per_column else "per row"
+            for (m, n, beta2, v0) in [(1, 40, 0.95, "zero"), (20, 48, 0.95, "random"), (32, 32, 0.5, "random"),
+                                      (17, 300, 0.9, "random"), (24, 24, 0.0, "zero")]:
+                C.append(dict(name="NorMuon operand %s %s %dx%d beta2 %g v0 %s" % (kname, where, m, n, beta2, v0),
+                              seed=seed, m=m, n=n, per_column=per_column, kind=kind, beta2=beta2, v0=v0))
+                seed += 1
+            C.append(dict(name="NorMuon operand %s %s 20x48, one statistic 1e-9 smaller (epsilon)" % (kname, where),
+                          seed=seed, m=20, n=48, per_column=per_column, kind=kind, v0="zero",
+                          tiny="col" if per_column else "row"))
+            seed += 1
+        # q ~ 1e-36 (still a normal float): rows: s ~ 1/1e-10 for every row, and |O'| ~ 5e-7 is
+        # within 2e-4 of its epsilon; larger: v clamps to 1e-10 and |O'| ~ 5e-12 to 1e-10.
+        C.append(dict(name="NorMuon operand %s per row 20x48 scaled by 1e-17 (the epsilons decide)" % kname,
+                      seed=seed, m=20, n=48, per_column=0, kind=kind, beta2=0.5, v0="zero", scale=1e-17))
+        seed += 1
+        C.append(dict(name="NorMuon operand %s per column 20x48 all zero" % kname, seed=seed, m=20, n=48,
+                      per_column=1, kind=kind, v0="zero", scale=0.0))
+        seed += 1
     return C
 
 
@@ -618,6 +789,15 @@ def main():
         write_ns_case(os.path.join(out, fn), name, seed, rows, cols, **kw)
         names.append(fn)
     with open(os.path.join(out, "ns.list"), "w") as f:
+        f.write("".join(n + "\n" for n in names))
+    names = []
+    for i, c in enumerate(normuon_cases()):
+        fn = "normuon_%02d.case" % i
+        kw = dict(c)
+        name, seed = kw.pop("name"), kw.pop("seed")
+        write_normuon_case(os.path.join(out, fn), name, seed, **kw)
+        names.append(fn)
+    with open(os.path.join(out, "normuon.list"), "w") as f:
         f.write("".join(n + "\n" for n in names))
     return 0
 

@@ -24,6 +24,10 @@ static void capture_log(muon_log_level level, const char *msg, void *user) {
   strncpy(last_log, msg, sizeof last_log - 1);
 }
 
+static void capture_warn(muon_log_level level, const char *msg, void *user) {
+  if (level <= MUON_LOG_WARN) capture_log(level, msg, user);
+}
+
 /* An allocator that fails the n-th allocation (counting from 0) and counts what is live. */
 typedef struct { int calls, fail_at; long live; } fail_alloc;
 static void *fa_alloc(size_t size, void *u) {
@@ -431,15 +435,24 @@ static void test_state_matrices_only(void) {
     muon_get_momentum(b, 0, &mb, &nb);
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
   }
-  TEST_CASE("state: version-1 and version-2 blobs (no names; v1 no rank, world or layouts) still load, to the same state");
-  {   /* v2 = v3 without the group's cautious_wd, ns_algorithm and ns_restarts (its last 3 u32), the
+  TEST_CASE("state: version-1, 2 and 3 blobs (no NorMuon; no names; v1 no rank, world or layouts) still load, to the same state");
+  {   /* v3 = v4 without the group's normuon and normuon_beta2 (its last 2 u32) and the matrix's
+         NorMuon length (the last u32 of its record, 0 here). v2 = v3 without the group's cautious_wd, ns_algorithm and ns_restarts (its last 3 u32), the
          AdamW group's cautious_wd (its last u32), and
          the matrix's name hash (8 bytes after its size); v1 = v2 without the rank and world (header
          bytes 32..40) and the layout record. One Muon group of ns_steps 5 and one AdamW group. */
-    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, g3 = 4 * (14 + 15), n2 = n - 12 - 4 - 8, n1 = n2 - 8 - lrec, k;
+    size_t lrec = 12 + 32 * MUON_MAX_LEVELS, g4 = 4 * (16 + 15), g3 = 4 * (14 + 15), n4 = n, n3 = n4 - 12;
+    size_t n2 = n3 - 12 - 4 - 8, n1 = n2 - 8 - lrec, k;
     size_t grp = 48, mat = grp + g3 + 24;   /* where the groups and the matrix record start in v3 */
-    unsigned char *v3 = (unsigned char *)blob, *v2 = (unsigned char *)malloc(n2), *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
+    unsigned char *v4 = (unsigned char *)blob, *v3 = (unsigned char *)malloc(n3), *v2 = (unsigned char *)malloc(n2),
+                  *v1 = (unsigned char *)malloc(n1), *again = (unsigned char *)malloc(n);
     uint64_t sum;
+    memcpy(v3, v4, grp + g4 - 8);                             /* header, counts, the group less 2 fields */
+    memcpy(v3 + grp + g4 - 8, v4 + grp + g4, n4 - 8 - 4 - (grp + g4));   /* the rest less the NorMuon length */
+    v3[8] = 3;
+    sum = muon__fnv1a(v3, n3 - 8);
+    for (k = 0; k < 8; k++) v3[n3 - 8 + k] = (unsigned char)(sum >> (8 * k));
+    n = n3;
     memcpy(v2, v3, grp + g3 - 12);                            /* header, counts, the group less 3 fields */
     memcpy(v2 + grp + g3 - 12, v3 + grp + g3, 20);            /* the AdamW group less its cautious_wd */
     memcpy(v2 + grp + g3 + 8, v3 + mat, 16);                  /* rows, cols, size */
@@ -455,22 +468,28 @@ static void test_state_matrices_only(void) {
     muon_destroy(b);
     muon_create(&b, &d);
     muon_add_matrix(b, &m, NULL);
+    CHECK(muon_state_load(b, v3, n3) == MUON_OK, "version-3 load: %s", muon_error(b));
+    CHECK(muon_state_save(b, again, n4) == MUON_OK && memcmp(again, v4, n4) == 0, "saved again, it differs from the version-4 blob");
+    muon_destroy(b);
+    muon_create(&b, &d);
+    muon_add_matrix(b, &m, NULL);
     CHECK(muon_state_load(b, v2, n2) == MUON_OK, "version-2 load: %s", muon_error(b));
-    CHECK(muon_state_save(b, again, n) == MUON_OK && memcmp(again, v3, n) == 0, "saved again, it differs from the version-3 blob");
+    CHECK(muon_state_save(b, again, n4) == MUON_OK && memcmp(again, v4, n4) == 0, "saved again, it differs from the version-4 blob");
     muon_destroy(b);
     muon_create(&b, &d);
     muon_add_matrix(b, &m, NULL);
     CHECK(muon_state_load(b, v1, n1) == MUON_OK, "version-1 load: %s", muon_error(b));
-    CHECK(muon_state_save(b, again, n) == MUON_OK && memcmp(again, v3, n) == 0, "saved again, it differs from the version-3 blob");
+    CHECK(muon_state_save(b, again, n4) == MUON_OK && memcmp(again, v4, n4) == 0, "saved again, it differs from the version-4 blob");
     {
       const void *bl[1];
       size_t sz[1];
       bl[0] = v2; sz[0] = n2;
       CHECK(muon_state_reshard(b, bl, sz, 1) == MUON_ERR_STATE && strstr(muon_error(b), "version-2"), "resharding a version-2 blob: %s", muon_error(b));
     }
-    v1[8] = 4;
-    CHECK(muon_state_load(b, v1, n1) == MUON_ERR_STATE && strstr(muon_error(b), "version 4"), "version 4: %s", muon_error(b));
+    v1[8] = 5;
+    CHECK(muon_state_load(b, v1, n1) == MUON_ERR_STATE && strstr(muon_error(b), "version 5"), "version 5: %s", muon_error(b));
     free(v1);
+    free(v3);
     free(v2);
     free(again);
   }
@@ -929,6 +948,158 @@ static void test_cautious(void) {
   }
 }
 
+/* Two optimizers, one matrix each, `steps` steps of the same gradients; returns the params. */
+static void normuon_run(muon_optimizer *o, float *w, float *g, int steps, unsigned seed) {
+  int k;
+  for (k = 0; k < steps; k++) {
+    test_rng = seed + (unsigned)k;
+    fill(g, 7 * 12);
+    muon_set_grad(o, 0, g);
+    CHECK(muon_step(o) == MUON_OK, "step: %s", muon_error(o));
+  }
+  (void)w;
+}
+
+static void test_normuon(void) {
+  muon_desc d = muon_default_desc();
+  muon_optimizer *a = NULL, *b = NULL, *c = NULL;
+  muon_compute old = muon_compute_cpu();
+  muon_compute_vtable v3 = *old.vt;
+  muon_hparams hp;
+  static float w0[7 * 12], wa[7 * 12], wb[7 * 12], wc[7 * 12], g[7 * 12];
+  muon_matrix m = muon_default_matrix();
+  size_t n;
+  void *blob;
+  TEST_CASE("normuon: a muon_normuon and beta2 in [0, 1), naming the field; a version-3 compute backend refuses it");
+  d.hparams.normuon = (muon_normuon)3;
+  CHECK(muon_create(&a, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "muon_hparams.normuon is not"), "3: %s", muon_error(NULL));
+  d.hparams.normuon = MUON_NORMUON_ROWS;
+  d.hparams.normuon_beta2 = 1.0f;
+  CHECK(muon_create(&a, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "muon_hparams.normuon_beta2 must be in [0, 1) (got 1)"), "1: %s", muon_error(NULL));
+  d.hparams.normuon_beta2 = -0.5f;
+  CHECK(muon_create(&a, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "normuon_beta2"), "-0.5: %s", muon_error(NULL));
+  d.hparams.normuon_beta2 = 0.0f / 0.0f;
+  CHECK(muon_create(&a, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "normuon_beta2"), "NaN: %s", muon_error(NULL));
+  d.hparams.normuon_beta2 = 0.95f;
+  v3.version = 3;
+  v3.normuon = NULL;
+  old.vt = &v3;
+  d.compute = &old;
+  CHECK(muon_create(&a, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "vtable version >= 4 (this one is 3)"), "v3 backend: %s", muon_error(NULL));
+  v3.version = 4;
+  CHECK(muon_create(&a, &d) == MUON_ERR_ARG && strstr(muon_error(NULL), "no normuon slot"), "v4 without the slot: %s", muon_error(NULL));
+  d.compute = NULL;
+  CHECK(muon_create(&a, &d) == MUON_OK, "the CPU backend: %s", muon_error(NULL));
+  hp = muon_default_hparams();
+  hp.normuon = MUON_NORMUON_LARGER;
+  hp.normuon_beta2 = 2.0f;
+  CHECK(muon_set_group(a, 0, &hp) == MUON_ERR_ARG && strstr(muon_error(a), "normuon_beta2"), "set_group: %s", muon_error(a));
+  muon_get_group(a, 0, &hp);
+  CHECK(hp.normuon == MUON_NORMUON_ROWS && hp.normuon_beta2 == 0.95f, "a refused muon_set_group changed the group");
+  muon_destroy(a);
+
+  TEST_CASE("normuon: changes the update; saved and loaded, a resumed run is bitwise the uninterrupted one");
+  test_rng = 31;
+  fill(w0, 7 * 12);
+  memcpy(wa, w0, sizeof w0); memcpy(wb, w0, sizeof w0); memcpy(wc, w0, sizeof w0);
+  m.name = "w"; m.rows = 7; m.cols = 12; m.grad = g;
+  d.hparams.lr = 0.05f;
+  d.hparams.normuon = MUON_NORMUON_OFF;
+  muon_create(&c, &d);
+  m.param = wc; muon_add_matrix(c, &m, NULL);
+  d.hparams.normuon = MUON_NORMUON_LARGER;
+  muon_create(&a, &d);
+  muon_create(&b, &d);
+  m.param = wa; muon_add_matrix(a, &m, NULL);
+  m.param = wb; muon_add_matrix(b, &m, NULL);
+  normuon_run(a, wa, g, 3, 100);
+  normuon_run(c, wc, g, 3, 100);
+  CHECK(memcmp(wa, wc, sizeof wa) != 0, "NorMuon gave plain Muon's bits");
+  n = muon_state_size(a);
+  blob = malloc(n);
+  CHECK(n == muon_state_size(c) + 4 * 12, "the state holds 12 floats of second moment (wide: per column): %zu vs %zu", n, muon_state_size(c));
+  CHECK(muon_state_save(a, blob, n) == MUON_OK, "save: %s", muon_error(a));
+  memcpy(wb, wa, sizeof wa);
+  CHECK(muon_state_load(b, blob, n) == MUON_OK, "load: %s", muon_error(b));
+  normuon_run(a, wa, g, 2, 200);
+  normuon_run(b, wb, g, 2, 200);
+  CHECK(memcmp(wa, wb, sizeof wa) == 0, "resumed run differs");
+  {   /* the same resume with the second moment zeroed in the blob must differ: it is used */
+    unsigned char *q = (unsigned char *)blob;
+    size_t k, at = n - 8 - 4 * 12;
+    uint64_t sum;
+    muon_destroy(b);
+    muon_create(&b, &d);
+    memcpy(wb, wa, sizeof wa);
+    m.param = wb; muon_add_matrix(b, &m, NULL);
+    CHECK(q[at - 4] == 12 && q[at - 3] == 0, "the length 12 sits before the second moment");
+    memset(q + at, 0, 4 * 12);
+    sum = muon__fnv1a(q, n - 8);
+    for (k = 0; k < 8; k++) q[n - 8 + k] = (unsigned char)(sum >> (8 * k));
+    CHECK(muon_state_load(b, blob, n) == MUON_OK, "load: %s", muon_error(b));
+    q[at + 3] = 0x80;   /* -0.0 is fine, -1e-38 is not */
+    q[at] = 1;
+    sum = muon__fnv1a(q, n - 8);
+    for (k = 0; k < 8; k++) q[n - 8 + k] = (unsigned char)(sum >> (8 * k));
+    CHECK(muon_state_load(b, blob, n) == MUON_ERR_STATE && strstr(muon_error(b), "NorMuon second moment of matrix 'w' holds NaN, Inf or a negative"),
+          "negative second moment: %s", muon_error(b));
+  }
+  free(blob);
+
+  TEST_CASE("normuon: an absent gradient leaves the second moment as it was");
+  {
+    const float *mom;
+    size_t mn;
+    static float wd[7 * 12], we[7 * 12];
+    muon_optimizer *e = NULL, *f = NULL;
+    memcpy(wd, w0, sizeof w0); memcpy(we, w0, sizeof w0);
+    muon_create(&e, &d); muon_create(&f, &d);
+    m.param = wd; muon_add_matrix(e, &m, NULL);
+    m.param = we; muon_add_matrix(f, &m, NULL);
+    normuon_run(e, wd, g, 2, 300);
+    normuon_run(f, we, g, 2, 300);
+    muon_set_grad(e, 0, NULL);
+    CHECK(muon_step(e) == MUON_OK, "step without a gradient: %s", muon_error(e));
+    normuon_run(e, wd, g, 1, 400);
+    normuon_run(f, we, g, 1, 400);
+    CHECK(memcmp(wd, we, sizeof wd) == 0, "the skipped step changed the second moment (or something else)");
+    CHECK(muon_get_momentum(e, 0, &mom, &mn) == MUON_OK && mn == 84, "momentum");
+    muon_destroy(e); muon_destroy(f);
+  }
+
+  TEST_CASE("normuon: turned on mid-run (a state saved without it) starts at zero and says so through the logger");
+  {
+    muon_desc dl = d;
+    muon_optimizer *h = NULL;
+    static float wh[7 * 12];
+    memcpy(wh, w0, sizeof w0);
+    dl.hparams.normuon = MUON_NORMUON_OFF;
+    dl.logger.func = capture_warn;
+    muon_create(&h, &dl);
+    m.param = wh; muon_add_matrix(h, &m, NULL);
+    normuon_run(h, wh, g, 2, 500);
+    hp = muon_default_hparams();
+    muon_get_group(h, 0, &hp);
+    hp.normuon = MUON_NORMUON_ROWS;
+    CHECK(muon_set_group(h, 0, &hp) == MUON_OK, "set_group: %s", muon_error(h));
+    last_log[0] = '\0';
+    normuon_run(h, wh, g, 1, 600);
+    CHECK(strstr(last_log, "NorMuon second moment of matrix 'w' starts at zero at step 2") != NULL, "log: '%s'", last_log);
+    hp.normuon = MUON_NORMUON_LARGER;   /* another axis: another length, again from zero */
+    CHECK(muon_set_group(h, 0, &hp) == MUON_OK, "set_group: %s", muon_error(h));
+    last_log[0] = '\0';
+    normuon_run(h, wh, g, 1, 700);
+    CHECK(strstr(last_log, "starts at zero at step 3") != NULL, "log after changing the axis: '%s'", last_log);
+    hp.normuon = MUON_NORMUON_OFF;
+    CHECK(muon_set_group(h, 0, &hp) == MUON_OK && muon_step(h) == MUON_OK, "off again: %s", muon_error(h));
+    CHECK(muon_state_size(h) == muon_state_size(c), "turned off, the second moment is dropped");
+    muon_destroy(h);
+  }
+  muon_destroy(a);
+  muon_destroy(b);
+  muon_destroy(c);
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -945,6 +1116,7 @@ int main(void) {
   test_checkpoint_files();
   test_reshard_blobs();
   test_cautious();
+  test_normuon();
   test_dropin();
   test_orthogonality();
   return test_summary();

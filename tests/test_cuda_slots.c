@@ -28,6 +28,11 @@
      output a bf16 value; zero input gives zeros; batch 3 equals three batch-1 runs bitwise; two
      runs give the same bits; the symmetric path (8-row tiles on the stand-in, see below)
      within fp32 rounding of the plain GEMMs, and really taken;
+   - normuon against the CPU backend's slot (muon_compute_cpu): ROWS and LARGER, per row and per
+     column, 1x1 to 128x512, v zero or not, beta2 0.95 and 0, tiny X (the epsilons): X and v_new within 1e-5 relative
+     (the kernels sum in the CPU's order: bitwise in practice), v untouched, every v_new element
+     written, hp read before the slot returns; zero X gives zeros and v_new = beta2 v; two runs
+     give the same bits; the stand-in: device inputs, three launches and no wait in the slot;
    - errors (stand-in): injected cuBLAS, memcpy, kernel, allocation and creation failures give
      MUON_ERR_BACKEND (or NULL) with the native text, sync reports the first failure once;
      nothing leaks. Both: bad arguments are MUON_ERR_ARG; a trainer's own stream and cuBLAS
@@ -700,6 +705,191 @@ static void test_ns_workspace(void) {
   CHECK(G.vt->ns_workspace(G.ctx, 0, 4, 4, &hp) == 0, "batch 0 must give 0");
 }
 
+/* ---- NorMuon ------------------------------------------------------------------------------------ */
+#define NORMUON_TOL 1e-5
+static int contains_normuon(const char *s) { return s && strstr(s, "normuon") != NULL; }
+static double worst_normuon_x, worst_normuon_v;
+static int normuon_cases, normuon_bitwise;
+
+/* One NorMuon call on the backend and on muon_compute_cpu()'s slot, same inputs: X within
+   NORMUON_TOL relative, v_new too, v unchanged; v_new starts poisoned (every element must be
+   written); hp is scribbled on after the call (the slot must have read it already). x_scale:
+   X's magnitude, 0 for all zero (output zeros, v_new = beta2 v), tiny to reach the epsilons
+   (mean squares near 1e-10: LARGER's clamp; near 1e-20: ROWS's sqrt(v) + 1e-10); v_zero: the
+   first step's v. */
+static void normuon_case(muon_normuon kind, int per_column, int m, int n, float beta2, int v_zero, float x_scale) {
+  muon_compute cpu = muon_compute_cpu();
+  muon_hparams hp = muon_default_hparams();
+  int len = per_column ? n : m, i, j, ok;
+  size_t mn = (size_t)m * n, k, worst;
+  float *X = (float *)xmalloc(mn * 4), *Xc = (float *)xmalloc(mn * 4), *Xg = (float *)xmalloc(mn * 4);
+  float *v = (float *)xmalloc((size_t)len * 4), *vc = (float *)xmalloc((size_t)len * 4);
+  float *vg = (float *)xmalloc((size_t)len * 4), *vback = (float *)xmalloc((size_t)len * 4);
+  float *poison = (float *)xmalloc((size_t)len * 4);
+  double *want = (double *)xmalloc((mn > (size_t)len ? mn : (size_t)len) * 8), ex, ev;
+  float *dX = (float *)dalloc(mn * 4), *dv = (float *)dalloc((size_t)len * 4), *dvn = (float *)dalloc((size_t)len * 4);
+  long long flushes = 0, launches = 0;
+  int x_zero = x_scale == 0.0f;
+  muon_status st;
+  char what[160];
+  snprintf(what, sizeof what, "%s per_column %d %dx%d beta2 %g%s X scale %g", kind == MUON_NORMUON_ROWS ? "ROWS" : "LARGER",
+           per_column, m, n, (double)beta2, v_zero ? " v = 0" : "", (double)x_scale);
+  hp.normuon = kind;
+  hp.normuon_beta2 = beta2;
+  /* rows and columns of different sizes, so the per-statistic factors differ */
+  for (i = 0; i < m; i++)
+    for (j = 0; j < n; j++)
+      X[(size_t)i * n + j] = x_scale * frand() * (0.25f + (float)(i % 5)) * (1.0f + 0.1f * (float)(j % 3));
+  for (i = 0; i < len; i++) {
+    v[i] = v_zero ? 0.0f : (0.05f + 2.0f * (frand() + 1.0f)) * (per_column ? 3.0f : 1.0f);
+    poison[i] = bits_f(0x7fc0beefu);
+  }
+  memcpy(Xc, X, mn * 4);
+  CHECK(cpu.vt->normuon(cpu.ctx, Xc, m, n, per_column, v, vc, &hp) == MUON_OK, "CPU normuon");
+
+  up(dX, X, mn * 4);
+  up(dv, v, (size_t)len * 4);
+  up(dvn, poison, (size_t)len * 4);
+  if (!sync_ok()) goto done;
+#if STANDIN
+  /* device memory is PROT_NONE outside the stand-in's own execution: a host read of X, v or
+     v_new in the slot would fault. The slot must queue and return: no flush, three launches. */
+  CHECK(muon_standin_is_device(dX, mn * 4) && muon_standin_is_device(dv, (size_t)len * 4) &&
+        muon_standin_is_device(dvn, (size_t)len * 4), "%s: inputs are not stand-in device memory", what);
+  flushes = muon_standin_calls("flush");
+  launches = muon_standin_calls("kernel");
+#endif
+  st = G.vt->normuon(G.ctx, dX, m, n, per_column, dv, dvn, &hp);
+  CHECK(st == MUON_OK, "%s: %s", what, muon_cuda_last_error(&G));
+#if STANDIN
+  CHECK(muon_standin_calls("flush") == flushes, "%s: the slot waited for the stream", what);
+  CHECK(muon_standin_calls("kernel") - launches == 3, "%s: %lld launches, want 3", what, muon_standin_calls("kernel") - launches);
+#endif
+  (void)flushes; (void)launches;
+  hp.normuon = kind == MUON_NORMUON_ROWS ? MUON_NORMUON_LARGER : MUON_NORMUON_ROWS; /* read before returning? */
+  hp.normuon_beta2 = 0.5f;
+  down(Xg, dX, mn * 4);
+  down(vg, dvn, (size_t)len * 4);
+  down(vback, dv, (size_t)len * 4);
+  ok = sync_ok() && st == MUON_OK;
+  if (!ok) goto done;
+  normuon_cases++;
+  for (k = 0; k < mn; k++) want[k] = Xc[k];
+  ex = rel_err(Xg, want, mn, &worst);
+  CHECK(ex <= NORMUON_TOL, "%s: X rel err %.3g > %.0e at %zu (got %g, cpu %g)", what, ex, NORMUON_TOL, worst,
+        (double)Xg[worst], want[worst]);
+  for (k = 0; k < (size_t)len; k++) want[k] = vc[k];
+  ev = rel_err(vg, want, (size_t)len, &worst);
+  CHECK(ev <= NORMUON_TOL, "%s: v_new rel err %.3g > %.0e at %zu (got %g, cpu %g)", what, ev, NORMUON_TOL, worst,
+        (double)vg[worst], want[worst]);
+  if (ex > worst_normuon_x) worst_normuon_x = ex;
+  if (ev > worst_normuon_v) worst_normuon_v = ev;
+  if (memcmp(Xg, Xc, mn * 4) == 0 && memcmp(vg, vc, (size_t)len * 4) == 0) normuon_bitwise++;
+  if (!same_bits(vback, v, (size_t)len, 4, "v (read only)")) printf("    (%s)\n", what);
+  for (k = 0; k < mn; k++) {
+    CHECK(muon__finite(Xg[k]), "%s: non-finite X at %zu", what, k);
+    if (x_zero) CHECK(Xg[k] == 0.0f, "%s: zero X must stay zero (element %zu: %g)", what, k, (double)Xg[k]);
+    if (!muon__finite(Xg[k]) || (x_zero && Xg[k] != 0.0f)) break;
+  }
+  if (x_zero)
+    for (i = 0; i < len; i++) {
+      double bv = (double)beta2 * v[i];
+      CHECK(fabs(vg[i] - bv) <= 1e-6 * fabs(bv), "%s: v_new[%d] = %g, want beta2 v = %g", what, i, (double)vg[i], bv);
+      if (!(fabs(vg[i] - bv) <= 1e-6 * fabs(bv))) break;
+    }
+done:
+  dfree(dX); dfree(dv); dfree(dvn);
+  free(X); free(Xc); free(Xg); free(v); free(vc); free(vg); free(vback); free(poison); free(want);
+}
+
+static void test_normuon(void) {
+  static const int shapes[][2] = {{1, 1}, {1, 7}, {7, 7}, {5, 64}, {33, 300}, {128, 512}};
+  static const float betas[] = {0.95f, 0.0f};
+  int kind, pc, vz, b;
+  size_t s;
+  for (kind = MUON_NORMUON_ROWS; kind <= MUON_NORMUON_LARGER; kind++) {
+    TEST_CASE(kind == MUON_NORMUON_ROWS ? "normuon ROWS vs the CPU backend's slot (1e-5 relative), per row / column, v read only"
+                                        : "normuon LARGER vs the CPU backend's slot (1e-5 relative), per row / column, v read only");
+    for (pc = 0; pc < 2; pc++)
+      for (s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (vz = 0; vz < 2; vz++)
+          for (b = 0; b < 2; b++) normuon_case((muon_normuon)kind, pc, shapes[s][0], shapes[s][1], betas[b], vz, 1.0f);
+  }
+  TEST_CASE("normuon: tiny X, where the epsilons matter (mean squares near 1e-10 and 1e-20)");
+  for (kind = MUON_NORMUON_ROWS; kind <= MUON_NORMUON_LARGER; kind++)
+    for (pc = 0; pc < 2; pc++)
+      for (b = 0; b < 2; b++) {
+        normuon_case((muon_normuon)kind, pc, 7, 7, betas[b], 1, 1e-5f);
+        normuon_case((muon_normuon)kind, pc, 33, 300, betas[b], 1, 1e-5f);
+        normuon_case((muon_normuon)kind, pc, 33, 300, betas[b], 1, 1e-10f);
+      }
+  TEST_CASE("normuon: X all zero gives zeros (finite) and v_new = beta2 v");
+  for (kind = MUON_NORMUON_ROWS; kind <= MUON_NORMUON_LARGER; kind++)
+    for (pc = 0; pc < 2; pc++)
+      for (vz = 0; vz < 2; vz++) {
+        normuon_case((muon_normuon)kind, pc, 5, 64, 0.95f, vz, 0.0f);
+        normuon_case((muon_normuon)kind, pc, 1, 1, 0.95f, vz, 0.0f);
+      }
+
+  TEST_CASE("normuon: two runs give the same bits");
+  {
+    muon_hparams hp = muon_default_hparams();
+    int m = 33, n = 300;
+    size_t mn = (size_t)m * n, k;
+    float *X = (float *)xmalloc(mn * 4), *v = (float *)xmalloc((size_t)n * 4);
+    float *x1 = (float *)xmalloc(mn * 4), *x2 = (float *)xmalloc(mn * 4);
+    float *v1 = (float *)xmalloc((size_t)n * 4), *v2 = (float *)xmalloc((size_t)n * 4);
+    float *dX = (float *)dalloc(mn * 4), *dv = (float *)dalloc((size_t)n * 4), *dvn = (float *)dalloc((size_t)n * 4);
+    int run;
+    hp.normuon = MUON_NORMUON_LARGER;
+    for (k = 0; k < mn; k++) X[k] = frand();
+    for (k = 0; k < (size_t)n; k++) v[k] = 0.5f * (frand() + 1.0f);
+    up(dv, v, (size_t)n * 4);
+    for (run = 0; run < 2; run++) {
+      up(dX, X, mn * 4);
+      CHECK(G.vt->normuon(G.ctx, dX, m, n, 1, dv, dvn, &hp) == MUON_OK, "normuon: %s", muon_cuda_last_error(&G));
+      down(run ? x2 : x1, dX, mn * 4);
+      down(run ? v2 : v1, dvn, (size_t)n * 4);
+    }
+    if (sync_ok()) {
+      same_bits(x2, x1, mn, 4, "normuon X, second run");
+      same_bits(v2, v1, (size_t)n, 4, "normuon v_new, second run");
+    }
+    dfree(dX); dfree(dv); dfree(dvn);
+    free(X); free(v); free(x1); free(x2); free(v1); free(v2);
+  }
+
+  TEST_CASE("normuon: bad arguments are MUON_ERR_ARG, nothing queued");
+  {
+    muon_hparams hp = muon_default_hparams();
+    float *dX = (float *)dalloc(16 * 4), *dv = (float *)dalloc(4 * 4), *dvn = (float *)dalloc(4 * 4);
+    hp.normuon = MUON_NORMUON_ROWS;
+    CHECK(G.vt->normuon(G.ctx, NULL, 4, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "X NULL");
+    CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 0, dv, dvn, NULL) == MUON_ERR_ARG, "hp NULL");
+    CHECK(G.vt->normuon(G.ctx, dX, 0, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "m = 0");
+    CHECK(contains_normuon(muon_cuda_last_error(&G)), "text: '%s'", muon_cuda_last_error(&G));
+    hp.normuon = MUON_NORMUON_OFF;
+    CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "normuon OFF");
+    hp.normuon = MUON_NORMUON_LARGER;
+    hp.normuon_beta2 = 1.0f;
+    CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "beta2 1");
+    CHECK(G.vt->sync(G.ctx) == MUON_OK, "nothing was queued: not a failure for sync");
+#if STANDIN
+    TEST_CASE("normuon: a failing kernel surfaces at sync");
+    hp.normuon_beta2 = 0.95f;
+    CHECK(G.vt->zero(G.ctx, dX, 16 * 4) == MUON_OK && G.vt->zero(G.ctx, dv, 4 * 4) == MUON_OK, "zero");
+    sync_ok();
+    muon_standin_fail("kernel", 2);
+    CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 1, dv, dvn, &hp) == MUON_OK, "the launches succeed: %s", muon_cuda_last_error(&G));
+    CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "sync must fail");
+    muon_standin_reset_errors();
+    muon_standin_fail("kernel", 0);
+    CHECK(G.vt->sync(G.ctx) == MUON_OK, "after reset: %s", muon_cuda_last_error(&G));
+#endif
+    dfree(dX); dfree(dv); dfree(dvn);
+  }
+}
+
 /* ---- errors -------------------------------------------------------------------------------------- */
 static int contains(const char *s, const char *part) { return s && strstr(s, part) != NULL; }
 
@@ -882,7 +1072,7 @@ int main(void) {
   CHECK(G.vt->version == MUON_COMPUTE_VTABLE_VERSION && G.vt->memory == MUON_MEMORY_DEVICE, "version / memory");
   CHECK(G.vt->alloc && G.vt->free && G.vt->alloc_host && G.vt->free_host && G.vt->copy && G.vt->zero && G.vt->pack &&
         G.vt->momentum && G.vt->ns_workspace && G.vt->newton_schulz && G.vt->apply && G.vt->adamw &&
-        G.vt->nonfinite && G.vt->cast && G.vt->sync && G.vt->error && G.vt->destroy, "a slot is NULL");
+        G.vt->nonfinite && G.vt->cast && G.vt->sync && G.vt->error && G.vt->destroy && G.vt->normuon, "a slot is NULL");
   CHECK(strcmp(muon_cuda_last_error(&G), "") == 0, "fresh error text '%s'", muon_cuda_last_error(&G));
 
   test_copy_zero();
@@ -896,6 +1086,7 @@ int main(void) {
   test_ns();
   test_ns_symmetric();
   test_ns_batch_bits();
+  test_normuon();
   test_errors();
 #if STANDIN
   test_create_failures();
@@ -904,6 +1095,8 @@ int main(void) {
 
   printf("NS vs CPU, worst relative error: fp32 %.3g (limit %.0e), bf16 %.3g (limit %.0e), bf16 Gram %.3g (limit %.0e)\n", worst_fp32, NS_FP32_TOL,
          worst_bf16, NS_BF16_TOL, worst_gram_bf16, NS_GRAM_BF16_TOL);
+  printf("NorMuon vs CPU, worst relative error: X %.3g, v_new %.3g (limit %.0e); %d of %d cases bitwise equal\n",
+         worst_normuon_x, worst_normuon_v, NORMUON_TOL, normuon_bitwise, normuon_cases);
   TEST_CASE("destroy: every byte returned");
   muon_compute_destroy(&G);
   CHECK(device_bytes() == before, "device bytes %zu, were %zu", device_bytes(), before);

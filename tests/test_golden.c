@@ -23,6 +23,16 @@
      SGD-style momentum give the same params (NS does not see the scale of U), only B differs;
    - padding between stacked slices: bitwise untouched; a matrix or AdamW parameter whose gradient
      is absent for a step: bitwise untouched that step (no decay either), momentum too.
+   - NorMuon step cases (group lines with NORMUON BETA2) use the fp32 bounds above unchanged
+     (observed worst param rel 3.7e-7, update rel 7.8e-6); the second moment v has no getter, so
+     it is checked through the params of the later steps (a v that does not accumulate, or that
+     an absent gradient resets, fails them).
+
+   Then every case of build/golden/normuon.list runs muon__normuon (static: this file includes
+   muon.h) on one NS operand against the reference's normuon(), for each (kind, per_column):
+   every element of X and of v_new within NORMUON_TOL (2e-6) of its reference element (observed
+   worst 2.2e-7, under -Ofast); v only read. Statistics 1e-9 smaller than the rest and an
+   operand scaled by 1e-17 make the epsilons (1e-10 in s, in the clamp and in the norm) matter.
 
    On failure it prints the first mismatching elements. Builds as C99 and as C++. */
 #define MUON_IMPLEMENTATION
@@ -345,6 +355,9 @@ static void check_defaults(const golden_case *c, const muon_desc *d) {
   CHECK(h->ns_steps == e->ns_steps, "default ns_steps %d", h->ns_steps);
   CHECK(h->eps == e->eps, "default eps %.9g, expected %.9g", (double)h->eps, (double)e->eps);
   CHECK(h->precision == MUON_PRECISION_FP32, "default precision %d", (int)h->precision);
+  CHECK(h->normuon == e->normuon && h->normuon == MUON_NORMUON_OFF, "default normuon %d", (int)h->normuon);
+  CHECK(h->normuon_beta2 == e->normuon_beta2 && h->normuon_beta2 == 0.95f, "default normuon_beta2 %.9g",
+        (double)h->normuon_beta2);
   for (k = 0; k < MUON_NS_MAX_STEPS; k++) {
     CHECK(h->ns_coefficients[k][0] == 3.4445f && h->ns_coefficients[k][1] == -4.7750f &&
               h->ns_coefficients[k][2] == 2.0315f,
@@ -481,10 +494,11 @@ static void run_case(const char *path) {
     } else if (sscanf(line, "defaults %d", &c.defaults) == 1) {
     } else if (strncmp(line, "group ", 6) == 0) {
       double lr, wd, mu, eps;
-      int nest, style, adj, steps, preset, prec, cautious = 0, got;
-      got = sscanf(line, "group %d %lf %lf %lf %d %d %d %d %d %d %lf %d", &gi, &lr, &wd, &mu, &nest, &style, &adj,
-                   &steps, &preset, &prec, &eps, &cautious);
-      ok = (got == 11 || got == 12) && gi == c.ngroups && gi < MAX_GROUPS;
+      double nm_beta2 = 0.95;
+      int nest, style, adj, steps, preset, prec, cautious = 0, nm = 0, got;
+      got = sscanf(line, "group %d %lf %lf %lf %d %d %d %d %d %d %lf %d %d %lf", &gi, &lr, &wd, &mu, &nest, &style,
+                   &adj, &steps, &preset, &prec, &eps, &cautious, &nm, &nm_beta2);
+      ok = got >= 11 && got <= 14 && gi == c.ngroups && gi < MAX_GROUPS;
       if (ok) {
         muon_hparams *h = &c.groups[gi];
         *h = muon_default_hparams();
@@ -499,6 +513,8 @@ static void run_case(const char *path) {
         h->precision = (muon_precision)prec;
         h->eps = (float)eps;
         h->cautious_wd = cautious;
+        h->normuon = (muon_normuon)nm;          /* absent: MUON_NORMUON_OFF */
+        h->normuon_beta2 = (float)nm_beta2;     /* absent: 0.95 */
         c.group_preset[gi] = preset;
         if (prec == 1) bf16_case = 1;
         c.ngroups++;
@@ -631,6 +647,105 @@ static void run_case(const char *path) {
   free_case(&c);
 }
 
+/* ---------------------------------------------------------------------------------------------
+   NorMuon of one NS operand: muon__normuon (static, reachable since this file includes muon.h)
+   against the reference's normuon() (tests/ref_muon.py, normuon.list): every element of X and of
+   the new second moment within NORMUON_TOL of the reference, relative to that element itself
+   (not to the largest: a statistic 1e-9 smaller than the rest must be right too), and v only
+   read. The C takes the norms from the q_i in double and rounds v, s and the factor to float:
+   a few float ulps. */
+#define NORMUON_TOL 2e-6
+static double worst_normuon_x, worst_normuon_v;
+
+/* max over i of |a - ref| / |ref| (0/0 = 0; a nonzero difference from a zero reference: inf). */
+static double elem_rel_err(const float *a, const double *ref, size_t n, size_t *at) {
+  double worst = 0;
+  size_t i;
+  *at = 0;
+  for (i = 0; i < n; i++) {
+    double d = fabs((double)a[i] - ref[i]), r;
+    if (d != d) { *at = i; return HUGE_VAL; }
+    r = d == 0 ? 0 : (ref[i] == 0 ? HUGE_VAL : d / fabs(ref[i]));
+    if (r > worst) { worst = r; *at = i; }
+  }
+  return worst;
+}
+
+static void run_normuon_case(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char line[1024], name[256] = "";
+  int m = 0, n = 0, per_column = 0, kind = 0, ok = 1, done = 0, len = 0;
+  double beta2 = 0;
+  float *x = NULL, *v = NULL, *v_keep = NULL, *v_new = NULL;
+  double *out = NULL, *vref = NULL;
+  snprintf(case_title, sizeof case_title, "normuon: %.300s", path);
+  TEST_CASE(case_title);
+  if (!f) { CHECK(0, "cannot open %s", path); return; }
+  if (!fgets(line, sizeof line, f) || strncmp(line, "muon-normuon 1", 14) != 0) {
+    CHECK(0, "%s: not a muon-normuon 1 file", path);
+    fclose(f);
+    return;
+  }
+  while (ok && !done && fgets(line, sizeof line, f)) {
+    char kindname[64];
+    int e = 0;
+    unsigned long cnt = 0;
+    line[strcspn(line, "\n")] = 0;
+    if (strncmp(line, "name ", 5) == 0) {
+      copy_text(name, sizeof name, line + 5);
+    } else if (sscanf(line, "normuon %d %d %d %d %lf", &m, &n, &per_column, &kind, &beta2) == 5) {
+      ok = !x && m >= 1 && n >= m && (per_column == 0 || per_column == 1) &&
+           (kind == MUON_NORMUON_ROWS || kind == MUON_NORMUON_LARGER);
+      if (ok) {
+        len = per_column ? n : m;
+        x = (float *)xcalloc((size_t)m * (size_t)n, sizeof(float));
+        out = (double *)xcalloc((size_t)m * (size_t)n, sizeof(double));
+        v = (float *)xcalloc((size_t)len, sizeof(float));
+        v_keep = (float *)xcalloc((size_t)len, sizeof(float));
+        v_new = (float *)xcalloc((size_t)len, sizeof(float));
+        vref = (double *)xcalloc((size_t)len, sizeof(double));
+        snprintf(case_title, sizeof case_title, "normuon: %s [each element within %g of the reference's]", name,
+                 NORMUON_TOL);
+      }
+    } else if (sscanf(line, "arr %63s %d %lu", kindname, &e, &cnt) == 3) {
+      size_t mn = (size_t)m * (size_t)n;
+      ok = x != NULL && e == 0;
+      if (!ok) break;
+      if (strcmp(kindname, "nm_x") == 0) ok = read_arr_float(f, cnt, mn, x, kindname);
+      else if (strcmp(kindname, "nm_v") == 0) ok = read_arr_float(f, cnt, (size_t)len, v, kindname);
+      else if (strcmp(kindname, "nm_out") == 0) ok = read_arr(f, cnt, mn, out, kindname);
+      else if (strcmp(kindname, "nm_v_new") == 0) ok = read_arr(f, cnt, (size_t)len, vref, kindname);
+      else ok = 0;
+    } else if (strcmp(line, "end") == 0) {
+      ok = x != NULL;
+      done = 1;
+    } else {
+      ok = 0;
+    }
+    if (!ok) CHECK(0, "%s: cannot use line '%s'", path, line);
+  }
+  if (ok && done) {
+    size_t mn = (size_t)m * (size_t)n, at = 0;
+    double ex, ev;
+    memcpy(v_keep, v, (size_t)len * sizeof(float));
+    muon__normuon(x, m, n, per_column, v, v_new, kind, (float)beta2);
+    CHECK(memcmp(v, v_keep, (size_t)len * sizeof(float)) == 0, "v changed: it is only read");
+    ex = elem_rel_err(x, out, mn, &at);
+    CHECK(ex <= NORMUON_TOL, "X: element rel err %.3g > %g at [%lu,%lu]: got %.9g expected %.9g", ex, NORMUON_TOL,
+          (unsigned long)(at / (size_t)n), (unsigned long)(at % (size_t)n), (double)x[at], out[at]);
+    ev = elem_rel_err(v_new, vref, (size_t)len, &at);
+    CHECK(ev <= NORMUON_TOL, "v_new: element rel err %.3g > %g at [%lu]: got %.9g expected %.9g", ev, NORMUON_TOL,
+          (unsigned long)at, (double)v_new[at], vref[at]);
+    if (ex > worst_normuon_x) worst_normuon_x = ex;
+    if (ev > worst_normuon_v) worst_normuon_v = ev;
+    printf("  [normuon] %-75s X rel %.2e, v rel %.2e\n", name, ex, ev);
+  } else if (ok) {
+    CHECK(0, "%s: no 'end' line", path);
+  }
+  fclose(f);
+  free(x); free(out); free(v); free(v_keep); free(v_new); free(vref);
+}
+
 int main(int argc, char **argv) {
   char path[1024], name[256];
   FILE *list;
@@ -656,6 +771,24 @@ int main(int argc, char **argv) {
   fclose(list);
   TEST_CASE("golden: case list is not empty");
   CHECK(ncases > 0, "no cases in %s/golden.list", argv[1]);
+
+  snprintf(path, sizeof path, "%s/normuon.list", argv[1]);
+  list = fopen(path, "r");
+  TEST_CASE("normuon: case list");
+  CHECK(list != NULL, "cannot open %s (make it with: /usr/bin/python3 tests/ref_muon.py %s)", path, argv[1]);
+  ncases = 0;
+  while (list && fgets(name, sizeof name, list)) {
+    name[strcspn(name, "\r\n")] = 0;
+    if (!name[0]) continue;
+    snprintf(path, sizeof path, "%s/%s", argv[1], name);
+    run_normuon_case(path);
+    ncases++;
+  }
+  if (list) fclose(list);
+  TEST_CASE("normuon: case list is not empty");
+  CHECK(ncases > 0, "no cases in %s/normuon.list", argv[1]);
+  printf("  [normuon] worst over all operand cases: X element rel %.2e, v element rel %.2e\n", worst_normuon_x,
+         worst_normuon_v);
   printf("  [golden] worst over all cases: fp32 Muon param rel %.2e, update rel %.2e; bf16 update rel %.2e; "
          "AdamW param rel %.2e, update rel %.2e; momentum rel %.2e\n",
          worst_fp32_param, worst_fp32_update, worst_bf16_update, worst_adamw_param, worst_adamw_update,

@@ -35,6 +35,8 @@ static const ex_spec specs[N_SPECS] = {
   { "head", 7, 30, 0, 0, 1, -1, {0} },
 };
 #define N_SLICES 6   /* qkv, fc, blocks.w[0..2], head */
+static muon_normuon normuon;   /* --normuon rows|larger: NorMuon, whose second moments follow their
+                                  matrices to the new owners */
 
 typedef struct model {
   /* the single device */
@@ -133,6 +135,7 @@ static void make_reference(model *m) {
   size_t e;
   char name[48];
   d.hparams.lr = 0.02f;
+  d.hparams.normuon = normuon;
   if (muon_create(&m->ref, &d) != MUON_OK) exit(1);
   for (s = 0; s < N_SLICES; s++) {
     const ex_spec *sp = slice_spec(s);
@@ -169,6 +172,7 @@ static muon_optimizer *make_dist(ex_world *w, model *m, setup *su, int extra) {
   size_t e;
   static float xw[64], xg[64];
   d.hparams.lr = 0.02f;
+  d.hparams.normuon = normuon;
   if (su->dist) { d.comm = &w->world; d.dist = &su->cfg; }
   if (muon_create(&opt, &d) != MUON_OK) { printf("muon_create: %s\n", muon_error(NULL)); exit(1); }
   for (i = 0; i < N_SPECS; i++) {
@@ -269,6 +273,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--save") && i + 1 < argc) save = argv[++i];
     else if (!strcmp(argv[i], "--load") && i + 1 < argc) load = argv[++i];
     else if (!strcmp(argv[i], "--from") && i + 1 < argc) from = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
   }
   if (!layout || !!save == !!load || (load && from < 1)) {
     fprintf(stderr, "usage: test_reshard --layout L (--save DIR | --load DIR --from N)\n");

@@ -44,6 +44,14 @@ static float *full_w0[N_MATRICES], *full_grad[N_STEPS][N_MATRICES], *one_device[
 /* The Muon variants every rank and the one device run with (after the plain meshes: cautious
    weight decay and Gram Newton-Schulz, whose wide and tall matrices take the Gram iteration). */
 static int variant_cautious, variant_gram;
+/* NorMuon (muon_hparams.normuon), with a late matrix: after the first step every rank (and the
+   one device) registers LATE_ROWS x LATE_COLS "late", replicated, which re-plans and moves owners,
+   so NorMuon's second moments must move with them for the bits to stay the same. */
+static muon_normuon variant_normuon;
+#define LATE_ROWS 48
+#define LATE_COLS 70
+static float late_w0[LATE_ROWS * LATE_COLS], late_grad[LATE_ROWS * LATE_COLS];
+static long long owners_moved;     /* over a pass: matrices whose owner the late matrix moved   */
 /* While comparing: the first rank seen holding each element, and its bits there. */
 static int *held_by[N_MATRICES];
 static float *held_value[N_MATRICES];
@@ -93,6 +101,8 @@ typedef struct rank_run {          /* one rank: its communicator context and its
   float *param[N_MATRICES], *grad[N_MATRICES];
   char failure[600];               /* the first call that failed on this rank; "" if none       */
   const char *comm_error;
+  float late[LATE_ROWS * LATE_COLS];
+  int owners_moved;                /* matrices whose owner the late matrix changed              */
 } rank_run;
 
 /* Unlike pthread_barrier_wait, this one gives up (returns 0) once some rank's thread has ended:
@@ -349,6 +359,7 @@ static void *rank_main(void *arg) {
   desc.hparams.lr = LR;
   desc.hparams.cautious_wd = variant_cautious;
   desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
+  desc.hparams.normuon = variant_normuon;
   desc.comm = &comm;
   desc.dist = &cfg;
   if ((st = muon_create(&opt, &desc)) != MUON_OK) {
@@ -369,11 +380,25 @@ static void *rank_main(void *arg) {
     }
   }
   for (step = 0; ok && step < N_STEPS; step++) {
+    int before[N_MATRICES], after;
     for (i = 0; i < N_MATRICES; i++) {
       for (e = 0; e < me->n[i]; e++) me->grad[i][e] = full_grad[step][i][me->idx[i][e]];
       muon_set_grad(opt, i, me->grad[i]);
     }
-    if ((st = muon_step(opt)) != MUON_OK) { note_failure(me, "muon_step", st, opt); ok = 0; }
+    if (variant_normuon && step == 1) {
+      muon_matrix m = muon_default_matrix();
+      for (i = 0; i < N_MATRICES; i++) muon_get_owner(opt, i, &before[i]);
+      memcpy(me->late, late_w0, sizeof late_w0);
+      m.name = "late";
+      m.param = me->late;
+      m.grad = late_grad;
+      m.rows = LATE_ROWS;
+      m.cols = LATE_COLS;
+      if ((st = muon_add_matrix(opt, &m, NULL)) != MUON_OK) { note_failure(me, "late", st, opt); ok = 0; }
+    }
+    if (ok && (st = muon_step(opt)) != MUON_OK) { note_failure(me, "muon_step", st, opt); ok = 0; }
+    for (i = 0; ok && variant_normuon && step == 1 && i < N_MATRICES; i++)
+      if (muon_get_owner(opt, i, &after) == MUON_OK && after != before[i]) me->owners_moved++;
   }
   muon_destroy(opt);
   world_leave(me->world);
@@ -512,6 +537,7 @@ static void run_mesh(const mesh *m, tally *calls, tally *equal, tally *replicas,
   }
   for (r = 0; r < m->ranks; r++)
     if (started & (1 << r)) pthread_join(thread[r], NULL);
+  owners_moved += runs[0].owners_moved;
   compare_ranks(m, runs, calls, equal, replicas);
   if (cov) count_coverage(cov, m, runs);
   for (r = 0; r < m->ranks; r++)
@@ -529,11 +555,13 @@ static void run_one_device(void) {
   muon_desc desc = muon_default_desc();
   muon_optimizer *opt = NULL;
   int i, step;
-  TEST_CASE(variant_gram ? "one device, cautious weight decay and Gram NS: three steps of the full matrices (the reference)"
-                         : "one device: three steps of the full matrices (the reference)");
+  TEST_CASE(variant_normuon ? "one device, NorMuon and a matrix added after the first step: three steps (the reference)"
+            : variant_gram ? "one device, cautious weight decay and Gram NS: three steps of the full matrices (the reference)"
+                           : "one device: three steps of the full matrices (the reference)");
   desc.hparams.lr = LR;
   desc.hparams.cautious_wd = variant_cautious;
   desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
+  desc.hparams.normuon = variant_normuon;
   if (muon_create(&opt, &desc) != MUON_OK) { CHECK(0, "muon_create failed"); return; }
   for (i = 0; i < N_MATRICES; i++) {
     muon_matrix m = muon_default_matrix();
@@ -547,6 +575,17 @@ static void run_one_device(void) {
   }
   for (step = 0; step < N_STEPS; step++) {
     for (i = 0; i < N_MATRICES; i++) muon_set_grad(opt, i, full_grad[step][i]);
+    if (variant_normuon && step == 1) {
+      static float late[LATE_ROWS * LATE_COLS];
+      muon_matrix m = muon_default_matrix();
+      memcpy(late, late_w0, sizeof late_w0);
+      m.name = "late";
+      m.param = late;
+      m.grad = late_grad;
+      m.rows = LATE_ROWS;
+      m.cols = LATE_COLS;
+      CHECK(muon_add_matrix(opt, &m, NULL) == MUON_OK, "add late: %s", muon_error(opt));
+    }
     CHECK(muon_step(opt) == MUON_OK, "step %d: %s", step, muon_error(opt));
   }
   muon_destroy(opt);
@@ -611,6 +650,38 @@ int main(int argc, char **argv) {
     report("random meshes with cautious weight decay and Gram Newton-Schulz: every call succeeds", &v_calls, "rank runs");
     CHECK(v_equal.checked > 0, "no element was checked");
     variant_cautious = variant_gram = 0;
+  }
+
+  /* NorMuon, both settings, on a sixth of the meshes each; a matrix added after the first step
+     re-plans, and where that moves an owner its second moments must move too. */
+  {
+    static const muon_normuon kinds[2] = { MUON_NORMUON_ROWS, MUON_NORMUON_LARGER };
+    int k;
+    fill_random(late_w0, LATE_ROWS * LATE_COLS, 77u);
+    fill_random(late_grad, LATE_ROWS * LATE_COLS, 78u);
+    for (k = 0; k < 2; k++) {
+      tally v_calls, v_equal;
+      char name[200];
+      memset(&v_calls, 0, sizeof v_calls);
+      memset(&v_equal, 0, sizeof v_equal);
+      variant_normuon = kinds[k];
+      variant_cautious = k;
+      owners_moved = 0;
+      run_one_device();
+      for (id = 1 + 3 * k; id < n_meshes; id += 6) {
+        mesh m = random_mesh(id);
+        run_mesh(&m, &v_calls, &v_equal, &v_equal, NULL);
+      }
+      snprintf(name, sizeof name, "random meshes with NorMuon %s%s and a late matrix: bitwise equal to one device, replicas agree",
+               k ? "LARGER" : "ROWS", k ? " and cautious weight decay" : "");
+      report(name, &v_equal, "element checks");
+      report("  ... every call succeeds", &v_calls, "rank runs");
+      TEST_CASE(k ? "NorMuon LARGER: the late matrix moved some owners (so second moments moved)" : "NorMuon ROWS: the late matrix moved some owners (so second moments moved)");
+      CHECK(owners_moved > 0, "no owner moved in any mesh: the move of second moments went untested");
+      printf("  NorMuon %s: %lld owners moved by the late matrix\n", k ? "LARGER" : "ROWS", owners_moved);
+    }
+    variant_normuon = MUON_NORMUON_OFF;
+    variant_cautious = 0;
   }
 
   printf("  %d meshes, P = 1..8:", n_meshes);
