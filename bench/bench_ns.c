@@ -251,6 +251,66 @@ static double gram_section(int quick) {
   return worst_rect;
 }
 
+/* ---- d. NorMuon's overhead over plain Muon --------------------------------------------------
+   A whole muon_step on one device (momentum, Newton-Schulz, NorMuon, update) of one matrix, with
+   NorMuon off and on (LARGER: per row or column, as nanochat), CBLAS; repetitions interleaved,
+   medians. The overhead is NorMuon's share of the step: two passes over O. */
+static double normuon_section(int quick) {
+  static const int shapes[][2] = { { 768, 768 }, { 768, 3072 }, { 3072, 768 } };
+  int s, n_shapes = quick ? 2 : 3;
+  double worst = 0;
+  printf("\n-- d. NorMuon vs plain Muon: one muon_step on one device, CBLAS, fp32; median ms, interleaved --\n");
+  printf("  %-10s %12s %12s %10s %16s\n", "shape", "Muon ms", "NorMuon ms", "overhead", "the slot alone");
+  for (s = 0; s < n_shapes; s++) {
+    int rows = shapes[s][0], cols = shapes[s][1], reps = 5, r, a;
+    size_t sz = (size_t)rows * cols;
+    float *w[2], *g = (float *)malloc(sz * sizeof(float));
+    muon_optimizer *opt[2];
+    double t[2][8], ov, slot;
+    char shape[24];
+    for (a = 0; a < 2; a++) {
+      muon_desc d = muon_default_desc();
+      muon_matrix m = muon_default_matrix();
+      w[a] = (float *)malloc(sz * sizeof(float));
+      if (!w[a] || !g) { fprintf(stderr, "out of memory\n"); exit(1); }
+      fill(w[a], sz, 50u + (unsigned)s);
+      d.hparams.gemm = MUON_GEMM_CBLAS;
+      d.hparams.normuon = a ? MUON_NORMUON_LARGER : MUON_NORMUON_OFF;
+      m.name = "w"; m.param = w[a]; m.grad = g; m.rows = rows; m.cols = cols;
+      if (muon_create(&opt[a], &d) != MUON_OK || muon_add_matrix(opt[a], &m, NULL) != MUON_OK) { fprintf(stderr, "bench_ns: NorMuon setup failed\n"); exit(1); }
+    }
+    fill(g, sz, 60u + (unsigned)s);
+    for (a = 0; a < 2; a++) if (muon_step(opt[a]) != MUON_OK) exit(1);   /* plans, warms up */
+    for (r = 0; r < reps; r++)
+      for (a = 0; a < 2; a++) {
+        int which = r % 2 ? 1 - a : a;
+        double t0 = now_s();
+        if (muon_step(opt[which]) != MUON_OK) { fprintf(stderr, "bench_ns: NorMuon step failed\n"); exit(1); }
+        t[which][r] = now_s() - t0;
+      }
+    ov = median(t[1], reps) / median(t[0], reps) - 1.0;
+    if (ov > worst) worst = ov;
+    {   /* NorMuon's own time, without the step's noise: the CPU slot on an operand, 20 times */
+      muon_compute cpu = muon_compute_cpu();
+      muon_hparams hp = muon_default_hparams();
+      int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows, len = rows > cols ? rows : cols, k;
+      float *v = (float *)calloc(2 * (size_t)len, sizeof(float));
+      double t0;
+      hp.normuon = MUON_NORMUON_LARGER;
+      t0 = now_s();
+      for (k = 0; k < 20; k++) cpu.vt->normuon(cpu.ctx, w[0], m, n, 1, v, v + len, &hp);
+      slot = (now_s() - t0) / 20;
+      free(v);
+    }
+    snprintf(shape, sizeof shape, "%dx%d", rows, cols);
+    printf("  %-10s %12.1f %12.1f %9.1f%% %13.2f ms\n", shape, 1e3 * median(t[0], reps), 1e3 * median(t[1], reps), 100.0 * ov, 1e3 * slot);
+    for (a = 0; a < 2; a++) { muon_destroy(opt[a]); free(w[a]); }
+    free(g);
+  }
+  printf("  NorMuon <= 3%% of the step, every shape (step timings vary by ~2%%)  : %.1f%%  %s\n", 100.0 * worst, verdict(worst <= 0.03));
+  return worst;
+}
+
 int main(int argc, char **argv) {
   int quick = 0, i, s;
   double budget = 8.0, bench_start = now_s();
@@ -394,6 +454,7 @@ int main(int argc, char **argv) {
     }
   }
   gram_section(quick);
+  normuon_section(quick);
   loadavg("at end");
   printf("bench_ns: %.0f s\n", now_s() - bench_start);
   return 0;
