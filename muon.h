@@ -740,7 +740,8 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
    matrix takes, element by element, the momentum of the saved pieces that hold that element
    (matched by name and layout key, as planning matches them; saved replicas must agree bit for
    bit), each AdamW param its moments by name and muon_adamw_param.offset / full_size, and every
-   holder of a matrix its NorMuon second moment from the blob of its old owner. The
+   holder of a matrix its NorMuon second moment from the blob of its old owner (the next step
+   then re-plans, and only the owner keeps it). The
    result is the state a single device would hold, cut to this rank's pieces. Not collective:
    every rank reads the blobs it is given, all of them. Group hyperparameters and the step
    count come from the blobs as in muon_state_load. All-or-nothing like muon_state_load: a
@@ -4518,7 +4519,8 @@ static muon_status muon__commit(muon_optimizer *opt) {
                   "muon_step: momentum (the update may be partly applied)");
     MUON__BACKEND(opt, opt->compute.vt->apply(opt->compute.ctx, x->size, x->param, opt->plan.stash + x->stash, &a),
                   "muon_step: update (the update may be partly applied)");
-    if (x->normuon && hp->normuon)   /* the owner's v: the one staged beside it this step */
+    if (x->normuon && x->global >= 0 && x->normuon_len == muon__normuon_len(hp, x->rows, x->cols) &&  /* as muon__normuon_apply: */
+        opt->plan.globals[x->global].owner == opt->plan.me)                          /* the v staged this step */
       MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0),
                     "muon_step: NorMuon second moment (the update may be partly applied)");
   }
@@ -5473,7 +5475,13 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     a->step = R.adamw_step[i];
   }
   if (st == MUON_OK && opt->device) st = muon__sync(opt, "muon_state_reshard: writing the state (partly loaded)");
-  if (st == MUON_OK) { muon__normuon_finish_load(opt); muon__adopt(opt, R.groups, R.adamw_groups, R.steps, fn); }
+  if (st == MUON_OK) {
+    muon__normuon_finish_load(opt);
+    /* Every holder now has v; planning keeps the owner's and drops the copies, which would go
+       stale (only the owner's v moves on) and then disagree in the next checkpoint. */
+    for (i = 0; i < nm; i++) if (R.normuon[i]) opt->plan.ready = 0;
+    muon__adopt(opt, R.groups, R.adamw_groups, R.steps, fn);
+  }
 done:
   if (st != MUON_OK) muon__normuon_drop_next(opt);
   for (i = 0; R.normuon && i < nm; i++) muon__free(&opt->allocator, R.normuon[i]);

@@ -88,6 +88,8 @@ typedef struct thread_world {
   const size_t *send_counts[MAX_RANKS], *send_displs[MAX_RANKS], *recv_counts[MAX_RANKS];
   const void *gather_send[MAX_RANKS];
   size_t gather_bytes[MAX_RANKS];
+  void *blob[MAX_RANKS];           /* NorMuon variant: every rank's state, for muon_state_reshard */
+  size_t blob_size[MAX_RANKS];
 } thread_world;
 
 typedef struct rank_run {          /* one rank: its communicator context and its pieces         */
@@ -399,6 +401,23 @@ static void *rank_main(void *arg) {
     if (ok && (st = muon_step(opt)) != MUON_OK) { note_failure(me, "muon_step", st, opt); ok = 0; }
     for (i = 0; ok && variant_normuon && step == 1 && i < N_MATRICES; i++)
       if (muon_get_owner(opt, i, &after) == MUON_OK && after != before[i]) me->owners_moved++;
+    /* After the second and the last step, every rank reshards the checkpoint all ranks just
+       saved into its own optimizer (a planned one, no re-plan due in between): the state stays
+       the same, so no bit may change, and the second checkpoint must still reshard (holders'
+       copies of NorMuon's v must not go stale in between). */
+    if (ok && variant_normuon && (step == 1 || step == N_STEPS - 1)) {
+      thread_world *w = me->world;
+      const void *blobs[MAX_RANKS];
+      size_t n = muon_state_size(opt);
+      free(w->blob[me->rank]);
+      w->blob[me->rank] = malloc(n);
+      w->blob_size[me->rank] = n;
+      if (!w->blob[me->rank] || (st = muon_state_save(opt, w->blob[me->rank], n)) != MUON_OK) { note_failure(me, "muon_state_save", st, opt); ok = 0; }
+      if (!world_barrier(w)) ok = 0;
+      for (i = 0; i < w->size; i++) blobs[i] = w->blob[i];
+      if (ok && (st = muon_state_reshard(opt, blobs, w->blob_size, w->size)) != MUON_OK) { note_failure(me, "muon_state_reshard", st, opt); ok = 0; }
+      if (!world_barrier(w)) ok = 0;   /* nobody frees a blob another rank still reads */
+    }
   }
   muon_destroy(opt);
   world_leave(me->world);
@@ -538,6 +557,7 @@ static void run_mesh(const mesh *m, tally *calls, tally *equal, tally *replicas,
   for (r = 0; r < m->ranks; r++)
     if (started & (1 << r)) pthread_join(thread[r], NULL);
   owners_moved += runs[0].owners_moved;
+  for (r = 0; r < m->ranks; r++) free(w.blob[r]);
   compare_ranks(m, runs, calls, equal, replicas);
   if (cov) count_coverage(cov, m, runs);
   for (r = 0; r < m->ranks; r++)
