@@ -13,7 +13,7 @@ BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 GLOO_LIBS   := -lgloo -lstdc++ -pthread -lm
 INC      := -I. -Itests -Iexamples
 HEADERS  := muon.h muon_gloo.h muon_cuda.h muon_nccl.h
-DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev
+DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev redis-server
 
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
 STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable

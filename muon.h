@@ -592,7 +592,8 @@ MUON_API muon_desc muon_default_desc(void);
 /* A 2-D weight, or `count` of them stacked in one buffer (llm.c's [L, rows, cols]).
    Each stacked slice becomes its own matrix with consecutive indices. */
 typedef struct muon_matrix {
-  const char *name;                /* optional, used in messages (copied)                       */
+  const char *name;                /* copied; optional on one device (messages only); required
+                                      with a dist config, where ranks pair matrices by name     */
   void *param;                     /* rows*cols elements of param_dtype, row-major (per slice)  */
   const void *grad;                /* same shape, grad_dtype; NULL = absent (skipped) until set */
   int rows, cols;
@@ -1805,6 +1806,8 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     return muon__fail(opt, st, "muon_add_matrix: %s (matrix %d, '%s')", what_, first, name); } while (0)
   if (m->ndim != 0 && m->ndim != 2)
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.ndim must be 2, got %d: Muon only orthogonalises 2-D weights; register other parameters with muon_add_adamw_param", m->ndim);
+  if (opt->distributed && !name[0])   /* by position, two ranks registering in another order would pair wrongly, silently */
+    MUON__BAD(MUON_ERR_ARG, "muon_matrix.name is required with a dist config: ranks pair matrices by name");
   if (m->rows <= 0 || m->cols <= 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.rows and .cols must be > 0 (got %d x %d)", m->rows, m->cols);
   if (!m->param) MUON__BAD(MUON_ERR_ARG, "muon_matrix.param is NULL");
   if (m->count < 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count must be >= 0 (got %d)", m->count);
@@ -3042,6 +3045,14 @@ static int muon__interval_cmp(const void *a, const void *b) {
 }
 
 /* The distinct pieces of a matrix must cover it exactly once; replicas hold identical pieces. */
+/* Elements [a, b) of the row-major matrix that no rank holds. */
+static muon_status muon__gap(muon_optimizer *opt, const muon__global *g, int gi, long long a, long long b) {
+  return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap: no rank holds elements [%lld, %lld) "
+                    "of its row-major flattening (row %lld, col %lld to row %lld, col %lld)%s",
+                    g->name, gi, g->rows, g->cols, a, b, a / g->cols, a % g->cols, (b - 1) / g->cols, (b - 1) % g->cols,
+                    b == (long long)g->rows * g->cols ? ", its tail" : "");
+}
+
 static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi) {
   size_t n = 0, k = 0;
   int j, i;
@@ -3073,13 +3084,10 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
       st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) overlap at row %lld, col %lld (ranks %d and %d hold different pieces there)",
                       g->name, gi, g->rows, g->cols, iv[k].start / g->cols, iv[k].start % g->cols, iv[k > 0 ? k - 1 : 0].rank, iv[k].rank);
     else if (iv[k].start > next)
-      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap at row %lld, col %lld: no rank holds it",
-                      g->name, gi, g->rows, g->cols, next / g->cols, next % g->cols);
+      st = muon__gap(opt, g, gi, next, iv[k].start);
     next = iv[k].start + iv[k].len;
   }
-  if (st == MUON_OK && next != (long long)g->rows * g->cols)
-    st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap at row %lld, col %lld: no rank holds it",
-                    g->name, gi, g->rows, g->cols, next / g->cols, next % g->cols);
+  if (st == MUON_OK && next != (long long)g->rows * g->cols) st = muon__gap(opt, g, gi, next, (long long)g->rows * g->cols);
   muon__free(&opt->allocator, iv);
   return st;
 }

@@ -925,6 +925,47 @@ static void case_long_names(void) {
   muon_destroy(opt);
 }
 
+/* ==== 13. registration order, and unnamed matrices ==============================================
+   Ranks pair matrices by name: odd ranks register two same-shaped matrices in the other order,
+   and both must come out bitwise as when every rank registers them alike. An unnamed matrix is
+   refused with a dist config (by position, that reversed order would pair p with q silently). */
+static void case_order(void) {
+  static const mspec PQ[2] = { { "p", 16, 24, K_SHARD0, 0 }, { "q", 16, 24, K_SHARD0, 0 } };
+  static const mspec QP[2] = { { "q", 16, 24, K_SHARD0, 0 }, { "p", 16, 24, K_SHARD0, 0 } };
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model a, b;
+  int k, i, mine = 1;
+  TEST_CASE("13. odd ranks register two same-shaped matrices in the other order: bitwise the same; an unnamed matrix is refused, naming the field");
+  if (!model_open(&a, &d, PQ, 2) || !model_open(&b, &d, W.rank % 2 ? QP : PQ, 2)) { CHECK(0, "rank %d: open", W.rank); return; }
+  for (k = 0; k < 2; k++) step_both("a step", &a, &b);
+  for (i = 0; i < 2; i++) {
+    int j = find(&b, a.t[i].name);
+    const float *ma = NULL, *mb = NULL;
+    size_t na = 0, nb = 0;
+    muon_get_momentum(a.opt, a.idx[i], &ma, &na);
+    muon_get_momentum(b.opt, b.idx[j], &mb, &nb);
+    if (j >= 2 || a.t[i].n != b.t[j].n || memcmp(a.t[i].w, b.t[j].w, a.t[i].n * sizeof(float)) != 0 || na != nb ||
+        (na && memcmp(ma, mb, na * sizeof(float)) != 0)) {
+      printf("  rank %d: matrix '%s' differs between the two registration orders\n", W.rank, a.t[i].name);
+      mine = 0;
+    }
+  }
+  CHECK(mine && all_true(mine), "rank %d: the registration order changed the result", W.rank);
+  {
+    muon_matrix m = muon_default_matrix();
+    muon_layout l = layout_for(K_SHARD0);
+    m.param = a.t[0].w; m.grad = a.t[0].g; m.rows = 16; m.cols = 24; m.layout = &l;
+    CHECK(muon_add_matrix(a.opt, &m, NULL) == MUON_ERR_ARG && strstr(muon_error(a.opt), "muon_matrix.name is required with a dist config"),
+          "unnamed: %s", muon_error(a.opt));
+    m.name = "";
+    CHECK(muon_add_matrix(a.opt, &m, NULL) == MUON_ERR_ARG, "empty name: %s", muon_error(a.opt));
+    step_both("a step after the refused registrations", &a, &b);
+  }
+  model_close(&a);
+  model_close(&b);
+}
+
 /* ==== 6c/6d. a NaN AdamW gradient on one rank ===================================================
    Every rank registers the replicated AdamW param "bias" and a ZeRO shard of "emb" (offset /
    full_size). Catches: under ERROR, a step that returns MUON_OK or applies anything; under SKIP,
@@ -1010,6 +1051,7 @@ int main(int argc, char **argv) {
   case_state_values();
   case_state_where();
   case_long_names();
+  case_order();
   if (W.rank == 0)
     printf("case 8: slowest rank returned after %.1f ms (commit vote), %.1f ms (unchecked_commit)\n", case8_worst_ms, case8_unchecked_worst_ms);
   rc = test_summary();

@@ -1100,6 +1100,79 @@ static void test_normuon(void) {
   muon_destroy(c);
 }
 
+/* An optimizer of n_mat matrices (6x10, 12x8, 5x5) and n_aw AdamW params (24 floats each, the
+   last one aw_last floats), with n_groups Muon groups; its buffers are static per slot. */
+static muon_optimizer *guard_opt(int n_mat, int n_aw, int aw_last, int n_groups, float (*w)[120], float (*p)[40]) {
+  static const int shape[3][2] = { { 6, 10 }, { 12, 8 }, { 5, 5 } };
+  static const char *mname[3] = { "m0", "m1", "m2" }, *aname[3] = { "a0", "a1", "a2" };
+  static float g[120], pg[40];
+  muon_desc d = muon_default_desc();
+  muon_optimizer *o = NULL;
+  int i;
+  if (muon_create(&o, &d) != MUON_OK) return NULL;
+  for (i = 1; i < n_groups; i++) { muon_hparams hp = muon_default_hparams(); muon_add_group(o, &hp, NULL); }
+  test_rng = 77;
+  fill(g, 120); fill(pg, 40);
+  for (i = 0; i < n_mat; i++) {
+    muon_matrix m = muon_default_matrix();
+    m.name = mname[i]; m.param = w[i]; m.grad = g; m.rows = shape[i][0]; m.cols = shape[i][1];
+    if (muon_add_matrix(o, &m, NULL) != MUON_OK) return NULL;
+  }
+  for (i = 0; i < n_aw; i++) {
+    muon_adamw_param a = muon_default_adamw_param();
+    a.name = aname[i]; a.param = p[i]; a.grad = pg; a.size = i == n_aw - 1 ? (size_t)aw_last : 24;
+    if (muon_add_adamw_param(o, &a, NULL) != MUON_OK) return NULL;
+  }
+  return o;
+}
+
+static void test_state_guards(void) {
+  static float wa[3][120], pa[3][40], wb[3][120], pb[3][40], wb0[3][120], pb0[3][40];
+  static const struct { int n_mat, n_aw, aw_last, n_groups; const char *want; } v[] = {
+    { 3, 2, 24, 1, "state has 2 matrices and 2 AdamW params, the optimizer 3 and 2" },
+    { 1, 2, 24, 1, "state has 2 matrices and 2 AdamW params, the optimizer 1 and 2" },
+    { 2, 3, 24, 1, "state has 2 matrices and 2 AdamW params, the optimizer 2 and 3" },
+    { 2, 1, 24, 1, "state has 2 matrices and 2 AdamW params, the optimizer 2 and 1" },
+    { 2, 2, 30, 1, "AdamW param 1 ('a1') has 30 floats, the state 24" },
+    { 2, 2, 24, 2, "state has 1 groups and 1 AdamW groups, the optimizer 2 and 1" },
+  };
+  muon_optimizer *a;
+  unsigned char *blob, *before, *after;
+  size_t n, nb, k;
+  int i;
+  TEST_CASE("state-load guards for a changed model: extra/missing matrix or AdamW param, a resized AdamW param, another group count; each names what differs and changes nothing");
+  test_rng = 5;
+  for (i = 0; i < 3; i++) { fill(wa[i], 120); fill(pa[i], 40); }
+  a = guard_opt(2, 2, 24, 1, wa, pa);
+  CHECK(a && muon_step(a) == MUON_OK && muon_step(a) == MUON_OK, "reference steps: %s", muon_error(a));
+  n = muon_state_size(a);
+  blob = (unsigned char *)malloc(n);
+  CHECK(muon_state_save(a, blob, n) == MUON_OK, "save: %s", muon_error(a));
+  for (k = 0; k < sizeof v / sizeof v[0]; k++) {
+    muon_optimizer *b;
+    test_rng = 9;
+    for (i = 0; i < 3; i++) { fill(wb[i], 120); fill(pb[i], 40); }
+    b = guard_opt(v[k].n_mat, v[k].n_aw, v[k].aw_last, v[k].n_groups, wb, pb);
+    if (!b) { CHECK(0, "case %zu: building the model failed", k); continue; }
+    CHECK(muon_step(b) == MUON_OK, "case %zu: step: %s", k, muon_error(b));
+    memcpy(wb0, wb, sizeof wb); memcpy(pb0, pb, sizeof pb);
+    nb = muon_state_size(b);
+    before = (unsigned char *)malloc(nb);
+    after = (unsigned char *)malloc(nb);
+    muon_state_save(b, before, nb);
+    CHECK(muon_state_load(b, blob, n) == MUON_ERR_STATE && strstr(muon_error(b), v[k].want),
+          "case %zu: want '%s', got: %s", k, v[k].want, muon_error(b));
+    CHECK(muon_state_size(b) == nb && muon_state_save(b, after, nb) == MUON_OK && memcmp(before, after, nb) == 0,
+          "case %zu: the refused load changed the optimizer's state", k);
+    CHECK(memcmp(wb, wb0, sizeof wb) == 0 && memcmp(pb, pb0, sizeof pb) == 0, "case %zu: the refused load changed parameters", k);
+    CHECK(muon_step(b) == MUON_OK, "case %zu: the optimizer is still usable: %s", k, muon_error(b));
+    free(before); free(after);
+    muon_destroy(b);
+  }
+  free(blob);
+  muon_destroy(a);
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -1117,6 +1190,7 @@ int main(void) {
   test_reshard_blobs();
   test_cautious();
   test_normuon();
+  test_state_guards();
   test_dropin();
   test_orthogonality();
   return test_summary();

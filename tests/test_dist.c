@@ -429,6 +429,14 @@ static void test_validation(void) {
     TEST_CASE("validation: FLAT ranges with a gap -> MUON_ERR_SHAPE everywhere");
     f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 50);
     one_matrix_error("gap", 20, 20, &f, NULL, MUON_ERR_SHAPE, "gap");
+    TEST_CASE("validation: FLAT ranges that stop short of the end (a tail no rank holds) -> MUON_ERR_SHAPE naming the range");
+    f.levels[0] = muon_flat_range(&W.world, W.rank * 40, 40);   /* [0, 40 P) of 400, P <= 8 */
+    {
+      char want[200];
+      snprintf(want, sizeof want, "no rank holds elements [%d, 400) of its row-major flattening (row %d, col %d to row 19, col 19), its tail",
+               40 * P, 40 * P / 20, 40 * P % 20);
+      one_matrix_error("tail", 20, 20, &f, NULL, MUON_ERR_SHAPE, want);
+    }
   }
   TEST_CASE("validation: a matrix only one rank registered leaves the others' rows uncovered");
   opt = make(&cfg, NULL);
