@@ -158,6 +158,8 @@ MUON_API int muon_gloo_has_redis(void);
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -196,6 +198,23 @@ MUON_API int muon_gloo_has_redis(void);
 
 typedef std::chrono::milliseconds muon_gloo__ms;
 typedef std::chrono::steady_clock muon_gloo__clock;
+
+#if MUON_GLOO__HAVE_REDIS
+/* RedisStore with a read timeout: Gloo sets only a connect timeout, so a Redis that accepts and
+   never answers (stopped, or another service on the port) would block every command forever. */
+class muon_gloo__redis_store : public gloo::rendezvous::RedisStore {
+ public:
+  muon_gloo__redis_store(const std::string &host, int port, double timeout_s) : RedisStore(host, port) {
+    struct timeval tv;
+    tv.tv_sec = (long)timeout_s;
+    tv.tv_usec = (long)((timeout_s - (double)tv.tv_sec) * 1e6);
+    /* what hiredis' redisSetTimeout does, without linking hiredis ourselves */
+    if (setsockopt(redis_->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+        setsockopt(redis_->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0)
+      throw gloo::IoException(std::string("setting the Redis socket timeout: ") + strerror(errno));
+  }
+};
+#endif
 
 /* FileStore with its (protected) non-blocking check made reachable. */
 class muon_gloo__file_store : public gloo::rendezvous::FileStore {
@@ -742,7 +761,7 @@ MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out
         }
         sh->where = "RedisStore " + hostport;
         try {
-          sh->store = std::make_shared<gloo::rendezvous::RedisStore>(rhost, port);
+          sh->store = std::make_shared<muon_gloo__redis_store>(rhost, port, timeout_s);
         } catch (...) {
           muon_gloo__msg(err, err_size, "muon_gloo_create: cannot connect to Redis at %s: %s",
                          hostport.c_str(), muon_gloo__what(std::current_exception()).c_str());

@@ -10,12 +10,18 @@
                                                    MUON_ERR_COMM quickly, never hang or crash
      build/muonrun -n 3 build/test_gloo --stall    rank 1 sleeps past the 2 s timeout; the others
                                                    must return within the timeout + slack
-   Optional: MUON_TEST_REDIS=host:port also rendezvous through Redis.
+   Optional: MUON_TEST_REDIS=host:port also rendezvous through Redis (a world, a dead Redis at
+   MUON_TEST_REDIS_DEAD=host:port or 127.0.0.1:1, and at 44 or more ranks subgroups whose rank
+   lists are long enough to get hashed key names); tests/run_redis.sh starts a private server:
+     build/muonrun -n 44 build/test_gloo --redis  only the Redis cases
    Rank 0 prints the summary (failures of every rank included when the world still works);
    every rank exits non-zero when one of its checks failed. */
 #define _POSIX_C_SOURCE 200809L
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -242,6 +248,208 @@ static int run_stall(muon_comm *w, double timeout) {
   }
   free(members);
   return 0;
+}
+
+/* ---- RedisStore (MUON_TEST_REDIS=host:port; tests/run_redis.sh starts a private server) ------ */
+
+/* The name muon_gloo_subgroup gives a group of `n` ranks in its store keys: the list spelled out
+   ("0,1,2,3") up to 120 characters, hashed ("44:0..43#<FNV-1a>") when longer. */
+#define REDIS_LIST_SPELLED_MAX 120
+static size_t rank_list_len(const int *ranks, int n) {
+  size_t len = 0;
+  char buf[16];
+  int i;
+  for (i = 0; i < n; i++) len += (size_t)snprintf(buf, sizeof buf, "%s%d", i ? "," : "", ranks[i]);
+  return len;
+}
+
+/* Rank 0 lists the Redis keys under `pattern` (redis-cli --scan) and returns the bracketed
+   subgroup name of the first key that starts with `want` (e.g. "run/muon/0["), "" if none. */
+static int redis_group_name(const char *pattern, const char *want, char *name, size_t name_size,
+                            char *why, size_t why_size) {
+  char hostport[256], cmd[1024], line[4096];
+  const char *colon;
+  FILE *f;
+  int found = 0, keys = 0;
+  name[0] = 0;
+  snprintf(hostport, sizeof hostport, "%s", getenv("MUON_TEST_REDIS"));
+  colon = strrchr(hostport, ':');
+  if (!colon) {
+    snprintf(why, why_size, "MUON_TEST_REDIS '%s' is not host:port", hostport);
+    return 0;
+  }
+  hostport[colon - hostport] = 0;
+  snprintf(cmd, sizeof cmd, "timeout 10 redis-cli -h '%s' -p '%s' --scan --pattern '%s' 2>&1",
+           hostport, colon + 1, pattern);
+  f = popen(cmd, "r");
+  if (!f) {
+    snprintf(why, why_size, "popen(%s) failed", cmd);
+    return 0;
+  }
+  while (fgets(line, sizeof line, f)) {
+    size_t len = strlen(line);
+    keys++;
+    if (len && line[len - 1] == '\n') line[--len] = 0;
+    if (!found && !strncmp(line, want, strlen(want))) {
+      const char *s = line + strlen(want), *e = strstr(s, "]/");
+      if (e && (size_t)(e - s) < name_size) {
+        memcpy(name, s, (size_t)(e - s));
+        name[e - s] = 0;
+        found = 1;
+      }
+    }
+  }
+  if (pclose(f) != 0 && !found) {
+    snprintf(why, why_size, "'%.400s' failed (last line: %.200s)", cmd, keys ? line : "none");
+    return 0;
+  }
+  if (!found)
+    snprintf(why, why_size, "no key starts with '%.200s' among the %d keys of '%.200s'", want,
+             keys, pattern);
+  return found;
+}
+
+static void run_redis(muon_comm *w, int *members, int *got) {
+  const int me = w->rank, n = w->size;
+  /* the run's store directory name (muonrun makes a fresh one) is unique: the key prefix */
+  const char *store = getenv("MUON_STORE"), *base = store ? strrchr(store, '/') : NULL;
+  const char *dead = getenv("MUON_TEST_REDIS_DEAD");
+  char spec[512], err[512];
+  muon_gloo_desc d;
+  muon_comm r;
+  muon_status st;
+  int i, have_r = 0;
+  base = base ? base + 1 : store ? store : "muon-test";
+  if (!dead || !*dead) dead = "127.0.0.1:1"; /* tcpmux: nothing listens there */
+
+  begin("redis: a world through RedisStore");
+  if (!muon_gloo_has_redis()) {
+    CHECK(0, "MUON_TEST_REDIS is set but this build has no RedisStore");
+    return;
+  }
+  d = muon_gloo_default_desc();
+  snprintf(spec, sizeof spec, "%s/%s", getenv("MUON_TEST_REDIS"), base);
+  d.redis = spec;
+  d.hostname = "127.0.0.1";
+  d.timeout_s = 10;
+  st = muon_gloo_create(&d, &r, err, sizeof err);
+  CHECK(st == MUON_OK, "redis create: %s", err);
+  if (st == MUON_OK) {
+    have_r = 1;
+    CHECK(members_of(&r, me, got), "allgather: %s", test_comm_error(&r));
+    for (i = 0; i < n; i++) CHECK(got[i] == i, "member %d is %d", i, got[i]);
+    CHECK(alltoallv_round(&r, members, 7, &st) == 0, "alltoallv: %s", test_comm_error(&r));
+  }
+
+  begin("redis: a dead Redis (nothing listens) is MUON_ERR_BACKEND naming it, within the timeout");
+  {
+    muon_comm x;
+    double t0, dt;
+    d = muon_gloo_default_desc();
+    d.rank = 0;
+    d.size = 2;
+    d.redis = dead;
+    d.hostname = "127.0.0.1";
+    d.timeout_s = 2;
+    t0 = now_s();
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    dt = now_s() - t0;
+    CHECK(st == MUON_ERR_BACKEND, "dead Redis %s: %s: %s", dead, test_status_name(st), err);
+    CHECK(strstr(err, "Redis") && strstr(err, dead), "the message names neither Redis nor %s: %s",
+          dead, err);
+    CHECK(dt < d.timeout_s + 3.0, "took %.3f s with a %.1f s timeout", dt, d.timeout_s);
+    CHECK(x.vt == NULL && x.ctx == NULL, "out not cleared on failure");
+    if (me == 0)
+      printf("dead Redis %s: %s after %.3f s: %s\n", dead, test_status_name(st), dt, err);
+    if (st == MUON_OK) test_comm_destroy(&x);
+  }
+
+  begin("redis: a Redis that accepts and never answers is an error within the timeout, not a hang");
+  {   /* a listening socket nobody reads: the connection succeeds, every command waits */
+    muon_comm x;
+    double t0, dt;
+    char spec[64];
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 16) == 0 &&
+          getsockname(s, (struct sockaddr *)&a, &len) == 0, "a listening socket");
+    snprintf(spec, sizeof spec, "127.0.0.1:%d", ntohs(a.sin_port));
+    d = muon_gloo_default_desc();
+    d.rank = 0;
+    d.size = 2;
+    d.redis = spec;
+    d.hostname = "127.0.0.1";
+    d.timeout_s = 2;
+    t0 = now_s();
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    dt = now_s() - t0;
+    CHECK(st == MUON_ERR_TIMEOUT || st == MUON_ERR_BACKEND || st == MUON_ERR_COMM, "silent Redis %s: %s: %s", spec, test_status_name(st), err);
+    CHECK(strstr(err, spec) != NULL, "the message does not name %s: %s", spec, err);
+    CHECK(dt < d.timeout_s + 3.0, "took %.3f s with a %.1f s timeout", dt, d.timeout_s);
+    if (me == 0) printf("silent Redis %s: %s after %.3f s\n", spec, test_status_name(st), dt);
+    if (st == MUON_OK) test_comm_destroy(&x);
+    if (s >= 0) close(s);
+  }
+
+  /* two lists of every rank with the same length, first and last rank: only the hash differs */
+  if (rank_list_len(members, n) > REDIS_LIST_SPELLED_MAX) {
+    int *swapped = (int *)malloc((size_t)n * sizeof(int));
+    const int *lists[2];
+    muon_comm g[2];
+    char names[2][256], want[600], pattern[600], why[1200];
+    int k;
+    begin("redis: subgroups with long rank lists (hashed names): exchange, distinct short names");
+    CHECK(have_r, "no world through Redis to split");
+    for (i = 0; i < n; i++) swapped[i] = i;
+    swapped[1] = 2;
+    swapped[2] = 1;
+    lists[0] = members;
+    lists[1] = swapped;
+    for (k = 0; k < 2 && have_r; k++) {
+      int pos = -1;
+      for (i = 0; i < n; i++)
+        if (lists[k][i] == me) pos = i;
+      st = muon_gloo_subgroup(&r, lists[k], n, &g[k], err, sizeof err);
+      CHECK(st == MUON_OK, "subgroup %d: %s", k, err);
+      if (st != MUON_OK) continue;
+      CHECK(g[k].rank == pos && g[k].size == n, "subgroup %d: rank %d size %d, want %d %d", k,
+            g[k].rank, g[k].size, pos, n);
+      CHECK(members_of(&g[k], me, got), "subgroup %d allgather: %s", k, test_comm_error(&g[k]));
+      for (i = 0; i < n; i++)
+        CHECK(got[i] == lists[k][i], "subgroup %d: member %d is %d, want %d", k, i, got[i],
+              lists[k][i]);
+      CHECK(alltoallv_round(&g[k], lists[k], 11 + k, &st) == 0, "subgroup %d alltoallv: %s", k,
+            test_comm_error(&g[k]));
+    }
+    /* every rank has set its keys of both groups (rank 0 exchanged with all in each) */
+    if (me == 0 && have_r) {
+      char head[64];
+      snprintf(head, sizeof head, "%d:%d..%d#", n, 0, n - 1);
+      snprintf(pattern, sizeof pattern, "%s/muon/*", base);
+      for (k = 0; k < 2; k++) {
+        snprintf(want, sizeof want, "%s/muon/%d[", base, k); /* the k-th subgroup of r */
+        CHECK(redis_group_name(pattern, want, names[k], sizeof names[k], why, sizeof why),
+              "subgroup %d: %s", k, why);
+        CHECK(!strncmp(names[k], head, strlen(head)) && strlen(names[k]) > strlen(head) &&
+              strlen(names[k]) < 64, "subgroup %d: key name '[%s]' is not the hashed '%s<hash>'",
+              k, names[k], head);
+        printf("redis: subgroup %d of %d ranks (list of %zu characters) has keys '%s%s]/*'\n", k,
+               n, rank_list_len(lists[k], n), want, names[k]);
+      }
+      CHECK(strcmp(names[0], names[1]) != 0, "two different lists got the same name '%s'",
+            names[0]);
+    }
+    for (k = 0; k < 2 && have_r; k++) test_comm_destroy(&g[k]);
+    free(swapped);
+  } else if (me == 0) {
+    printf("redis: hashed subgroup names need a rank list over %d characters (44 ranks); "
+           "tests/run_redis.sh runs test_gloo --redis on 44\n", REDIS_LIST_SPELLED_MAX);
+  }
+  if (have_r) test_comm_destroy(&r);
 }
 
 /* ---- the normal run --------------------------------------------------------------------------- */
@@ -544,30 +752,7 @@ static void run_normal(muon_comm *w) {
     CHECK(st == MUON_ERR_ARG, "NULL desc");
   }
 
-  if (getenv("MUON_TEST_REDIS") && *getenv("MUON_TEST_REDIS")) {
-    begin("redis: a world through RedisStore");
-    if (!muon_gloo_has_redis()) {
-      CHECK(0, "MUON_TEST_REDIS is set but this build has no RedisStore");
-    } else {
-      /* the run's store directory name is unique per run: use it as the key prefix */
-      char spec[512];
-      const char *store = getenv("MUON_STORE"), *base = strrchr(store, '/');
-      muon_gloo_desc d = muon_gloo_default_desc();
-      muon_comm r;
-      snprintf(spec, sizeof spec, "%s/%s", getenv("MUON_TEST_REDIS"), base ? base + 1 : store);
-      d.redis = spec;
-      d.hostname = "127.0.0.1";
-      d.timeout_s = 10;
-      st = muon_gloo_create(&d, &r, err, sizeof err);
-      CHECK(st == MUON_OK, "redis create: %s", err);
-      if (st == MUON_OK) {
-        CHECK(members_of(&r, me, got), "allgather: %s", test_comm_error(&r));
-        for (i = 0; i < n; i++) CHECK(got[i] == i, "member %d is %d", i, got[i]);
-        CHECK(alltoallv_round(&r, members, 7, &st) == 0, "alltoallv: %s", test_comm_error(&r));
-        test_comm_destroy(&r);
-      }
-    }
-  }
+  if (getenv("MUON_TEST_REDIS") && *getenv("MUON_TEST_REDIS")) run_redis(w, members, got);
   free(members);
   free(got);
 }
@@ -577,15 +762,21 @@ int main(int argc, char **argv) {
   muon_comm world;
   char err[512];
   muon_status st;
-  int die = 0, stall = 0, i, me, n, fail;
+  int die = 0, stall = 0, redis = 0, i, me, n, fail;
   double t0 = now_s(), stall_timeout = 2.0;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--die")) die = 1;
     else if (!strcmp(argv[i], "--stall")) stall = 1;
+    else if (!strcmp(argv[i], "--redis")) redis = 1;
     else {
-      fprintf(stderr, "usage: muonrun -n N %s [--die | --stall]\n", argv[0]);
+      fprintf(stderr, "usage: muonrun -n N %s [--die | --stall | --redis]\n", argv[0]);
       return 2;
     }
+  }
+  if (redis && !(getenv("MUON_TEST_REDIS") && *getenv("MUON_TEST_REDIS"))) {
+    fprintf(stderr, "%s: --redis needs MUON_TEST_REDIS=host:port (see tests/run_redis.sh)\n",
+            argv[0]);
+    return 2;
   }
   if (!getenv("MUON_RANK") || !getenv("MUON_WORLD_SIZE")) {
     fprintf(stderr, "%s: start me with muonrun -n N\n", argv[0]);
@@ -605,6 +796,13 @@ int main(int argc, char **argv) {
     run_die(&world);
   } else if (stall) {
     run_stall(&world, stall_timeout);
+  } else if (redis) {
+    int *members = (int *)malloc((size_t)world.size * sizeof(int));
+    int *got = (int *)malloc((size_t)world.size * sizeof(int));
+    for (i = 0; i < world.size; i++) members[i] = i;
+    run_redis(&world, members, got);
+    free(members);
+    free(got);
   } else {
     run_normal(&world);
   }
@@ -635,7 +833,7 @@ int main(int argc, char **argv) {
   }
   if (me == 0) {
     printf("rank 0: %d ranks, %.2f s%s\n", n, now_s() - t0,
-           die ? " (--die)" : stall ? " (--stall)" : "");
+           die ? " (--die)" : stall ? " (--stall)" : redis ? " (--redis)" : "");
     fail = test_summary();
   } else {
     fail = test__failed ? 1 : 0;
