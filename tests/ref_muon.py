@@ -452,9 +452,14 @@ class StepCase:
 
 
 def write_ns_case(path, name, seed, rows, cols, steps=5, preset=0, precision=0, eps=1e-7, scale=1.0, zero=False,
-                  algorithm=0, restarts=4):
+                  algorithm=0, restarts=4, cond=None):
     rng = np.random.default_rng(seed)
     X = np.zeros((rows, cols)) if zero else f32(rng.standard_normal((rows, cols)) * scale)
+    if cond:   # singular values spread log-evenly over [1/cond, 1]: U diag(s) V^T
+        k = min(rows, cols)
+        U, _ = np.linalg.qr(rng.standard_normal((rows, k)))
+        V, _ = np.linalg.qr(rng.standard_normal((cols, k)))
+        X = f32((U * np.logspace(0, -np.log10(cond), k)) @ V.T)
     if algorithm == 1:
         O = gram_newton_schulz(X, steps, preset, f32(eps), precision == 1, restarts)
     else:
@@ -463,6 +468,8 @@ def write_ns_case(path, name, seed, rows, cols, steps=5, preset=0, precision=0, 
     w.line("muon-ns 1")
     w.line("name " + name)
     w.line("ns %d %d %d %d %d %r %d %d" % (rows, cols, steps, preset, precision, f32(eps), algorithm, restarts))
+    if cond:   # NS lifts the small singular values ~1e4-fold, and fp32's rounding with them: 4.1e-5
+        w.line("tol 2e-4")   # measured; Polar Express's safety factor misplaced on the last triple: 2.9e-3
     w.arr("ns_in", 0, X)
     w.arr("ns_out", 0, O)
     if algorithm == 1:
@@ -744,6 +751,10 @@ def ns_cases():
     C.append(dict(name="NS quintic 3 steps 50x30", seed=113, rows=50, cols=30, steps=3))
     C.append(dict(name="NS Polar Express 5 steps 48x80", seed=114, rows=48, cols=80, preset=1))
     C.append(dict(name="NS Polar Express 10 steps 80x48", seed=115, rows=80, cols=48, preset=1, steps=10))
+    # Ill-conditioned (singular values 1 .. 1e-4): the small ones climb through every iteration,
+    # so a wrong triple at iteration 9 or later (e.g. the safety factor on the last one) shows.
+    C.append(dict(name="NS Polar Express 10 steps 60x40, condition 1e4", seed=119, rows=60, cols=40, preset=1, steps=10,
+                  cond=1e4))
     C.append(dict(name="NS bf16 quintic 64x96", seed=116, rows=64, cols=96, precision=1))
     C.append(dict(name="NS bf16 quintic 96x64", seed=117, rows=96, cols=64, precision=1))
     C.append(dict(name="NS bf16 Polar Express 33x33", seed=118, rows=33, cols=33, precision=1, preset=1))

@@ -275,7 +275,7 @@ static void test_owners(void) {
   muon_dist_config cfg;
   muon_optimizer *opt;
   tmat t[6];
-  int sizes[6][2] = { { 16, 16 }, { 96, 64 }, { 8, 8 }, { 128, 64 }, { 12, 20 }, { 24, 24 } }, i, g, o1 = -1, o2 = -1;
+  int sizes[6][2] = { { 16, 16 }, { 96, 64 }, { 8, 8 }, { 128, 64 }, { 12, 20 }, { 24, 24 } }, i, g, o1 = -1, o2 = -1, rr;
   memset(&ad, 0, sizeof ad);
   ad.fsdp = &W.world;
   cfg = muon_auto_config(&ad);
@@ -303,8 +303,50 @@ static void test_owners(void) {
   if (W.size > 1) CHECK(o1 != o2 && o1 >= 0 && o2 >= 0, "largest on %d, second on %d", o1, o2);
   CHECK(sum_all(muon_owned(opt, NULL, 0)) == 6, "owned counts do not sum to 6");
   CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
-  for (i = 0; i < 6; i++) tmat_free(&t[i]);
   muon_destroy(opt);
+
+  /* Exactly where owners land, from the policies' definitions (DESIGN 3.4), computed here: the
+     holders of a row shard are the ranks with a non-empty torch.chunk of rows. Balanced: the
+     matrices by NS cost 4 m^2 n + 2 m^3 (m <= n), largest first, each to its least-loaded holder
+     (the lowest rank on a tie). Round-robin: global g to its holders[g % holders]. */
+  for (rr = 0; rr < 2; rr++) {
+    double load[64] = {0};
+    int want[6], done[6] = {0}, k, bad = 0;
+    ad.round_robin = rr;
+    cfg = muon_auto_config(&ad);
+    TEST_CASE(rr ? "owners, round-robin: global g on its holders[g % holders], exactly" : "owners, balanced: largest NS cost first, each on its least-loaded holder (lowest rank on ties), exactly");
+    opt = make(&cfg, NULL);
+    for (i = 0; i < 6; i++) tmat_add(opt, &t[i]);
+    CHECK(muon_plan(opt) == MUON_OK, "plan: %s", muon_error(opt));
+    for (k = 0; k < 6; k++) {   /* balanced: pick the costliest not yet placed */
+      int best = -1, r, chunk, lo = -1;
+      double cb = -1;
+      for (i = 0; i < 6; i++) {
+        double m = sizes[i][0] < sizes[i][1] ? sizes[i][0] : sizes[i][1], n = sizes[i][0] < sizes[i][1] ? sizes[i][1] : sizes[i][0];
+        double c = 4 * m * m * n + 2 * m * m * m;
+        if (!done[i] && c > cb) { cb = c; best = i; }
+      }
+      chunk = (sizes[best][0] + W.size - 1) / W.size;
+      for (r = 0; r < W.size && r * chunk < sizes[best][0]; r++) if (lo < 0 || load[r] < load[lo]) lo = r;
+      want[best] = lo;
+      load[lo] += cb;
+      done[best] = 1;
+    }
+    for (g = 0; g < muon_global_count(opt); g++) {
+      muon_matrix_info info;
+      int owner, chunk, holders;
+      muon_global_info(opt, g, &info, &owner);
+      i = info.name[3] - '0';
+      chunk = (info.rows + W.size - 1) / W.size;
+      holders = (info.rows + chunk - 1) / chunk;
+      if (rr) want[i] = g % holders;
+      if (owner != want[i]) { bad++; printf("  rank %d: '%s' (global %d) owned by rank %d, expected %d\n", W.rank, info.name, g, owner, want[i]); }
+    }
+    CHECK(bad == 0, "%d owners differ from the policy", bad);
+    CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+    muon_destroy(opt);
+  }
+  for (i = 0; i < 6; i++) tmat_free(&t[i]);
 }
 
 /* ---- memory: rounds bound what a rank gathers; the result does not depend on the rounds ------ */

@@ -5,7 +5,8 @@
    For every case of build/golden/ns.list (format: the doc string of tests/ref_muon.py), and for
    hp.symmetric = 0 and 1 and every GEMM path compiled in (MUON_GEMM_AUTO and MUON_GEMM_BUILTIN;
    plus MUON_GEMM_CBLAS when built with -DMUON_USE_CBLAS ... -lopenblas):
-   - fp32: max |out - ref| / max |ref| <= 1e-5;
+   - fp32: max |out - ref| / max |ref| <= 1e-5 (or the case's own "tol" line: an ill-conditioned
+     input amplifies fp32 rounding, 2e-4 there);
      bf16: <= 4e-2 (observed worst 1.25e-2; numpy simulations of fp32-accumulating bf16 NS reach
      2.1e-2: a bf16 ulp is 2^-8 = 3.9e-3 and the C side accumulates in fp32 where the reference
      accumulates in float64, so now and then a rounding lands on the other side and NS spreads
@@ -94,6 +95,7 @@ typedef struct ns_case {
   int rows, cols, steps, preset, precision, algorithm;
   unsigned restarts;
   double eps;
+  double tol;                /* 0, or the case's own fp32 bound ("tol" line) */
   float *in;
   double *out;
   double *polar;             /* Gram cases: the exact polar factor */
@@ -119,7 +121,7 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
   float *out2 = (float *)xcalloc(n, sizeof(float));
   float *inplace = (float *)xcalloc(n, sizeof(float));
   float *in = (float *)xcalloc(n, sizeof(float));
-  double tol = c->precision ? NS_BF16_TOL : c->algorithm == 1 ? NS_GRAM_FP32_TOL : NS_FP32_TOL, worst = 0;
+  double tol = c->tol > 0 ? c->tol : c->precision ? NS_BF16_TOL : c->algorithm == 1 ? NS_GRAM_FP32_TOL : NS_FP32_TOL, worst = 0;
   int sym;
   snprintf(title, sizeof title, "ns: %s [gemm %s, symmetric 0 and 1; %s within %g of max |ref|]", c->name,
            gemm_name(gemm), c->precision ? "bf16" : "fp32", tol);
@@ -219,6 +221,7 @@ static void run_case(const char *path) {
       n = (size_t)c.rows * (size_t)c.cols;
       c.in = (float *)xcalloc(n, sizeof(float));
       c.out = (double *)xcalloc(n, sizeof(double));
+    } else if (sscanf(line, "tol %lf", &c.tol) == 1) {   /* a case's own bound, with its reason in ref_muon.py */
     } else if (sscanf(line, "arr %31s %d %lu", kind, &e, &cnt) == 3 && c.in && cnt == n) {
       if (strcmp(kind, "ns_in") == 0) {
         double *tmp = (double *)xcalloc(n, sizeof(double));

@@ -20,16 +20,18 @@ static float u2f(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return x; }
 static float bf2f(uint16_t h) { return u2f((uint32_t)h << 16); }
 
 /* Round to nearest bf16, ties to even, by comparing the distances to the two bf16 values around
-   x in double (exact: both differences are of floats in neighbouring binades). Returns the bits. */
+   x in long double (exact: both differences are of floats in neighbouring binades; x87 long
+   double keeps subnormal floats where -Ofast's flush-to-zero would zero them in double).
+   Returns the bits. */
 static uint16_t ref_bf16(float x) {
   uint32_t u = f2u(x), lo = u & 0xffff0000u, hi;
-  double ax, dlo, dhi;
+  long double ax, dlo, dhi;
   if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0x007fffffu) ? 0x40u : 0u));
   if (lo == u) return (uint16_t)(u >> 16);
   hi = lo + 0x10000u;                       /* the next bf16 away from zero (maybe Inf) */
-  ax = fabs((double)x);
-  dlo = fabs((double)u2f(lo));
-  dhi = (hi & 0x7f800000u) == 0x7f800000u ? ldexp(1.0, 128) : fabs((double)u2f(hi));
+  ax = fabsl((long double)x);
+  dlo = fabsl((long double)u2f(lo));
+  dhi = (hi & 0x7f800000u) == 0x7f800000u ? ldexpl(1.0L, 128) : fabsl((long double)u2f(hi));
   if (ax - dlo < dhi - ax) return (uint16_t)(lo >> 16);
   if (ax - dlo > dhi - ax) return (uint16_t)(hi >> 16);
   return (uint16_t)(((lo >> 16) & 1u) ? hi >> 16 : lo >> 16);
@@ -1054,7 +1056,45 @@ static void test_fault_backend(void) {
   }
 }
 
+/* Rounding to bf16 against its definition (ref_bf16: the nearer of the two bf16 values around x
+   by exact distance, ties to the even one, Inf past the largest, NaN stays NaN), bit for bit:
+   every one of the 65536 upper halves with the lower halves that decide - 0, 1, just below, at
+   and just above the tie, all ones - so every binade, both signs, subnormals, the largest
+   finite values, Inf and every NaN payload class. muon__bf16 (the kernels' function) and the CPU
+   backend's cast slot alike. */
+static void test_bf16_definition(void) {
+  static const uint32_t low[] = { 0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu, 0x4000u, 0xc000u };
+  muon_compute cpu = muon_compute_cpu();
+  static float in[65536 * 8];
+  static uint16_t out[65536 * 8];
+  size_t k, n = 0, bad_fn = 0, bad_cast = 0, ties = 0, nans = 0;
+  TEST_CASE("bf16 rounding, bit for bit against its definition: 524288 values (every upper half x deciding lower halves)");
+  for (k = 0; k < 65536; k++) {
+    size_t j;
+    for (j = 0; j < sizeof low / sizeof low[0]; j++) in[n++] = u2f((uint32_t)k << 16 | low[j]);
+  }
+  CHECK(cpu.vt->cast(cpu.ctx, out, MUON_DTYPE_BF16, in, MUON_DTYPE_FP32, n) == MUON_OK, "cast");
+  for (k = 0; k < n; k++) {
+    uint16_t want = ref_bf16(in[k]), got = (uint16_t)(f2u(muon__bf16(in[k])) >> 16);
+    int nan = (want & 0x7f80u) == 0x7f80u && (want & 0x7fu);
+    nans += nan;
+    ties += (f2u(in[k]) & 0xffffu) == 0x8000u;
+    /* a NaN must stay a NaN of the same sign; its payload is free */
+    if (nan ? !((got & 0x7f80u) == 0x7f80u && (got & 0x7fu) && (got >> 15) == (want >> 15)) : got != want) {
+      if (bad_fn++ < 4) printf("  muon__bf16(0x%08x) = 0x%04x, the definition 0x%04x\n", (unsigned)f2u(in[k]), got, want);
+    }
+    got = out[k];
+    if (nan ? !((got & 0x7f80u) == 0x7f80u && (got & 0x7fu) && (got >> 15) == (want >> 15)) : got != want) {
+      if (bad_cast++ < 4) printf("  cast(0x%08x) = 0x%04x, the definition 0x%04x\n", (unsigned)f2u(in[k]), got, want);
+    }
+  }
+  printf("  %zu values, %zu exact ties, %zu NaNs\n", n, ties, nans);
+  CHECK(bad_fn == 0, "muon__bf16 differs from round-to-nearest-even on %zu values", bad_fn);
+  CHECK(bad_cast == 0, "the CPU cast slot differs from round-to-nearest-even on %zu values", bad_cast);
+}
+
 int main(void) {
+  test_bf16_definition();
   test_bf16_grads();
   test_grad_scale();
   test_mirror_nearest();
