@@ -228,6 +228,13 @@ static int run_stall(muon_comm *w, double timeout) {
   for (i = 0; i < w->size; i++) members[i] = i;
   begin("stall: a good round first");
   CHECK(alltoallv_round(w, members, 0, NULL) == 0, "first round failed: %s", test_comm_error(w));
+  begin("stall: a peer late by half the timeout is waited for: the round succeeds");
+  if (me == 1) sleep_s(0.5 * timeout);
+  t0 = now_s();
+  bad = alltoallv_round(w, members, 1, &st);
+  dt = now_s() - t0;
+  CHECK(bad == 0, "a round with a peer 0.5 x timeout late failed: %s (%s)", test_status_name(st), test_comm_error(w));
+  if (me != 1) CHECK(dt > 0.4 * timeout, "rank %d did not wait for the late peer (%.3f s)", me, dt);
   if (me == 1) sleep_s(2 * timeout);
   begin("stall: the others time out within the timeout + slack");
   t0 = now_s();
@@ -237,6 +244,7 @@ static int run_stall(muon_comm *w, double timeout) {
     CHECK(bad == -1 && (st == MUON_ERR_TIMEOUT || st == MUON_ERR_COMM),
           "alltoallv with a stalled peer: %s (%s)", test_status_name(st), test_comm_error(w));
     CHECK(dt < timeout + 1.5, "took %.3f s with a %.1f s timeout", dt, timeout);
+    CHECK(dt > 0.9 * timeout, "gave up after %.3f s, long before the %.1f s timeout", dt, timeout);
     printf("rank %d: stalled peer: returned after %.3f s (timeout %.1f s): %s: %s\n", me, dt,
            timeout, test_status_name(st), test_comm_error(w));
   } else {
@@ -245,6 +253,18 @@ static int run_stall(muon_comm *w, double timeout) {
     CHECK(dt < timeout + 1.5, "the late rank took %.3f s", dt);
     printf("rank %d (the late one): returned after %.3f s: %s: %s\n", me, dt,
            test_status_name(st), test_comm_error(w));
+  }
+  begin("stall: the communicator stays broken: the next call fails at once with the same status and message");
+  {
+    char first[600];
+    muon_status st2 = MUON_OK;
+    snprintf(first, sizeof first, "%s", test_comm_error(w));
+    t0 = now_s();
+    bad = alltoallv_round(w, members, 2, &st2);
+    dt = now_s() - t0;
+    CHECK(bad == -1 && st2 == st, "after the failure: %s, the failure was %s", test_status_name(st2), test_status_name(st));
+    CHECK(dt < 0.5, "the call on a broken communicator took %.3f s", dt);
+    CHECK(strcmp(first, test_comm_error(w)) == 0, "the message changed: '%s' then '%s'", first, test_comm_error(w));
   }
   free(members);
   return 0;
