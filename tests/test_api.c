@@ -1218,6 +1218,88 @@ static void test_adamw_resume_absent(void) {
   muon_destroy(a); muon_destroy(b); muon_destroy(c);
 }
 
+/* SQLite-style: the k-th allocation fails, for k = 0, 1, ... through create, registration, the
+   planning step, a second step, state save and load (NorMuon on, so its second moments are
+   allocated too). Every failure is MUON_ERR_NOMEM with a message; a failed step or load leaves
+   parameters and state bitwise as they were; the same call retried succeeds (the allocator
+   fails once), and the run then ends bitwise where a run without failures ends; nothing leaks. */
+static int sweep_run(model *m, int fail_at, unsigned char *blob, size_t cap, size_t *blob_n, int *sites, int *bad) {
+  fail_alloc fa = { 0, 0, 0 };
+  muon_desc d = muon_default_desc();
+  muon_optimizer *opt = NULL;
+  static model snap;
+  static unsigned char before[1 << 16], after[1 << 16];
+  muon_status st;
+  int call, failed = 0;
+  size_t nb = 0, na = 0;
+  fa.fail_at = fail_at;
+  d.allocator.alloc = fa_alloc;
+  d.allocator.free = fa_free;
+  d.allocator.user_data = &fa;
+  d.hparams.normuon = MUON_NORMUON_LARGER;
+  model_init(m, 7);
+  st = muon_create(&opt, &d);
+  if (st == MUON_OK) st = model_register(opt, m);
+  if (st != MUON_OK) {   /* create and registration: an error, then nothing to retry */
+    failed = 1;
+    if (st != MUON_ERR_NOMEM || !muon_error(opt)[0]) { (*bad)++; printf("  site %d: create/register gave %s\n", fail_at, muon_status_string(st)); }
+    muon_destroy(opt);
+    if (fa.live != 0) { (*bad)++; printf("  site %d: %ld blocks leaked\n", fail_at, fa.live); }
+    (*sites)++;
+    return failed;
+  }
+  for (call = 0; call < 3; call++) {
+    int attempt;
+    for (attempt = 0; attempt < 2; attempt++) {
+      if (call < 2) model_grads(m, 8u + (unsigned)call);
+      memcpy(&snap, m, sizeof snap);
+      nb = muon_state_size(opt);
+      if (nb > sizeof before || muon_state_save(opt, before, nb) != MUON_OK) { (*bad)++; printf("  site %d: snapshot failed\n", fail_at); }
+      if (call < 2) st = muon_step(opt);
+      else {
+        *blob_n = muon_state_size(opt);
+        st = *blob_n <= cap ? muon_state_save(opt, blob, *blob_n) : MUON_ERR_ARG;
+        if (st == MUON_OK) st = muon_state_load(opt, blob, *blob_n);
+      }
+      if (st == MUON_OK) break;
+      failed = 1;
+      if (st != MUON_ERR_NOMEM || !strstr(muon_error(opt), "failed")) {
+        (*bad)++; printf("  site %d, call %d: %s: %s\n", fail_at, call, muon_status_string(st), muon_error(opt));
+      }
+      na = muon_state_size(opt);
+      if (memcmp(&snap, m, sizeof snap) != 0) { (*bad)++; printf("  site %d, call %d: a failed call changed parameters\n", fail_at, call); }
+      if (na != nb || muon_state_save(opt, after, na) != MUON_OK || memcmp(before, after, nb) != 0) {
+        (*bad)++; printf("  site %d, call %d: a failed call changed the state\n", fail_at, call);
+      }
+    }
+    if (st != MUON_OK) { (*bad)++; printf("  site %d, call %d: the retry failed too: %s\n", fail_at, call, muon_error(opt)); break; }
+  }
+  muon_destroy(opt);
+  if (fa.live != 0) { (*bad)++; printf("  site %d: %ld blocks leaked\n", fail_at, fa.live); }
+  if (failed) (*sites)++;
+  return failed || fa.calls > fail_at;
+}
+
+static void test_alloc_sweep(void) {
+  static model ref, m;
+  static unsigned char blob_ref[1 << 16], blob[1 << 16];
+  size_t n_ref = 0, n = 0;
+  int k, sites = 0, bad = 0, ends_differ = 0;
+  TEST_CASE("allocation failure swept through create, registration, plan, steps, save and load (NorMuon on): NOMEM, nothing changed, the retry ends bitwise as a clean run, no leak");
+  sweep_run(&ref, -1, blob_ref, sizeof blob_ref, &n_ref, &k, &bad);   /* the clean run */
+  sites = 0;
+  for (k = 0; k < 400; k++) {
+    n = 0;
+    if (!sweep_run(&m, k, blob, sizeof blob, &n, &sites, &bad)) break;   /* k is past the last allocation */
+    /* a run that got past registration retried its failure and must end as the clean run */
+    if (n && (n != n_ref || memcmp(&m, &ref, sizeof m) != 0 || memcmp(blob, blob_ref, n) != 0)) ends_differ++;
+  }
+  printf("  allocation failure injected at %d sites in turn\n", sites);
+  CHECK(sites >= 12, "only %d allocation sites were exercised", sites);
+  CHECK(bad == 0, "%d problems (listed above)", bad);
+  CHECK(ends_differ == 0, "%d runs with a retried failure ended elsewhere than the clean run", ends_differ);
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -1237,6 +1319,7 @@ int main(void) {
   test_normuon();
   test_state_guards();
   test_adamw_resume_absent();
+  test_alloc_sweep();
   test_dropin();
   test_orthogonality();
   return test_summary();
