@@ -1475,6 +1475,7 @@ static muon__seg muon__segs(const muon__piece *p) {
 static void muon__plan_free(muon_optimizer *opt);
 static void muon__log_plan(muon_optimizer *opt);
 static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
+static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all, const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
 static size_t muon__agree_bytes(int P);
 static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes);
@@ -3655,41 +3656,42 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
   int P, me, r, i, max_local = 0, *count = NULL, moving = 0;
-  muon__entry *mine = NULL, *all = NULL;
+  long long plan_hash;
+  muon__entry *all = NULL;
   float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
   unsigned char *moved = NULL;
-  long long hello[3], *hellos = NULL;
-  unsigned long long verdict[3], *verdicts = NULL;
+  const long long *three;   /* every rank's three numbers (muon__exchange3) */
+  muon__entry *pad = NULL;
   muon_status st = MUON_OK, got;
   muon__plan_free(opt);
   P = opt->plan.P = opt->comm.size;
   me = opt->plan.me = opt->comm.rank;
   opt->error[0] = '\0';
-  /* Round 1: how many matrices each rank has (and whether it could get this far). */
-  mine = (muon__entry *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices * sizeof *mine);
-  hellos = (long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(long long));
-  verdicts = (unsigned long long *)muon__alloc(&opt->allocator, 3 * (size_t)P * sizeof(unsigned long long));
-  if (!hellos || !verdicts) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d ranks' headers failed", P); goto done; }
-  hello[0] = opt->n_matrices;
-  hello[1] = mine ? MUON_OK : MUON_ERR_NOMEM;
-  hello[2] = opt->n_adamw;
-  if ((st = muon__allgather(opt, hello, hellos, sizeof hello, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
+  /* The small exchanges below go through the buffer allocated at creation, so that a rank short
+     of memory still joins every one of them and its failure becomes everyone's. */
+  /* Round 1: how many matrices and AdamW params each rank has. */
+  if ((st = muon__exchange3(opt, opt->n_matrices, opt->n_adamw, 0, &three, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
   opt->plan.max_adamw = 0;
-  for (r = 0; r < P; r++) {
-    if (hellos[3 * r + 1] != MUON_OK) { st = muon__fail(opt, (muon_status)hellos[3 * r + 1], "muon_plan: rank %d could not prepare its matrix list", r); goto done; }
-    if (hellos[3 * r] > max_local) max_local = (int)hellos[3 * r];
-    if (hellos[3 * r + 2] > opt->plan.max_adamw) opt->plan.max_adamw = (int)hellos[3 * r + 2];
-  }
-  opt->plan.adamw_names = (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
-  if (!opt->plan.adamw_names) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the AdamW skip list failed"); goto done; }
-  /* Round 2: every rank's list, padded to the longest. */
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
-  all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all);
-  if (!count || !all || !mine) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists failed"); goto done; }
-  for (r = 0; r < P; r++) count[r] = (int)hellos[3 * r];
+  for (r = 0; r < P; r++) {
+    if (count) count[r] = (int)three[3 * r];
+    if (three[3 * r] > max_local) max_local = (int)three[3 * r];
+    if (three[3 * r + 1] > opt->plan.max_adamw) opt->plan.max_adamw = (int)three[3 * r + 1];
+  }
+  /* Round 1b: whether each rank could allocate what round 2 and the plan's lists need. */
+  opt->plan.adamw_names = (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
+  all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all + 1);
+  pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad + 1);
+  got = count && opt->plan.adamw_names && all && pad ? MUON_OK : MUON_ERR_NOMEM;
+  if ((st = muon__exchange3(opt, got, 0, 0, &three, "muon_plan: exchanging allocation verdicts")) != MUON_OK) goto done;
+  for (r = 0; r < P; r++)
+    if (three[3 * r] != MUON_OK) {
+      st = r == me ? muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists of %d ranks failed", P)
+                   : muon__fail(opt, (muon_status)three[3 * r], "muon_plan: rank %d could not allocate its matrix lists", r);
+      goto done;
+    }
+  /* Round 2: every rank's list, padded to the longest. */
   {
-    muon__entry *pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad);
-    if (!pad) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix list failed"); goto done; }
     memset(pad, 0, (size_t)max_local * sizeof *pad);
     for (i = 0; i < opt->n_matrices; i++) {
       const muon__matrix *x = &opt->matrices[i];
@@ -3708,7 +3710,6 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
     }
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
-    muon__free(&opt->allocator, pad);
     if (st != MUON_OK) goto done;
   }
   opt->plan.max_local = max_local;
@@ -3722,17 +3723,15 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       got = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d flags failed", opt->n_matrices);
     if (moved) memset(moved, 0, (size_t)opt->n_matrices + 1);
   }
-  verdict[0] = (unsigned long long)got;
-  verdict[1] = got == MUON_OK ? muon__plan_hash(&opt->plan) : 0;
-  verdict[2] = 0;
-  if ((st = muon__allgather(opt, verdict, verdicts, sizeof verdict, "muon_plan: comparing plans")) != MUON_OK) goto done;
+  plan_hash = got == MUON_OK ? (long long)muon__plan_hash(&opt->plan) : 0;
+  if ((st = muon__exchange3(opt, got, plan_hash, 0, &three, "muon_plan: comparing plans")) != MUON_OK) goto done;
   if (got != MUON_OK) { st = got; goto done; }
   for (r = 0; r < P; r++) {
-    if (verdicts[3 * r] != MUON_OK) {
-      st = muon__fail(opt, (muon_status)verdicts[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r, muon_status_string((muon_status)verdicts[3 * r]));
+    if (three[3 * r] != MUON_OK) {
+      st = muon__fail(opt, (muon_status)three[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r, muon_status_string((muon_status)three[3 * r]));
       goto done;
     }
-    if (verdicts[3 * r + 1] != verdict[1]) {
+    if (three[3 * r + 1] != plan_hash) {
       st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: ranks %d and %d computed different owners or rounds (is muon_dist_config.assign deterministic?)", me, r);
       goto done;
     }
@@ -3745,11 +3744,9 @@ done:
   if (st != MUON_OK) { muon__normuon_drop_next(opt); muon__plan_free(opt); }
   if (moving) muon__normuon_free_buffers(opt, nm_send, nm_recv);
   muon__free(&opt->allocator, moved);
-  muon__free(&opt->allocator, mine);
+  muon__free(&opt->allocator, pad);
   muon__free(&opt->allocator, all);
   muon__free(&opt->allocator, count);
-  muon__free(&opt->allocator, hellos);
-  muon__free(&opt->allocator, verdicts);
   return st;
 }
 

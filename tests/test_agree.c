@@ -966,6 +966,64 @@ static void case_order(void) {
   model_close(&b);
 }
 
+/* ==== 14. one rank out of memory while planning ==================================================
+   Rank 1's allocator fails its k-th allocation after registration, for every k that planning
+   reaches: every rank returns the same error, nothing is applied anywhere, and the step retried
+   succeeds everywhere, bitwise as a run that never failed. */
+typedef struct agree_fail { int calls, fail_at; } agree_fail;
+static void *agree_fail_alloc(size_t size, void *u) {
+  agree_fail *f = (agree_fail *)u;
+  if (f->fail_at >= 0 && f->calls++ == f->fail_at) return NULL;
+  return malloc(size);
+}
+static void agree_fail_free(void *p, void *u) { (void)u; free(p); }
+
+static void case_nomem(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg), dr = desc_for(&cfg);
+  agree_fail fa;
+  int k, sites = 0, more = 1;
+  TEST_CASE("14. rank 1 runs out of memory at each allocation of planning in turn: the same error on every rank, nothing applied, the retry equals a clean run");
+  d.hparams.normuon = dr.hparams.normuon = MUON_NORMUON_ROWS;
+  for (k = 0; more && k < 200; k++) {
+    model a, b;
+    snap s;
+    muon_status st;
+    int all[MAXP], r, same = 1, failed;
+    fa.calls = 0;
+    fa.fail_at = -1;
+    if (W.rank == 1) { d.allocator.alloc = agree_fail_alloc; d.allocator.free = agree_fail_free; d.allocator.user_data = &fa; }
+    if (!model_open(&a, &d, STD, 3) || !model_open(&b, &dr, STD, 3)) { CHECK(0, "rank %d: open", W.rank); return; }
+    fa.calls = 0;
+    fa.fail_at = k;                               /* from here on: planning's allocations */
+    snap_take(&a, &s);
+    st = muon_step(a.opt);
+    fa.fail_at = -1;
+    failed = W.rank == 1 ? fa.calls > k : 0;
+    more = !all_true(!failed);                    /* some rank failed an allocation: another k */
+    gather_int((int)st, all);
+    for (r = 0; r < W.size; r++) same &= all[r] == all[0];
+    if (more) {
+      sites++;
+      CHECK(st != MUON_OK && same, "site %d: rank %d returned %s (%s); ranks disagree or succeeded", k, W.rank, muon_status_string(st), muon_error(a.opt));
+      CHECK(W.rank != 1 || st == MUON_ERR_NOMEM, "site %d: the failing rank returned %s", k, muon_status_string(st));
+      expect_unchanged("a step where rank 1 ran out of memory", &a, &s);
+      st = muon_step(a.opt);
+      expect_all("the retried step", st, MUON_OK, a.opt);
+    } else {
+      expect_all("the step past the last site", st, MUON_OK, a.opt);
+    }
+    st = muon_step(b.opt);
+    expect_all("the clean run's step", st, MUON_OK, b.opt);
+    expect_equal("after the retry", &a, &b, 3);
+    snap_free(&s);
+    model_close(&a);
+    model_close(&b);
+  }
+  if (W.rank == 0) printf("  out of memory on rank 1 at %d planning sites in turn\n", sites);
+  CHECK(sites >= 3 || W.size < 2, "only %d sites", sites);
+}
+
 /* ==== 6c/6d. a NaN AdamW gradient on one rank ===================================================
    Every rank registers the replicated AdamW param "bias" and a ZeRO shard of "emb" (offset /
    full_size). Catches: under ERROR, a step that returns MUON_OK or applies anything; under SKIP,
@@ -1052,6 +1110,7 @@ int main(int argc, char **argv) {
   case_state_where();
   case_long_names();
   case_order();
+  case_nomem();
   if (W.rank == 0)
     printf("case 8: slowest rank returned after %.1f ms (commit vote), %.1f ms (unchecked_commit)\n", case8_worst_ms, case8_unchecked_worst_ms);
   rc = test_summary();
