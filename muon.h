@@ -4970,6 +4970,17 @@ static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int 
   return MUON_OK;
 }
 
+/* The state loaded has no v for x: x keeps none either (a zeroed one of the old length would be
+   saved for a group that may now want another, or none), and the next step re-plans, which gives
+   an owner whose group wants one a v from zero. */
+static void muon__normuon_drop(muon_optimizer *opt, muon__matrix *x) {
+  if (!x->normuon) return;
+  muon__dev_free(opt, x->normuon);
+  x->normuon = NULL;
+  x->normuon_len = 0;
+  opt->plan.ready = 0;
+}
+
 static void muon__normuon_finish_load(muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
@@ -5020,7 +5031,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       if (pass) {
         if ((st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done;
         if (m.normuon_len) st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
-        else if (x->normuon) st = muon__dev_zero(opt, x->normuon, (size_t)x->normuon_len * sizeof(float), "muon_state_load: clearing a NorMuon second moment");
+        else muon__normuon_drop(opt, x);
         if (st != MUON_OK) goto done;
         continue;
       }
@@ -5469,8 +5480,8 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     if (st == MUON_OK && R.normuon[i])
       st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i], (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
                             "muon_state_reshard: writing the state (partly loaded)");
-    else if (st == MUON_OK && x->normuon)
-      st = muon__dev_zero(opt, x->normuon, (size_t)x->normuon_len * sizeof(float), "muon_state_reshard: clearing a NorMuon second moment");
+    else if (st == MUON_OK)
+      muon__normuon_drop(opt, x);
   }
   for (i = 0; i < na && st == MUON_OK; i++) {
     muon__adamw *a = &opt->adamw[i];

@@ -1095,6 +1095,18 @@ static void test_normuon(void) {
     CHECK(muon_state_size(h) == muon_state_size(c), "turned off, the second moment is dropped");
     muon_destroy(h);
   }
+  TEST_CASE("normuon: a state saved without NorMuon, loaded over a NorMuon run, leaves no second moment behind: saved again, it loads (found by fuzzing)");
+  {
+    size_t nc = muon_state_size(c), n2;
+    unsigned char *bc = (unsigned char *)malloc(nc), *b2;
+    CHECK(muon_state_save(c, bc, nc) == MUON_OK && muon_state_load(a, bc, nc) == MUON_OK, "load the plain state: %s", muon_error(a));
+    n2 = muon_state_size(a);
+    b2 = (unsigned char *)malloc(n2);
+    CHECK(n2 == nc && muon_state_save(a, b2, n2) == MUON_OK && memcmp(b2, bc, nc) == 0, "saved again it differs (%zu vs %zu bytes)", n2, nc);
+    CHECK(muon_state_load(a, b2, n2) == MUON_OK, "and it loads: %s", muon_error(a));
+    CHECK(muon_step(a) == MUON_OK && muon_state_size(a) == nc, "a step after: %s", muon_error(a));
+    free(bc); free(b2);
+  }
   muon_destroy(a);
   muon_destroy(b);
   muon_destroy(c);
