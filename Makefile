@@ -30,7 +30,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 NVFLAGS   := -O2 -fmad=false -Xcompiler -Wall,-Wextra,-Werror
 STANDIN   := $(CUDA_INC) -DMUON_CUDA_STANDIN -DMUON_CUDA_IMPLEMENTATION -D_GNU_SOURCE -Itests/standin
 
-.PHONY: all test demo bench examples install uninstall clean deps check-headers test-cuda test-gpu bench-gpu
+.PHONY: all test demo bench examples install uninstall clean deps check-headers test-cuda test-gpu bench-gpu fuzz
 
 all: examples
 
@@ -298,7 +298,13 @@ test: deps check-headers
 	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \
 	  "$(RUN) -n 4 $(BUILD)/tp_fsdp --normuon rows --gram --quiet && echo 'tp_fsdp --normuon rows --gram: 1 passed, 0 failed'" \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
+	  "tests/run_fuzz.sh $(BUILD) replay" \
 	  $(CUDA_TESTS)
+
+# libFuzzer (clang): each target for FUZZ_SECONDS (default 60); make test replays the corpora.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/run_fuzz.sh $(BUILD) fuzz
 
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and

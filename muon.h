@@ -1124,6 +1124,7 @@ typedef struct muon__matrix {
   float *normuon;       /* backend memory, owner only: NorMuon's second moment v (normuon_len
                            floats), then room for the step's new one, committed with the rest */
   int normuon_len;
+  int normuon_fresh;    /* v is planning's zeros, never committed: not state yet (not saved) */
   float *normuon_next;  /* planning or a load: the buffer that replaces normuon once all is well */
   int normuon_next_len;
 } muon__matrix;
@@ -3525,6 +3526,7 @@ static void muon__normuon_finish(muon_optimizer *opt, const unsigned char *moved
       muon__dev_free(opt, x->normuon);
       x->normuon = x->normuon_next;
       x->normuon_len = x->normuon_next_len;
+      x->normuon_fresh = !(moved && moved[i]);
       x->normuon_next = NULL;
       x->normuon_next_len = 0;
     } else if (x->normuon && (!owner || !muon__normuon_len(&opt->groups[x->group], x->rows, x->cols))) {
@@ -4526,8 +4528,11 @@ static muon_status muon__commit(muon_optimizer *opt) {
                   "muon_step: update (the update may be partly applied)");
     if (x->normuon && x->global >= 0 && x->normuon_len == muon__normuon_len(hp, x->rows, x->cols) &&  /* as muon__normuon_apply: */
         opt->plan.globals[x->global].owner == opt->plan.me)                          /* the v staged this step */
+    {
       MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0),
                     "muon_step: NorMuon second moment (the update may be partly applied)");
+      x->normuon_fresh = 0;
+    }
   }
   for (i = 0; i < opt->n_adamw; i++) {
     muon__adamw *p = &opt->adamw[i];
@@ -4677,11 +4682,15 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
 #define MUON__ADAMW_GROUP_RECORD 24u                       /* version 3; 20 before */
 
+/* The v a blob records: none while it is planning's zeros (a failed step leaves the state as it
+   was, and a missing v starts at zero anyway). */
+static int muon__saved_normuon_len(const muon__matrix *x) { return x->normuon && !x->normuon_fresh ? x->normuon_len : 0; }
+
 static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8 + MUON__ADAMW_GROUP_RECORD * (size_t)opt->n_adamw_groups;
   int i;
   for (i = 0; i < opt->n_groups; i++) n += 4 * (16 + 3 * (size_t)opt->groups[i].ns_steps);
-  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (opt->matrices[i].size + (size_t)opt->matrices[i].normuon_len);
+  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (opt->matrices[i].size + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
   return n;
 }
@@ -4749,8 +4758,8 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put64(&p, (uint64_t)x->name_hash);
     if ((st = muon__put_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break;
     muon__put_layout(&p, &x->layout);
-    muon__put32(&p, (uint32_t)x->normuon_len);   /* NorMuon's v: its owner's, else none */
-    if (x->normuon_len) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp);
+    muon__put32(&p, (uint32_t)muon__saved_normuon_len(x));   /* NorMuon's v: its owner's, else none */
+    if (muon__saved_normuon_len(x)) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp);
   }
   for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
@@ -4992,6 +5001,7 @@ static void muon__normuon_finish_load(muon_optimizer *opt) {
     x->normuon_next = NULL;
     x->normuon_next_len = 0;
   }
+  for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].normuon_fresh = 0;   /* what is left was loaded */
 }
 
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
