@@ -3492,6 +3492,57 @@ static void muon__normuon_drop_next(muon_optimizer *opt) {
   }
 }
 
+/* Room for a v of len floats in normuon_next (planning's or a load's), uninitialised. */
+static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int len, const char *op) {
+  if (x->normuon_next && x->normuon_next_len == len) return MUON_OK;
+  muon__dev_free(opt, x->normuon_next);
+  x->normuon_next_len = 0;
+  if (!(x->normuon_next = (float *)muon__dev_alloc(opt, 2 * (size_t)len * sizeof(float))))
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the NorMuon second moment of '%s' (%d floats) failed", op, x->name, len);
+  x->normuon_next_len = len;
+  return MUON_OK;
+}
+
+/* normuon_next becomes x's v. */
+static void muon__normuon_take(muon_optimizer *opt, muon__matrix *x) {
+  muon__dev_free(opt, x->normuon);
+  x->normuon = x->normuon_next;
+  x->normuon_len = x->normuon_next_len;
+  x->normuon_next = NULL;
+  x->normuon_next_len = 0;
+}
+
+static void muon__normuon_free(muon_optimizer *opt, muon__matrix *x) {
+  muon__dev_free(opt, x->normuon);
+  x->normuon = NULL;
+  x->normuon_len = 0;
+}
+
+/* The state loaded has no v for x: x keeps none either (a zeroed one of the old length would be
+   saved for a group that may now want another, or none), and the next step re-plans, which gives
+   an owner whose group wants one a v from zero. */
+static void muon__normuon_drop(muon_optimizer *opt, muon__matrix *x) {
+  if (!x->normuon) return;
+  muon__normuon_free(opt, x);
+  opt->plan.ready = 0;
+}
+
+/* After a load: every v placed in normuon_next is taken; all that is left was loaded. */
+static void muon__normuon_finish_load(muon_optimizer *opt) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    if (opt->matrices[i].normuon_next) muon__normuon_take(opt, &opt->matrices[i]);
+    opt->matrices[i].normuon_fresh = 0;
+  }
+}
+
+/* x's v is this step's: x is registered here, this rank owns it, and its v has the length its
+   group wants (what muon__normuon_apply runs on and the commit keeps). */
+static int muon__normuon_owned(const muon_optimizer *opt, const muon__matrix *x) {
+  return x->normuon && x->global >= 0 && opt->plan.globals[x->global].owner == opt->plan.me &&
+         x->normuon_len == muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
+}
+
 /* A zeroed v for every matrix this rank owns that lacks one of the right length. */
 static muon_status muon__normuon_prepare(muon_optimizer *opt) {
   int i;
@@ -3500,10 +3551,8 @@ static muon_status muon__normuon_prepare(muon_optimizer *opt) {
     muon__matrix *x = &opt->matrices[i];
     int want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
     if (!want || x->global < 0 || opt->plan.globals[x->global].owner != opt->plan.me || (x->normuon && x->normuon_len == want)) continue;
-    x->normuon_next = (float *)muon__dev_alloc(opt, 2 * (size_t)want * sizeof(float));
-    if (!x->normuon_next) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NorMuon second moment of '%s' (%d floats) failed", x->name, want);
-    else if ((st = muon__dev_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float), "muon_plan: zeroing a NorMuon second moment")) == MUON_OK)
-      x->normuon_next_len = want;
+    if ((st = muon__normuon_room(opt, x, want, "muon_plan")) == MUON_OK)
+      st = muon__dev_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float), "muon_plan: zeroing a NorMuon second moment");
   }
   if (st != MUON_OK) muon__normuon_drop_next(opt);
   return st;
@@ -3523,16 +3572,10 @@ static void muon__normuon_finish(muon_optimizer *opt, const unsigned char *moved
                  x->name, opt->stats.steps);
         muon__log(&opt->logger, MUON_LOG_WARN, msg);
       }
-      muon__dev_free(opt, x->normuon);
-      x->normuon = x->normuon_next;
-      x->normuon_len = x->normuon_next_len;
+      muon__normuon_take(opt, x);
       x->normuon_fresh = !(moved && moved[i]);
-      x->normuon_next = NULL;
-      x->normuon_next_len = 0;
     } else if (x->normuon && (!owner || !muon__normuon_len(&opt->groups[x->group], x->rows, x->cols))) {
-      muon__dev_free(opt, x->normuon);
-      x->normuon = NULL;
-      x->normuon_len = 0;
+      muon__normuon_free(opt, x);
     }
   }
 }
@@ -4260,7 +4303,8 @@ static muon_status muon__normuon_apply(muon_optimizer *opt, const muon__global *
   const muon_hparams *hp = muon__global_hparams(opt, x);
   const muon__matrix *own = &opt->matrices[x->local];
   int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, per_column;
-  if (muon__normuon_axis(hp, x->rows, x->cols, &per_column) != own->normuon_len || !own->normuon_len) return MUON_OK;
+  if (!muon__normuon_owned(opt, own)) return MUON_OK;
+  muon__normuon_axis(hp, x->rows, x->cols, &per_column);
   MUON__BACKEND(opt, opt->compute.vt->normuon(opt->compute.ctx, operand, m, n, per_column,
                                               own->normuon, own->normuon + own->normuon_len, hp), "muon_step: NorMuon");
   return MUON_OK;
@@ -4526,9 +4570,7 @@ static muon_status muon__commit(muon_optimizer *opt) {
                   "muon_step: momentum (the update may be partly applied)");
     MUON__BACKEND(opt, opt->compute.vt->apply(opt->compute.ctx, x->size, x->param, opt->plan.stash + x->stash, &a),
                   "muon_step: update (the update may be partly applied)");
-    if (x->normuon && x->global >= 0 && x->normuon_len == muon__normuon_len(hp, x->rows, x->cols) &&  /* as muon__normuon_apply: */
-        opt->plan.globals[x->global].owner == opt->plan.me)                          /* the v staged this step */
-    {
+    if (muon__normuon_owned(opt, x)) {   /* the v staged this step */
       MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0),
                     "muon_step: NorMuon second moment (the update may be partly applied)");
       x->normuon_fresh = 0;
@@ -4966,42 +5008,6 @@ static muon_status muon__check_saved_normuon(muon_optimizer *opt, const muon__sa
   if (!muon__blob_finite(m->normuon, m->normuon_len, 1))
     return muon__fail(opt, MUON_ERR_STATE, "%s: %s's NorMuon second moment of matrix '%s' holds NaN, Inf or a negative value", op, who, x->name);
   return MUON_OK;
-}
-
-/* Room for a loaded v of len floats (normuon_next), swapped in by muon__normuon_finish_load. */
-static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int len, const char *op) {
-  if (x->normuon_next && x->normuon_next_len == len) return MUON_OK;
-  muon__dev_free(opt, x->normuon_next);
-  x->normuon_next_len = 0;
-  if (!(x->normuon_next = (float *)muon__dev_alloc(opt, 2 * (size_t)len * sizeof(float))))
-    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the NorMuon second moment of '%s' (%d floats) failed", op, x->name, len);
-  x->normuon_next_len = len;
-  return MUON_OK;
-}
-
-/* The state loaded has no v for x: x keeps none either (a zeroed one of the old length would be
-   saved for a group that may now want another, or none), and the next step re-plans, which gives
-   an owner whose group wants one a v from zero. */
-static void muon__normuon_drop(muon_optimizer *opt, muon__matrix *x) {
-  if (!x->normuon) return;
-  muon__dev_free(opt, x->normuon);
-  x->normuon = NULL;
-  x->normuon_len = 0;
-  opt->plan.ready = 0;
-}
-
-static void muon__normuon_finish_load(muon_optimizer *opt) {
-  int i;
-  for (i = 0; i < opt->n_matrices; i++) {
-    muon__matrix *x = &opt->matrices[i];
-    if (!x->normuon_next) continue;
-    muon__dev_free(opt, x->normuon);
-    x->normuon = x->normuon_next;
-    x->normuon_len = x->normuon_next_len;
-    x->normuon_next = NULL;
-    x->normuon_next_len = 0;
-  }
-  for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].normuon_fresh = 0;   /* what is left was loaded */
 }
 
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size) {
