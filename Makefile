@@ -7,6 +7,7 @@ BUILD    := build
 CWARN    := -std=c99 -Wall -Wextra -Wpedantic -Werror
 CXXWARN  := -std=c++17 -Wall -Wextra -Werror
 OPT      ?= -O2 -march=native
+O2       ?= -O2            # the fixed level of the tools, stand-ins and backend objects (coverage: -O0)
 SAN      := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
@@ -30,7 +31,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcubla
 NVFLAGS   := -O2 -fmad=false -Xcompiler -Wall,-Wextra,-Werror
 STANDIN   := $(CUDA_INC) -DMUON_CUDA_STANDIN -DMUON_CUDA_IMPLEMENTATION -D_GNU_SOURCE -Itests/standin
 
-.PHONY: all test demo bench examples install uninstall clean deps check-headers test-cuda test-gpu bench-gpu fuzz
+.PHONY: all test demo bench examples install uninstall clean deps check-headers test-cuda test-gpu bench-gpu fuzz coverage mutate
 
 all: examples
 
@@ -63,13 +64,13 @@ endif
 
 # ---- building blocks ------------------------------------------------------------------------
 $(BUILD)/muonrun: tools/muonrun.c | $(BUILD)
-	$(CC) $(CWARN) -O2 -D_POSIX_C_SOURCE=200809L $< -o $@
+	$(CC) $(CWARN) $(O2) -D_POSIX_C_SOURCE=200809L $< -o $@
 $(BUILD)/muoncmp: tools/muoncmp.c | $(BUILD)
-	$(CC) $(CWARN) -O2 $< -o $@
+	$(CC) $(CWARN) $(O2) $< -o $@
 $(BUILD)/test_muoncmp: tests/test_muoncmp.c tests/test.h | $(BUILD)
-	$(CC) $(CWARN) -O2 -D_POSIX_C_SOURCE=200809L -Itests $< -o $@
+	$(CC) $(CWARN) $(O2) -D_POSIX_C_SOURCE=200809L -Itests $< -o $@
 $(BUILD)/muon_gloo.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
-	$(CXX) $(CXXWARN) -O2 -I. -c $< -o $@
+	$(CXX) $(CXXWARN) $(O2) -I. -c $< -o $@
 $(BUILD)/muon_gloo_san.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
 	$(CXX) $(CXXWARN) $(SAN) -I. -c $< -o $@
 
@@ -91,24 +92,24 @@ $(BUILD)/cuda/muon_cuda.o: examples/muon_cuda.cu muon.h muon_cuda.h | $(BUILD)/c
 	$(NVCC) $(NVFLAGS) -I. -c $< -o $@
 # Linking proves every cudart/cuBLAS call exists with the signature used; it runs on a GPU only.
 $(BUILD)/cuda/test_cuda_slots_gpu: tests/test_cuda_slots.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/cuda
-	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. -Itests $< $(BUILD)/cuda/muon_cuda.o -o $@ $(CUDA_LIBS) -lstdc++ -lm
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. -Itests $< $(BUILD)/cuda/muon_cuda.o -o $@ $(CUDA_LIBS) -lstdc++ -lm
 $(BUILD)/cuda/standin.o: tests/standin/cuda_standin.c tests/standin/standin.h | $(BUILD)/cuda
-	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
+	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
 $(BUILD)/cuda/standin_san.o: tests/standin/cuda_standin.c tests/standin/standin.h | $(BUILD)/cuda
 	$(CC) $(CWARN) $(SAN) -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
 $(BUILD)/cuda/test_standin: tests/standin/test_standin.c $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/standin.o -o $@ -lm
+	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/test_cuda_slots: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/test_cuda: tests/test_cuda.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/test_cuda_slots_san: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin_san.o tests/test.h
 	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
 $(BUILD)/cuda/muonrun: $(BUILD)/muonrun | $(BUILD)/cuda
 	cp $< $@
 # Every strategy example with CUDA compute (on the stand-ins) and Gloo communication.
 $(addprefix $(BUILD)/cuda/,$(STRATEGIES)): $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
-	$(CC) $(CWARN) -O2 -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
+	$(CC) $(CWARN) $(O2) -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
 
 # ---- NCCL: muon_nccl.h compiled against the real nccl.h; linked against the real libnccl (to
 # prove the calls exist), and run on the stand-ins: every strategy with CUDA compute + NCCL.
@@ -116,11 +117,11 @@ NCCL_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib
 $(BUILD)/nccl: | $(BUILD)
 	@mkdir -p $(BUILD)/nccl
 $(BUILD)/nccl/muon_nccl.o: examples/muon_nccl.c muon.h muon_nccl.h | $(BUILD)/nccl
-	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. -c $< -o $@
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. -c $< -o $@
 $(BUILD)/cuda/nccl_standin.o: tests/standin/nccl_standin.c tests/standin/standin.h | $(BUILD)/cuda
-	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
+	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
 $(BUILD)/cuda/test_nccl_standin: tests/standin/test_nccl_standin.c $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) -O2 -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o -o $@ -lm -pthread
+	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o -o $@ -lm -pthread
 $(BUILD)/cuda/nccl_standin_san.o: tests/standin/nccl_standin.c tests/standin/standin.h | $(BUILD)/cuda
 	$(CC) $(CWARN) $(SAN) -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
 NCCL_STANDIN := $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o
@@ -128,31 +129,31 @@ NCCL_STANDIN := $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/nccl_standin.o $(BUILD)/
 $(BUILD)/nccl/test_nccl_san: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o tests/test.h
 	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o -o $@ -lm -pthread
 $(BUILD)/nccl/test_nccl: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN) tests/test.h
-	$(CC) $(CWARN) -O2 $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
+	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
 # Links muon_nccl.o with the real libnccl / libcudart / libcublas: runs only on a GPU (test-gpu).
 $(BUILD)/gpu/test_nccl: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
-	$(CC) $(CWARN) -O2 $(CUDA_INC) $(INC) $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
 $(BUILD)/nccl/bench_nccl: bench/bench_nccl.c muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
-	$(CC) $(CWARN) -O2 $(STANDIN) -I. $< $(NCCL_STANDIN) -o $@ -lm -pthread
+	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(NCCL_STANDIN) -o $@ -lm -pthread
 $(BUILD)/gpu/bench_nccl: bench/bench_nccl.c muon.h muon_cuda.h muon_nccl.h $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
-	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
 $(BUILD)/nccl/muonrun: $(BUILD)/muonrun | $(BUILD)/nccl
 	cp $< $@
 $(addprefix $(BUILD)/nccl/,$(STRATEGIES)): $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
-	$(CC) $(CWARN) -O2 -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
+	$(CC) $(CWARN) $(O2) -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
 
 # ---- on a real GPU: the same suites linked against nvcc's object and the real libraries -------
 GPU_LINK := $(BUILD)/cuda/muon_cuda.o $(CUDA_LIBS) -lstdc++
 $(BUILD)/gpu: | $(BUILD)
 	@mkdir -p $(BUILD)/gpu
 $(BUILD)/gpu/test_cuda_slots: tests/test_cuda_slots.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
-	$(CC) $(CWARN) -O2 $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
 $(BUILD)/gpu/test_cuda: tests/test_cuda.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
-	$(CC) $(CWARN) -O2 $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
 $(BUILD)/gpu/muonrun: $(BUILD)/muonrun | $(BUILD)/gpu
 	cp $< $@
 $(addprefix $(BUILD)/gpu/,$(STRATEGIES)): $(BUILD)/gpu/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/muon_cuda.o
-	$(CC) $(CWARN) -O2 -DEX_CUDA $(CUDA_INC) $(INC) $< $(BUILD)/muon_gloo.o $(GPU_LINK) -o $@ $(GLOO_LIBS)
+	$(CC) $(CWARN) $(O2) -DEX_CUDA $(CUDA_INC) $(INC) $< $(BUILD)/muon_gloo.o $(GPU_LINK) -o $@ $(GLOO_LIBS)
 
 # World size 1, and several Gloo ranks sharing the one GPU; compute-sanitizer where installed.
 SANITIZER ?= $(CUDA_HOME)/bin/compute-sanitizer
@@ -167,9 +168,9 @@ test-gpu: $(addprefix $(BUILD)/gpu/,test_cuda_slots test_cuda test_nccl muonrun 
 # is importable by TORCH_PYTHON) torch.optim.Muon, memory held: see bench/README.md.
 TORCH_PYTHON ?= python3
 $(BUILD)/gpu/bench_gpu: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
-	$(CC) $(CWARN) -O2 $(CUDA_INC) -I. $< $(GPU_LINK) -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. $< $(GPU_LINK) -o $@ -lm
 $(BUILD)/cuda/bench_gpu_standin: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
-	$(CC) $(CWARN) -O2 $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
+	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
 # The distributed step over NCCL on 1, 2, 4, 8 GPUs of this node (up to NGPU), each against the
 # one-GPU time measured first in the same run.
 NGPU ?= 1
@@ -305,6 +306,30 @@ test: deps check-headers
 FUZZ_SECONDS ?= 60
 fuzz:
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) tests/run_fuzz.sh $(BUILD) fuzz
+
+# ---- coverage: the whole `make test` suite built with gcov in its own build directory -------
+# Every compile gets --coverage and MUON_COVERAGE, under which ranks that _exit write their
+# counters first (test.h); OPT and O2 become -O0 so every build has the same line tables. The
+# sanitizer and -Ofast builds run too, but their counters are left out of the report: their line
+# tables differ and UBSan's checks add branches no input takes. gcovr then reports each public
+# header; the HTML is $(COV_BUILD)/html/index.html.
+COV_BUILD := $(BUILD)/cov
+coverage: deps
+	@tools/install-deps.sh gcovr
+	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)
+	@$(MAKE) --no-print-directory BUILD=$(COV_BUILD) OPT="-O0 -march=native" O2=-O0 \
+	  CC="$(CC) --coverage -DMUON_COVERAGE" CXX="$(CXX) --coverage -DMUON_COVERAGE" test \
+	  | tee $(COV_BUILD)/test.log; echo "suite: $$(tail -n 1 $(COV_BUILD)/test.log)"
+	@rm -f a-*.gcno   # check-headers' syntax-only compiles leave their notes in the working directory
+	@find $(COV_BUILD) \( -name '*_san*.gc*' -o -name '*_fast*.gc*' \) -delete
+	@tools/coverage.sh $(COV_BUILD) $(HEADERS)
+
+# ---- mutation: does the suite notice realistic one-line bugs (tests/mutants.txt)? ----------
+# Each mutant alone on a scratch copy of the tree ($(BUILD)/mutate/tree), the mutation suite of
+# tools/mutate.py until a step fails; ends with "mutation: K killed, S survived of T". Long (about
+# an hour on 2 cores); MUTANTS=id,id runs only those.
+mutate: deps
+	@$(PYTHON) tools/mutate.py --dir $(BUILD)/mutate $(if $(MUTANTS),--only $(MUTANTS))
 
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and

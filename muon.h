@@ -720,6 +720,7 @@ typedef struct muon_stats {
   long long skipped;               /* matrices skipped by successful steps (absent or non-finite) */
 } muon_stats;
 
+/* On MUON_ERR_ARG (a NULL or an index out of range) the outputs are zeroed, never left unset. */
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
 
 /* Read-only view of a matrix's momentum buffer (its local floats), in the compute backend's
@@ -4690,13 +4691,15 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
 }
 
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats) {
-  if (!opt || !stats) return MUON_ERR_ARG;
+  if (!stats) return MUON_ERR_ARG;
+  if (!opt) { memset(stats, 0, sizeof *stats); return MUON_ERR_ARG; } /* no output left unset */
   *stats = opt->stats;
   return MUON_OK;
 }
 
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size) {
-  if (!opt || !buf || !size || index < 0 || index >= opt->n_matrices) return MUON_ERR_ARG;
+  if (!buf || !size) return MUON_ERR_ARG;
+  if (!opt || index < 0 || index >= opt->n_matrices) { *buf = NULL; *size = 0; return MUON_ERR_ARG; }
   *buf = opt->matrices[index].momentum;
   *size = opt->matrices[index].size;
   return MUON_OK;

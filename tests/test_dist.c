@@ -751,7 +751,7 @@ static int fault_rank(int mode) {
   }
   printf("rank %d: parameters and momentum %s\n", w.rank, ok ? "unchanged" : "CHANGED");
   fflush(stdout);
-  _exit(ok ? 0 : 1);   /* skip Gloo teardown: its peers are gone */
+  test_exit(ok ? 0 : 1);   /* skip Gloo teardown: its peers are gone */
 }
 
 static int run_fault(const char *mode, int n) {
@@ -770,7 +770,7 @@ static int run_fault(const char *mode, int n) {
       snprintf(buf, sizeof buf, "%d", n); setenv("MUON_WORLD_SIZE", buf, 1);
       setenv("MUON_STORE", dir, 1);
       setenv("MUON_GLOO_TIMEOUT", "2", 1);
-      _exit(fault_rank(m));
+      test_exit(fault_rank(m));
     }
   }
   for (r = 0; r < n; r++) {

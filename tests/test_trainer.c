@@ -865,7 +865,7 @@ static void test_nonfinite_bf16(void) {
     unsigned char *w0 = (unsigned char *)xalloc(a.size[0] * 4), *w1 = (unsigned char *)xalloc(a.size[1] * 4), *bias = (unsigned char *)xalloc(ADAMW_SIZE * 4);
     float *m1 = (float *)xalloc(a.size[1] * 4);
     const float *mb = NULL;
-    size_t n;
+    size_t n = 0;
     run_grads(&a, 1, 1.0f, 0); run_grads(&r, 1, 1.0f, 0);
     CHECK(run_step(&a) == MUON_OK && run_step(&r) == MUON_OK, "step 1");
     run_grads(&a, 2, 1.0f, 0); run_grads(&r, 2, 1.0f, 0);
