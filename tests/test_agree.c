@@ -966,6 +966,41 @@ static void case_order(void) {
   model_close(&b);
 }
 
+/* ==== 15. a custom assign that is not deterministic across ranks ================================
+   The last rank's assign puts every owner one rank further: the plans disagree on owners only.
+   Every rank must return MUON_ERR_ASSIGN naming assign, nothing applied, for as long as it
+   disagrees; a deterministic assign again steps. */
+static int skew_of_rank;
+static muon_status skewed_assign(void *state, const muon_matrix_info *m, int n, int world_size, int *owner) {
+  int i;
+  (void)state; (void)m;
+  for (i = 0; i < n; i++) owner[i] = (i + skew_of_rank) % world_size;
+  return MUON_OK;
+}
+static void case_skewed_assign(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d;
+  model a;
+  snap s;
+  int k;
+  if (W.size < 2) return;
+  TEST_CASE("15. a custom assign that gives other owners on one rank: MUON_ERR_ASSIGN everywhere, nothing applied; deterministic again, it steps");
+  cfg.assign = skewed_assign;
+  d = desc_for(&cfg);
+  skew_of_rank = W.rank == W.size - 1 ? 1 : 0;
+  if (!model_open(&a, &d, STD, 3)) { CHECK(0, "rank %d: open", W.rank); return; }
+  for (k = 0; k < 2; k++) {
+    snap_take(&a, &s);
+    expect_all("a step with a skewed assign", muon_step(a.opt), MUON_ERR_ASSIGN, a.opt);
+    CHECK(has(muon_error(a.opt), "assign"), "rank %d: message '%s' does not name assign", W.rank, muon_error(a.opt));
+    expect_unchanged("the skewed step", &a, &s);
+    snap_free(&s);
+  }
+  skew_of_rank = 0;
+  step_both("a step with the assign deterministic again", &a, NULL);
+  model_close(&a);
+}
+
 /* ==== 14. one rank out of memory while planning ==================================================
    Rank 1's allocator fails its k-th allocation after registration, for every k that planning
    reaches: every rank returns the same error, nothing is applied anywhere, and the step retried
@@ -1112,6 +1147,7 @@ int main(int argc, char **argv) {
   case_long_names();
   case_order();
   case_nomem();
+  case_skewed_assign();
   if (W.rank == 0)
     printf("case 8: slowest rank returned after %.1f ms (commit vote), %.1f ms (unchecked_commit)\n", case8_worst_ms, case8_unchecked_worst_ms);
   rc = test_summary();

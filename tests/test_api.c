@@ -102,6 +102,11 @@ static void test_defaults(void) {
   CHECK(strcmp(muon_status_string((muon_status)99), "unknown muon_status") == 0, "unknown status");
 }
 
+static muon_status half_gather(void *state, const muon_matrix_info *m, const float *local, float *full, int owner) {
+  (void)state; (void)m; (void)local; (void)full; (void)owner;
+  return MUON_OK;
+}
+
 static void test_bad_desc(void) {
   struct { const char *what; int field; float value; const char *needle; } cases[] = {
     { "negative lr", 0, -1e-3f, "lr" },
@@ -158,6 +163,18 @@ static void test_bad_desc(void) {
     d = muon_default_desc();
     d.on_nonfinite = (muon_nonfinite)3;
     CHECK(muon_create(&opt, &d) == MUON_ERR_ARG, "on_nonfinite 3");
+    d = muon_default_desc();
+    d.rounding = (muon_rounding)9;
+    d.logger.func = capture_log;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG && strstr(last_log, "rounding"), "rounding 9: %s", last_log);
+    {
+      muon_dist_config half = muon_layout_config();
+      half.gather = half_gather;
+      d = muon_default_desc();
+      d.dist = &half;
+      d.logger.func = capture_log;
+      CHECK(muon_create(&opt, &d) == MUON_ERR_ARG && strstr(last_log, "redistribute"), "gather without redistribute: %s", last_log);
+    }
 #ifndef MUON_USE_CBLAS
     d = muon_default_desc();
     d.hparams.gemm = MUON_GEMM_CBLAS;
@@ -191,6 +208,11 @@ static void test_bad_matrix(void) {
   CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE && strstr(muon_error(opt), "overlap"), "overlapping stride: %s", muon_error(opt));
   m.count = -1; m.stride = 0;
   CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE, "count -1");
+  m.count = 2000000000; m.rows = m.cols = 65536;   /* 2e9 slices of 2^32 floats: past the address space */
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE && strstr(muon_error(opt), "too large"), "count 2e9: %s", muon_error(opt));
+  m.count = 3; m.rows = m.cols = 8; m.grad_stride = 10;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_SHAPE && strstr(muon_error(opt), "grad 10"), "overlapping grad stride: %s", muon_error(opt));
+  m.grad_stride = 0;
   m.count = 0; m.group = 1;
   CHECK(muon_add_matrix(opt, &m, NULL) == MUON_ERR_ARG && strstr(muon_error(opt), "group"), "group 1 missing: %s", muon_error(opt));
   CHECK(muon_matrix_count(opt) == 0, "no matrix was added");
@@ -208,11 +230,47 @@ static void test_bad_matrix(void) {
   CHECK(muon_set_lr(opt, 5, 1.0f) == MUON_ERR_ARG, "set_lr group 5");
   CHECK(muon_set_grad(opt, 0, g) == MUON_ERR_ARG, "set_grad of a missing matrix");
   CHECK(muon_step(NULL) == MUON_ERR_ARG, "step NULL");
+  {
+    const float *buf = w;
+    size_t n = 5;
+    muon_stats st;
+    memset(&st, 0xff, sizeof st);
+    CHECK(muon_get_momentum(opt, 7, &buf, &n) == MUON_ERR_ARG && !buf && !n, "get_momentum of a missing matrix zeroes its outputs");
+    CHECK(muon_get_stats(NULL, &st) == MUON_ERR_ARG && st.steps == 0 && st.rounds == 0, "get_stats(NULL) zeroes its output");
+  }
   CHECK(muon_newton_schulz(NULL, 2, 2, w, &hp) == MUON_ERR_ARG, "ns NULL in");
   hp = muon_default_hparams();
   CHECK(muon_newton_schulz(w, 0, 2, w, &hp) == MUON_ERR_SHAPE, "ns rows 0");
   muon_destroy(opt);
   muon_destroy(NULL);
+}
+
+/* muon_auto_config's layouts, level by level: TP along the dim asked for (per matrix), replicas
+   first, FSDP last, experts and stages keyed apart. */
+static void test_auto_layouts(void) {
+  muon_comm g = muon_comm_self();
+  int tp_dims[4] = { 0, 1, -1, 1 }, experts[4] = { -1, -1, -1, 2 }, i;
+  muon_auto_desc ad;
+  muon_dist_config c;
+  muon_layout l;
+  TEST_CASE("muon_auto_config: each matrix's levels follow tp_dim_per_matrix, experts and FSDP");
+  memset(&ad, 0, sizeof ad);
+  ad.ddp = &g; ad.tp = &g; ad.fsdp = &g; ad.ep = &g;
+  ad.tp_dim_per_matrix = tp_dims; ad.expert_of_matrix = experts;
+  c = muon_auto_config(&ad);
+  for (i = 0; i < 4; i++) {
+    int tp = experts[i] < 0 ? 2 : 1;   /* ddp, ep replica (dense only), tp, fsdp */
+    CHECK(c.layout(c.state, i, NULL, &l) == MUON_OK, "layout %d", i);
+    CHECK(l.n_levels == tp + 2, "matrix %d: %d levels", i, l.n_levels);
+    CHECK(l.levels[0].placement == MUON_REPLICATE, "matrix %d: ddp first", i);
+    if (tp_dims[i] < 0) CHECK(l.levels[tp].placement == MUON_REPLICATE, "matrix %d: tp replicated", i);
+    else CHECK(l.levels[tp].placement == MUON_SHARD && l.levels[tp].dim == tp_dims[i], "matrix %d: tp level %d dim %d, want shard dim %d", i, (int)l.levels[tp].placement, l.levels[tp].dim, tp_dims[i]);
+    CHECK(l.levels[tp + 1].placement == MUON_SHARD && l.levels[tp + 1].dim == 0, "matrix %d: fsdp shards rows", i);
+    CHECK(l.key == (experts[i] < 0 ? 0 : experts[i] + 1), "matrix %d: key %lld", i, l.key);
+  }
+  ad.tp_dim_per_matrix = NULL; ad.tp_dim = 1; ad.fsdp_flat = 1;
+  CHECK(c.layout(c.state, 0, NULL, &l) == MUON_OK && l.levels[2].placement == MUON_SHARD && l.levels[2].dim == 1 &&
+        l.levels[3].placement == MUON_FLAT, "tp_dim 1 for all, flat fsdp");
 }
 
 static void test_empty(void) {
@@ -260,6 +318,107 @@ static void test_nonfinite(void) {
   CHECK(same(m.w2, before.w2, sizeof m.w2) && same(m.e, before.e, sizeof m.e), "skipped ones changed");
   CHECK(!same(m.w1, before.w1, sizeof m.w1) && !same(m.b, before.b, sizeof m.b), "others did not change");
   CHECK(muon_get_momentum(opt, 2, &mom, &n) == MUON_OK && n == 800 && mom[5] == 0.0f, "skipped momentum untouched");
+  muon_destroy(opt);
+}
+
+/* The non-finite check reads every element: a NaN or Inf at each position in turn, first and last
+   included, fp32 and bf16 gradients, stops the step with nothing applied. */
+static void test_nonfinite_every_element(void) {
+  enum { R = 3, C = 5 };
+  float w[R * C], w0[R * C], g[R * C], b[7], b0[7], bg[7];
+  uint16_t gb[R * C], bgb[7];
+  int pos, bf16, missed = 0;
+  TEST_CASE("a non-finite gradient element at any position (first, last, between) is found, fp32 and bf16");
+  for (bf16 = 0; bf16 < 2; bf16++) {
+    muon_optimizer *opt;
+    muon_desc d = muon_default_desc();
+    muon_matrix m = muon_default_matrix();
+    muon_adamw_param p = muon_default_adamw_param();
+    for (pos = 0; pos < R * C; pos++) { w[pos] = 0.01f * (float)pos; g[pos] = 1.0f - 0.1f * (float)pos; gb[pos] = 0x3f80u; }
+    CHECK(muon_create(&opt, &d) == MUON_OK, "create");
+    m.name = "w"; m.param = w; m.rows = R; m.cols = C;
+    m.grad = bf16 ? (const void *)gb : (const void *)g;
+    m.grad_dtype = bf16 ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
+    CHECK(muon_add_matrix(opt, &m, NULL) == MUON_OK, "add");
+    for (pos = 0; pos < 7; pos++) { b[pos] = 0.5f; bg[pos] = 1.0f; bgb[pos] = 0x3f80u; }
+    p.name = "bias"; p.param = b; p.size = 7;
+    p.grad = bf16 ? (const void *)bgb : (const void *)bg;
+    p.grad_dtype = bf16 ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
+    CHECK(muon_add_adamw_param(opt, &p, NULL) == MUON_OK, "add AdamW");
+    for (pos = 0; pos < R * C; pos++) {
+      memcpy(w0, w, sizeof w);
+      if (bf16) gb[pos] = pos % 2 ? 0x7fc0u : 0xff80u; else g[pos] = pos % 2 ? NAN : -INFINITY;
+      if (muon_step(opt) != MUON_ERR_NONFINITE || !strstr(muon_error(opt), "gradient of matrix") || memcmp(w, w0, sizeof w)) missed++;
+      if (bf16) gb[pos] = 0x3f80u; else g[pos] = 1.0f;
+    }
+    for (pos = 0; pos < 7; pos++) {   /* an AdamW param: a missed element would reach the weights */
+      memcpy(w0, w, sizeof w); memcpy(b0, b, sizeof b);
+      if (bf16) bgb[pos] = 0x7fc0u; else bg[pos] = NAN;
+      if (muon_step(opt) != MUON_ERR_NONFINITE || !strstr(muon_error(opt), "AdamW") || memcmp(w, w0, sizeof w) || memcmp(b, b0, sizeof b)) missed++;
+      if (bf16) bgb[pos] = 0x3f80u; else bg[pos] = 1.0f;
+    }
+    CHECK(missed == 0, "%s: %d of %d positions not reported (or applied)", bf16 ? "bf16" : "fp32", missed, R * C + 7);
+    CHECK(muon_step(opt) == MUON_OK, "a finite gradient steps again: %s", muon_error(opt));
+    muon_destroy(opt);
+  }
+}
+
+/* A communicator that fails its N-th collective, with MUON_ERR_COMM or MUON_ERR_TIMEOUT, and
+   works again afterwards: every collective of a distributed step must be checked, its status
+   kept (a timeout stays a timeout), and nothing applied. */
+typedef struct { int calls, fail_at; muon_status fail_with; } flaky_comm;
+static muon_status flaky_fail(flaky_comm *f) {
+  return f->calls++ == f->fail_at ? f->fail_with : MUON_OK;
+}
+static muon_status flaky_alltoallv(void *ctx, const float *send, const size_t *sc, const size_t *sd, float *recv,
+                                   const size_t *rc, const size_t *rd) {
+  muon_comm self = muon_comm_self();
+  muon_status st = flaky_fail((flaky_comm *)ctx);
+  return st != MUON_OK ? st : self.vt->alltoallv(self.ctx, send, sc, sd, recv, rc, rd);
+}
+static muon_status flaky_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+  muon_comm self = muon_comm_self();
+  muon_status st = flaky_fail((flaky_comm *)ctx);
+  return st != MUON_OK ? st : self.vt->allgather(self.ctx, send, recv, bytes);
+}
+static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"; }
+
+static void test_comm_faults(void) {
+  static const muon_comm_vtable vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL };
+  static model m, before;
+  flaky_comm f = { 0, -1, MUON_OK };
+  muon_comm comm;
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = muon_default_desc();
+  muon_optimizer *opt;
+  int k, per_step, bad = 0;
+  TEST_CASE("a collective failing at any call of a step: its status (COMM or TIMEOUT), nothing applied, the next step works");
+  comm.vt = &vt; comm.ctx = &f; comm.rank = 0; comm.size = 1;
+  d.comm = &comm; d.dist = &cfg;
+  model_init(&m, 1);
+  opt = make_opt(&m, &d);
+  if (!opt) { CHECK(0, "create"); return; }
+  model_grads(&m, 2);
+  CHECK(muon_step(opt) == MUON_OK, "first step: %s", muon_error(opt));
+  k = f.calls;
+  CHECK(muon_step(opt) == MUON_OK, "second step: %s", muon_error(opt));
+  per_step = f.calls - k;
+  CHECK(per_step >= 1, "a distributed step makes %d collectives", per_step);
+  for (k = 0; k < per_step; k++) {
+    muon_status st;
+    f.fail_at = f.calls + k;
+    f.fail_with = k % 2 ? MUON_ERR_TIMEOUT : MUON_ERR_COMM;
+    before = m;
+    st = muon_step(opt);
+    if (st != f.fail_with || !strstr(muon_error(opt), "injected failure") || !same(&m, &before, sizeof m)) {
+      bad++;
+      printf("  collective %d of %d failing with %s: %s (%s)%s\n", k + 1, per_step, muon_status_string(f.fail_with),
+             muon_status_string(st), muon_error(opt), same(&m, &before, sizeof m) ? "" : "; parameters changed");
+    }
+    f.fail_at = -1;
+    if (muon_step(opt) != MUON_OK) { bad++; printf("  after failure %d the next step failed: %s\n", k + 1, muon_error(opt)); }
+  }
+  CHECK(bad == 0, "%d of %d failing collectives mishandled", bad, per_step);
   muon_destroy(opt);
 }
 
@@ -354,8 +513,8 @@ static void test_state(void) {
   CHECK(muon_state_save(ob, buf, n - 1) == MUON_ERR_ARG, "save into a short buffer");
   CHECK(muon_state_save(ob, buf, n) == MUON_OK, "save");
   {
-    const float *mom;
-    size_t mn;
+    const float *mom = NULL;
+    size_t mn = 0;
     float keep[4];
     muon_get_momentum(ob, 0, &mom, &mn);
     memcpy(keep, mom, sizeof keep);
@@ -429,8 +588,8 @@ static void test_state_matrices_only(void) {
   CHECK(muon_state_save(a, blob, n) == MUON_OK, "save: %s", muon_error(a));
   CHECK(muon_state_load(b, blob, n) == MUON_OK, "load: %s", muon_error(b));
   {
-    const float *ma, *mb;
-    size_t na, nb;
+    const float *ma = NULL, *mb = NULL;
+    size_t na = 0, nb = 0;
     muon_get_momentum(a, 0, &ma, &na);
     muon_get_momentum(b, 0, &mb, &nb);
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
@@ -787,10 +946,13 @@ static void test_reshard_blobs(void) {
   void *blob;
   const void *blobs[2];
   size_t sizes[2];
-  TEST_CASE("muon_state_reshard of one device's blob equals muon_state_load; bad arguments are MUON_ERR_ARG");
+  TEST_CASE("muon_state_reshard of one device's blob equals muon_state_load (an AdamW param one step behind); bad arguments are MUON_ERR_ARG");
   model_init(&a, 11u);
   oa = make_opt(&a, NULL);
-  run_steps(oa, &a, 0, 3);
+  run_steps(oa, &a, 0, 2);
+  CHECK(muon_set_adamw_grad(oa, 0, NULL) == MUON_OK, "absent AdamW gradient");   /* its own step count lags */
+  run_steps(oa, &a, 2, 3);
+  CHECK(muon_set_adamw_grad(oa, 0, a.gb) == MUON_OK, "AdamW gradient back");
   n = muon_state_size(oa);
   blob = malloc(n);
   CHECK(muon_state_save(oa, blob, n) == MUON_OK, "save: %s", muon_error(oa));
@@ -1316,8 +1478,11 @@ int main(void) {
   test_defaults();
   test_bad_desc();
   test_bad_matrix();
+  test_auto_layouts();
   test_empty();
   test_nonfinite();
+  test_nonfinite_every_element();
+  test_comm_faults();
   test_absent_grad();
   test_alloc_failure();
   test_state();

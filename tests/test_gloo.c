@@ -192,7 +192,7 @@ static int run_die(muon_comm *w) {
   CHECK(w->vt->barrier(w->ctx) == MUON_OK, "barrier: %s", test_comm_error(w));
   if (me == 1) {
     fflush(stdout);
-    _exit(0); /* no destroy: like a crash, the kernel closes the sockets */
+    test_exit(0); /* no destroy: like a crash, the kernel closes the sockets */
   }
   begin("die: survivors get MUON_ERR_COMM quickly");
   t0 = now_s();
@@ -770,6 +770,74 @@ static void run_normal(muon_comm *w) {
     CHECK(st == MUON_ERR_BACKEND && strstr(err, "/nonexistent/muon"), "missing dir: %s", err);
     st = muon_gloo_create(NULL, &x, err, sizeof err);
     CHECK(st == MUON_ERR_ARG, "NULL desc");
+    d = muon_gloo_default_desc();
+    d.rank = 0; d.size = 2; d.store_dir = "/tmp"; d.redis = "127.0.0.1:6379";
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "not both"), "store_dir and redis: %s", err);
+    if (muon_gloo_has_redis()) {
+      d.store_dir = NULL; d.redis = "127.0.0.1:http";
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "bad port"), "redis port: %s", err);
+      d.redis = ":6379";
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "no host"), "redis host: %s", err);
+    }
+    {
+      /* The environment's turn: a bad MUON_RANK / MUON_GLOO_TIMEOUT, each named, then restored. */
+      char *old_rank = getenv("MUON_RANK") ? strdup(getenv("MUON_RANK")) : NULL;
+      char *old_timeout = getenv("MUON_GLOO_TIMEOUT") ? strdup(getenv("MUON_GLOO_TIMEOUT")) : NULL;
+      d = muon_gloo_default_desc();
+      setenv("MUON_RANK", "two", 1);
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "MUON_RANK='two'"), "MUON_RANK=two: %s", err);
+      if (old_rank) setenv("MUON_RANK", old_rank, 1); else unsetenv("MUON_RANK");
+      d.rank = 0; d.size = 2; d.store_dir = "/tmp";
+      setenv("MUON_GLOO_TIMEOUT", "soon", 1);
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "MUON_GLOO_TIMEOUT='soon'"), "MUON_GLOO_TIMEOUT=soon: %s", err);
+      if (old_timeout) setenv("MUON_GLOO_TIMEOUT", old_timeout, 1); else unsetenv("MUON_GLOO_TIMEOUT");
+      free(old_rank);
+      free(old_timeout);
+    }
+  }
+
+  begin("collectives: bad arguments are MUON_ERR_ARG naming what is wrong; the comm still works");
+  {
+    size_t *cnt = (size_t *)calloc(4 * (size_t)n, sizeof(size_t)), *sc = cnt, *sd = cnt + n, *rc = cnt + 2 * n, *rd = cnt + 3 * n;
+    float one = 1.0f, back = 0.0f;
+    int dims0[2] = {n, 0};
+    muon_comm g;
+    st = w->vt->alltoallv(w->ctx, &one, NULL, sd, &back, rc, rd);
+    CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "NULL"), "NULL counts: %s", test_comm_error(w));
+    sc[me] = 1;
+    st = w->vt->alltoallv(w->ctx, NULL, sc, sd, &back, rc, rd);
+    CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "send is NULL"), "NULL send with a count: %s", test_comm_error(w));
+    st = w->vt->alltoallv(w->ctx, &one, sc, sd, &back, rc, rd);
+    CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "to itself"), "self send 1, receive 0: %s", test_comm_error(w));
+    sd[me] = (size_t)-1 / 2;
+    rc[me] = 1;
+    st = w->vt->alltoallv(w->ctx, &one, sc, sd, &back, rc, rd);
+    CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "too large"), "huge displacement: %s", test_comm_error(w));
+    st = w->vt->allgather(w->ctx, &one, NULL, sizeof one);
+    CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "recv is NULL"), "allgather NULL recv: %s", test_comm_error(w));
+    if (n > 1) {
+      st = w->vt->allgather(w->ctx, &one, &back, (size_t)-1 / (size_t)n + 1);   /* n times it overflows */
+      CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "overflows"), "allgather overflow: %s", test_comm_error(w));
+    }
+    st = muon_gloo_subgroup(NULL, members, 1, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "parent"), "NULL parent: %s", err);
+    dims0[0] = n + 7;
+    st = muon_gloo_subgroup(w, dims0, 1, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "not a rank"), "rank out of range: %s", err);
+    st = muon_gloo_mesh_subgroup(w, NULL, 2, 0, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "dims"), "NULL dims: %s", err);
+    st = muon_gloo_mesh_subgroup(w, dims0, 0, 0, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "ndims"), "ndims 0: %s", err);
+    dims0[0] = n; dims0[1] = 0;
+    st = muon_gloo_mesh_subgroup(w, dims0, 2, 0, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "must be >= 1"), "dims[1] = 0: %s", err);
+    free(cnt);
+    CHECK(alltoallv_round(w, members, 7, &st) == 0, "a round after the refused calls: %s", test_comm_error(w));
   }
 
   if (getenv("MUON_TEST_REDIS") && *getenv("MUON_TEST_REDIS")) run_redis(w, members, got);
