@@ -6,9 +6,12 @@ passed=0; failed=0; skipped=0
 log=$(mktemp)
 for cmd in "$@"; do
   echo "== $cmd"
+  t0=$(date +%s%N)
   sh -c "$cmd" >"$log" 2>&1
   rc=$?
+  t1=$(date +%s%N)
   cat "$log"
+  echo "== $(( (t1 - t0) / 1000000 )) ms"
   line=$(grep -E '^(\[[0-9]+\] )?([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 | sed -E 's/^\[[0-9]+\] //')
   if [ -n "$line" ]; then
     p=$(echo "$line" | sed -E 's/^([A-Za-z_-]+: )?([0-9]+) passed.*/\2/')
