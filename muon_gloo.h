@@ -246,13 +246,8 @@ class muon_gloo__store : public gloo::rendezvous::Store {
     muon_gloo__file_store *fs = dynamic_cast<muon_gloo__file_store *>(base_.get());
 #if MUON_GLOO__HAVE_REDIS
     gloo::rendezvous::RedisStore *rs = dynamic_cast<gloo::rendezvous::RedisStore *>(base_.get());
-#else
-    void *rs = NULL;
 #endif
-    if (!fs && !rs) {
-      base_->wait(full, timeout_);
-      return;
-    }
+    /* the world's store is always one of the two (muon_gloo_create) */
     const muon_gloo__clock::time_point deadline = muon_gloo__clock::now() + timeout_;
     for (;;) {
 #if MUON_GLOO__HAVE_REDIS

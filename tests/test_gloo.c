@@ -799,6 +799,38 @@ static void run_normal(muon_comm *w) {
       free(old_rank);
       free(old_timeout);
     }
+    {
+      /* No launcher variables at all, then no rendezvous named anywhere, then MUON_REDIS from
+         the environment: each a clear MUON_ERR_ARG. Every variable is restored after. */
+      static const char *const names[] = {"MUON_RANK", "MUON_WORLD_SIZE", "RANK", "WORLD_SIZE",
+                                          "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                          "MUON_STORE", "MUON_REDIS"};
+      char *old[8];
+      int k;
+      for (k = 0; k < 8; k++) {
+        old[k] = getenv(names[k]) ? strdup(getenv(names[k])) : NULL;
+        unsetenv(names[k]);
+      }
+      d = muon_gloo_default_desc();
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "rank is -1") && strstr(err, "none of MUON_RANK"), "no launcher: %s", err);
+      d.rank = 1;
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "size is -1"), "rank set, size from nowhere: %s", err);
+      d.rank = 0; d.size = 2;
+      setenv("MUON_STORE", "", 1);   /* empty counts as unset */
+      st = muon_gloo_create(&d, &x, err, sizeof err);
+      CHECK(st == MUON_ERR_ARG && strstr(err, "need a rendezvous"), "no store: %s", err);
+      if (muon_gloo_has_redis()) {
+        setenv("MUON_REDIS", "127.0.0.1:http", 1);
+        st = muon_gloo_create(&d, &x, err, sizeof err);
+        CHECK(st == MUON_ERR_ARG && strstr(err, "bad port"), "MUON_REDIS with a bad port: %s", err);
+      }
+      for (k = 0; k < 8; k++) {
+        if (old[k]) setenv(names[k], old[k], 1); else unsetenv(names[k]);
+        free(old[k]);
+      }
+    }
   }
 
   begin("collectives: bad arguments are MUON_ERR_ARG naming what is wrong; the comm still works");
