@@ -222,6 +222,18 @@ $(BUILD)/test_threads_fast: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) -Ofast -march=native $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_threads_san: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
+# The CPU backend's threads: every variant must give the single-thread bits (ThreadSanitizer
+# watches the pool; MUON_NO_THREADS builds without it; CBLAS runs side by side on muon's threads).
+$(BUILD)/test_parallel: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
+$(BUILD)/test_parallel_cxx: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
+	$(CXX) $(CXXWARN) $(OPT) $(INC) -x c++ $< -o $@ -pthread
+$(BUILD)/test_parallel_tsan: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) -O1 -g -fsanitize=thread -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256 $(INC) $< -o $@ -lm -pthread
+$(BUILD)/test_parallel_nothreads: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(OPT) -DMUON_NO_THREADS $(INC) $< -o $@ -lm -pthread
+$(BUILD)/test_parallel_cblas: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm -pthread
 $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
@@ -241,7 +253,8 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_fast test_threads_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
+             test_ns_cblas test_threads test_threads_fast test_threads_san \
+             test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -281,6 +294,8 @@ test: deps check-headers
 	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_san $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
 	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_fast" "$(BUILD)/test_threads_san" \
+	  "$(BUILD)/test_parallel" "$(BUILD)/test_parallel_cxx" "$(BUILD)/test_parallel_tsan" \
+	  "$(BUILD)/test_parallel_nothreads" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_parallel_cblas" \
 	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
@@ -298,6 +313,7 @@ test: deps check-headers
 	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
 	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \
 	  "$(RUN) -n 4 $(BUILD)/tp_fsdp --normuon rows --gram --quiet && echo 'tp_fsdp --normuon rows --gram: 1 passed, 0 failed'" \
+	  $(foreach e,ddp fsdp tp_fsdp,"MUON_THREADS=3 $(RUN) -n 2 $(BUILD)/$(e) --normuon larger --quiet && echo '$(e) MUON_THREADS=3: 1 passed, 0 failed'") \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  "tests/run_fuzz.sh $(BUILD) replay" \
 	  $(CUDA_TESTS)

@@ -52,6 +52,8 @@
        MUON_API            linkage of public functions (default: extern)
        MUON_NS_MAX_STEPS   capacity of the per-iteration coefficient table (default 16)
        MUON_MAX_LEVELS     most levels in a layout (default 8)
+       MUON_NO_THREADS     leave out the POSIX thread pool (desc.threads then needs its own
+                           parallel_for, or a count of 1); otherwise link with -pthread
 
    SPEED
        The built-in GEMM is plain C written for the auto-vectoriser: build with -O3 -march=native
@@ -83,6 +85,12 @@
        1x the local matrix parameters) plus one round of gathered operands and the NS
        workspace, allocated at planning: nothing is allocated inside muon_step, and a step that
        fails changes nothing.
+
+   THREADS
+       The CPU backend uses desc.threads.count threads in muon_step (default: the environment's
+       MUON_THREADS, else 1): its own POSIX pool, or your parallel_for (OpenMP, a framework's
+       pool). Any count gives the same bits. With CBLAS, run OpenBLAS single-threaded
+       (OPENBLAS_NUM_THREADS=1): muon's threads then call it side by side.
 
    THREAD SAFETY
        An optimizer is used by one thread at a time. Different optimizers are independent.
@@ -574,6 +582,21 @@ MUON_API muon_dist_config muon_layout_config(void);
    The optimizer */
 typedef struct muon_optimizer muon_optimizer;
 
+/* Threads of the CPU compute backend (desc.compute NULL, or muon_compute_cpu() with its ctx
+   left NULL). Independent Newton-Schulz operands run side by side, a lone large one has its GEMMs
+   split by rows, element-wise work (momentum, update, AdamW) is split in ranges: no sum ever
+   depends on the split, so the bits are the same for any count. Other backends ignore this. */
+typedef void (*muon_task_fn)(void *arg, int task);
+typedef struct muon_threads {
+  int count;        /* most threads a step uses; 0: environment MUON_THREADS, else 1            */
+  /* Optional: runs fn(arg, t) for every t in [0, n), n <= count, concurrently where it can, and
+     returns when all have returned (an OpenMP "parallel for", a framework's pool). Tasks never
+     share memory they write. NULL: muon's own POSIX thread pool, started by muon_create
+     (compiled out by MUON_NO_THREADS, where count must then be 1). */
+  void (*parallel_for)(void *user, int n, muon_task_fn fn, void *arg);
+  void *user;
+} muon_threads;
+
 typedef struct muon_desc {
   muon_hparams hparams;            /* group 0 of the Muon matrices                              */
   muon_adamw_hparams adamw;        /* group 0 of the AdamW parameters                           */
@@ -585,6 +608,7 @@ typedef struct muon_desc {
   const muon_compute *compute;     /* NULL: the CPU (muon_compute_cpu()). Copied; not owned.    */
   muon_rounding rounding;          /* bf16 parameters and mirrors: nearest even or stochastic   */
   unsigned long long seed;         /* stochastic rounding's seed                                */
+  muon_threads threads;            /* the CPU backend's threads (zeroed: MUON_THREADS or 1)      */
 } muon_desc;
 
 MUON_API muon_desc muon_default_desc(void);
@@ -948,6 +972,13 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 #if defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
 #include <unistd.h>
+#if !defined(MUON_NO_THREADS)
+#include <pthread.h>
+#define MUON__POOL 1
+#endif
+#endif
+#ifndef MUON__POOL
+#define MUON__POOL 0
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -1203,8 +1234,19 @@ typedef struct muon__adamw {
   int skip;
 } muon__adamw;
 
+/* The CPU backend's ctx: its allocator and threads (a NULL ctx: malloc, one thread). */
+typedef struct muon__pool muon__pool;
+typedef struct muon__cpu {
+  const muon_allocator *allocator;
+  int threads;                     /* >= 1 */
+  void (*parallel_for)(void *user, int n, muon_task_fn fn, void *arg);
+  void *user;
+  muon__pool *pool;                /* muon's own, when the desc gave no parallel_for */
+} muon__cpu;
+
 struct muon_optimizer {
   muon_allocator allocator;
+  muon__cpu cpu;
   muon_logger logger;
   muon_nonfinite on_nonfinite;
   muon_hparams *groups;
@@ -1474,6 +1516,9 @@ static muon__seg muon__segs(const muon__piece *p) {
   return s;
 }
 
+static muon_status muon__thread_count(const muon_threads *t, int *count, char *msg, size_t size);
+static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size);
+static void muon__pool_stop(muon__cpu *cpu);
 static void muon__plan_free(muon_optimizer *opt);
 static void muon__log_plan(muon_optimizer *opt);
 static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
@@ -1535,6 +1580,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   char msg[400];
   muon_status st;
   int cv;   /* the compute backend's vtable version, once it is known to have a vtable */
+  int threads;
   if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
   *out = NULL;
   muon__create_error[0] = '\0';
@@ -1556,6 +1602,10 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   if ((unsigned)desc->on_nonfinite > (unsigned)MUON_NONFINITE_SKIP) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
     return MUON_ERR_ARG;
+  }
+  if ((st = muon__thread_count(&desc->threads, &threads, msg, sizeof msg)) != MUON_OK) {
+    muon__create_fail(desc, msg);
+    return st;
   }
   if (desc->comm) {
     const muon_comm *c = desc->comm;
@@ -1616,7 +1666,10 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->distributed = desc->dist != NULL;
   if (desc->dist) opt->dist = *desc->dist;
   if (desc->compute) opt->compute = *desc->compute;
-  else { opt->compute = muon_compute_cpu(); opt->compute.ctx = &opt->allocator; }
+  else opt->compute = muon_compute_cpu();
+  opt->cpu.allocator = &opt->allocator;
+  opt->cpu.threads = threads;
+  if (opt->compute.vt == muon_compute_cpu().vt && !opt->compute.ctx) opt->compute.ctx = &opt->cpu;
   opt->device = opt->compute.vt->memory == MUON_MEMORY_DEVICE;
   opt->grad_scale = 1.0f;
   opt->rounding = desc->rounding;
@@ -1636,6 +1689,14 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the agreement buffers failed");
     muon_destroy(opt);
     return MUON_ERR_NOMEM;
+  }
+  if (threads > 1 && desc->threads.parallel_for) {
+    opt->cpu.parallel_for = desc->threads.parallel_for;
+    opt->cpu.user = desc->threads.user;
+  } else if (threads > 1 && (st = muon__pool_start(&opt->cpu, msg, sizeof msg)) != MUON_OK) {
+    muon__create_fail(desc, msg);
+    muon_destroy(opt);
+    return st;
   }
   *out = opt;
   return MUON_OK;
@@ -1663,6 +1724,7 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   muon__free(&a, opt->groups);
   muon__free(&a, opt->adamw_groups);
   muon__free(&a, opt->agree);
+  muon__pool_stop(&opt->cpu);
   muon__free(&a, opt);
 }
 
@@ -1997,6 +2059,166 @@ static float muon__adjusted_lr(const muon_hparams *hp, int rows, int cols) {
 }
 
 /* ---------------------------------------------------------------------------------------------
+   Threads of the CPU backend: desc.threads.count resolved once, at creation, and muon's own
+   pool. The pool's workers wait for a generation number to move; task 0 runs on the caller. */
+#define MUON__MAX_THREADS 1024
+
+static muon_status muon__thread_count(const muon_threads *t, int *count, char *msg, size_t size) {
+  const char *env = getenv("MUON_THREADS");
+  *count = 1;
+  if (t->count < 0 || t->count > MUON__MAX_THREADS) {
+    snprintf(msg, size, "MUON_ERR_ARG: muon_desc.threads.count must be in [0, %d] (got %d)", MUON__MAX_THREADS, t->count);
+    return MUON_ERR_ARG;
+  }
+  if (t->count) *count = t->count;
+  else if (env && *env) {
+    char *end;
+    long v = strtol(env, &end, 10);
+    if (*end || v < 1 || v > MUON__MAX_THREADS) {
+      snprintf(msg, size, "MUON_ERR_ARG: environment MUON_THREADS='%.40s' is not a thread count in [1, %d]", env, MUON__MAX_THREADS);
+      return MUON_ERR_ARG;
+    }
+    *count = (int)v;
+  }
+  if (*count > 1 && !t->parallel_for && !MUON__POOL) {
+    snprintf(msg, size, "MUON_ERR_ARG: %d threads asked for, but this build has no thread pool (MUON_NO_THREADS, or not POSIX): set muon_desc.threads.parallel_for",
+             *count);
+    return MUON_ERR_ARG;
+  }
+  return MUON_OK;
+}
+
+#if MUON__POOL
+struct muon__pool {
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  pthread_t *workers;
+  int n_workers, busy, stop;
+  unsigned long generation;
+  muon_task_fn fn;
+  void *arg;
+  int n_tasks;
+};
+
+typedef struct muon__worker_arg { muon__pool *pool; int task; } muon__worker_arg;
+
+static void muon__noop_task(void *arg, int task) { (void)arg; (void)task; }
+
+static void *muon__pool_worker(void *p) {
+  muon__worker_arg w = *(const muon__worker_arg *)p;
+  muon__pool *pool = w.pool;
+  unsigned long seen = 0;
+  pthread_mutex_lock(&pool->mu);
+  for (;;) {
+    while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->go, &pool->mu);
+    if (pool->stop) break;
+    seen = pool->generation;
+    if (w.task < pool->n_tasks) {
+      muon_task_fn fn = pool->fn;
+      void *arg = pool->arg;
+      pthread_mutex_unlock(&pool->mu);
+      fn(arg, w.task);
+      pthread_mutex_lock(&pool->mu);
+    }
+    if (--pool->busy == 0) pthread_cond_signal(&pool->done);
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return NULL;
+}
+
+static void muon__pool_run(void *user, int n, muon_task_fn fn, void *arg) {
+  muon__pool *pool = (muon__pool *)user;
+  pthread_mutex_lock(&pool->mu);
+  pool->fn = fn;
+  pool->arg = arg;
+  pool->n_tasks = n;
+  pool->busy = pool->n_workers;
+  pool->generation++;
+  pthread_cond_broadcast(&pool->go);
+  pthread_mutex_unlock(&pool->mu);
+  fn(arg, 0);
+  pthread_mutex_lock(&pool->mu);
+  while (pool->busy) pthread_cond_wait(&pool->done, &pool->mu);
+  pthread_mutex_unlock(&pool->mu);
+}
+
+static void muon__pool_stop(muon__cpu *cpu) {
+  muon__pool *pool = cpu->pool;
+  int w;
+  if (!pool) return;
+  pthread_mutex_lock(&pool->mu);
+  pool->stop = 1;
+  pthread_cond_broadcast(&pool->go);
+  pthread_mutex_unlock(&pool->mu);
+  for (w = 0; w < pool->n_workers; w++) pthread_join(pool->workers[w], NULL);
+  pthread_cond_destroy(&pool->go);
+  pthread_cond_destroy(&pool->done);
+  pthread_mutex_destroy(&pool->mu);
+  muon__free(cpu->allocator, pool->workers);
+  muon__free(cpu->allocator, pool);
+  cpu->pool = NULL;
+  cpu->parallel_for = NULL;
+}
+
+/* threads - 1 workers; the caller is the last one. */
+static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
+  int n = cpu->threads - 1, w, err = 0;
+  muon__worker_arg *args;
+  muon__pool *pool = (muon__pool *)muon__alloc(cpu->allocator, sizeof *pool);
+  args = (muon__worker_arg *)muon__alloc(cpu->allocator, (size_t)n * sizeof *args);
+  if (pool) pool->workers = (pthread_t *)muon__alloc(cpu->allocator, (size_t)n * sizeof(pthread_t));
+  if (!pool || !args || !pool->workers) {
+    if (pool) muon__free(cpu->allocator, pool->workers);
+    muon__free(cpu->allocator, pool);
+    muon__free(cpu->allocator, args);
+    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: allocating the thread pool (%d threads) failed", cpu->threads);
+    return MUON_ERR_NOMEM;
+  }
+  pool->n_workers = 0;
+  pool->busy = 0;
+  pool->stop = 0;
+  pool->generation = 0;
+  pool->fn = NULL;
+  pool->arg = NULL;
+  pool->n_tasks = 0;
+  pthread_mutex_init(&pool->mu, NULL);
+  pthread_cond_init(&pool->go, NULL);
+  pthread_cond_init(&pool->done, NULL);
+  cpu->pool = pool;
+  for (w = 0; w < n && !err; w++) {
+    args[w].pool = pool;
+    args[w].task = w + 1;
+    if ((err = pthread_create(&pool->workers[w], NULL, muon__pool_worker, &args[w])) == 0) pool->n_workers++;
+  }
+  /* every worker has copied its argument once it has taken the lock: a run flushes them */
+  cpu->parallel_for = muon__pool_run;
+  cpu->user = pool;
+  muon__pool_run(pool, 1, muon__noop_task, NULL);
+  muon__free(cpu->allocator, args);
+  if (err) {
+    muon__pool_stop(cpu);
+    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: starting thread %d of %d failed: %s", w + 1, n + 1, strerror(err));
+    return MUON_ERR_NOMEM;
+  }
+  return MUON_OK;
+}
+#else
+static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
+  (void)cpu;
+  snprintf(msg, size, "MUON_ERR_ARG: this build has no thread pool");
+  return MUON_ERR_ARG;
+}
+static void muon__pool_stop(muon__cpu *cpu) { (void)cpu; }
+#endif
+
+/* fn(arg, t) for t in [0, n): on the CPU backend's threads, or in order on this one. */
+static void muon__parallel(const muon__cpu *cpu, int n, muon_task_fn fn, void *arg) {
+  int t;
+  if (n > 1 && cpu && cpu->parallel_for) cpu->parallel_for(cpu->user, n, fn, arg);
+  else for (t = 0; t < n; t++) fn(arg, t);
+}
+
+/* ---------------------------------------------------------------------------------------------
    CPU GEMM: plain C99 loops the compiler vectorises (GotoBLAS/BLIS loop nest: pack A into MR-row
    and op(B) into NR-column micro-panels, a register-blocked MR x NR micro-kernel). No intrinsics
    and no alignment-dependent paths: each C element is summed in order over k inside each KC
@@ -2209,10 +2431,11 @@ MUON__KERNEL_ATTR static void muon__kernel(int kc, const float *MUON__RESTRICT a
     muon__store_tile(&acc[0][0], MUON__NR, m, n, C, ldc, alpha, beta, first);
 }
 
-/* lower != 0: only micro-tiles touching the diagonal or below are computed (syrk; M == N). */
+/* lower != 0: only micro-tiles touching the diagonal or below are computed (syrk), where row i
+   of A and C is row diag + i of the whole. */
 static void muon__gemm_packed(int transb, int M, int N, int K, float alpha, const float *A, int lda,
                               const float *B, int ldb, float beta, float *C, int ldc, float *pack,
-                              size_t pack_floats, int lower)
+                              size_t pack_floats, int lower, int diag)
 {
     float *apack = pack;
     float *bpack = pack + (size_t)MUON__MC * MUON__KC;
@@ -2229,14 +2452,14 @@ static void muon__gemm_packed(int transb, int M, int N, int K, float alpha, cons
             muon__pack_b(transb, kc, nc, bsrc, ldb, bpack);
             for (ic = 0; ic < M; ic += MUON__MC) {
                 int mc = MUON__MIN(MUON__MC, M - ic);
-                if (lower && ic + mc <= jc) continue; /* whole block strictly above the diagonal */
+                if (lower && diag + ic + mc <= jc) continue; /* whole block strictly above the diagonal */
                 muon__pack_a(mc, kc, A + (size_t)ic * lda + pc, lda, apack);
                 for (jr = 0; jr < nc; jr += MUON__NR) {
                     int nr = MUON__MIN(MUON__NR, nc - jr);
                     const float *bp = bpack + (size_t)jr * kc;
                     for (ir = 0; ir < mc; ir += MUON__MR) {
                         int mr = MUON__MIN(MUON__MR, mc - ir);
-                        if (lower && ic + ir + mr - 1 < jc + jr) continue; /* tile strictly above diagonal */
+                        if (lower && diag + ic + ir + mr - 1 < jc + jr) continue; /* tile strictly above diagonal */
                         muon__kernel(kc, apack + (size_t)ir * kc, bp, C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
                                      mr, nr, alpha, beta, first);
                     }
@@ -2285,9 +2508,9 @@ static void muon__gemm_nopack_nn(int M, int N, int K, float alpha, const float *
 }
 
 /* transb == 1, no scratch: 4x4 tile of dot products (sequential over p).
-   lower != 0: skip tiles strictly above the diagonal (syrk). */
+   lower != 0: skip tiles strictly above the diagonal (syrk; row i is row diag + i of the whole). */
 static void muon__gemm_nopack_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                                 int ldb, float beta, float *C, int ldc, int lower)
+                                 int ldb, float beta, float *C, int ldc, int lower, int diag)
 {
     int i0, j0, i, j, p;
     float acc[4][4];
@@ -2295,7 +2518,7 @@ static void muon__gemm_nopack_nt(int M, int N, int K, float alpha, const float *
         int mr = MUON__MIN(4, M - i0);
         for (j0 = 0; j0 < N; j0 += 4) {
             int nr = MUON__MIN(4, N - j0);
-            if (lower && i0 + mr - 1 < j0) break;
+            if (lower && diag + i0 + mr - 1 < j0) break;
             for (i = 0; i < 4; i++)
                 for (j = 0; j < 4; j++) acc[i][j] = 0.0f;
             if (mr == 4 && nr == 4) {
@@ -2335,22 +2558,35 @@ static void muon__gemm_nopack_nt(int M, int N, int K, float alpha, const float *
 
 /* ------------------------------ public ---------------------------------- */
 
+/* Rows [r0, r1) of C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major (see the header
+   comment); lower: of the lower triangle of C = alpha A A^T + beta C (N = M), columns [0, r1).
+   Every element is summed the same way whatever rows a call covers. */
+static void muon__gemm_rows(int transb, int lower, int r0, int r1, int N, int K, float alpha, const float *A,
+                            int lda, const float *B, int ldb, float beta, float *C, int ldc, float *pack,
+                            size_t pack_floats)
+{
+    int i, M = r1 - r0;
+    A += (size_t)r0 * lda;
+    C += (size_t)r0 * ldc;
+    if (lower) N = r1;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!lower) muon__scale_c(M, N, beta, C, ldc);
+        else for (i = 0; i < M; i++) muon__scale_c(1, r0 + i + 1, beta, C + (size_t)i * ldc, ldc);
+    } else if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
+        muon__gemm_packed(transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats, lower, r0);
+    } else if (!transb) {
+        muon__gemm_nopack_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+        muon__gemm_nopack_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, lower, r0);
+    }
+}
+
 /* C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major.  See header comment. */
 MUON__UNUSED static void muon__sgemm(int transb, int M, int N, int K, float alpha, const float *A, int lda,
                         const float *B, int ldb, float beta, float *C, int ldc, float *pack, size_t pack_floats)
 {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        muon__scale_c(M, N, beta, C, ldc);
-        return;
-    }
-    if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
-        muon__gemm_packed(transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats, 0);
-    } else if (!transb) {
-        muon__gemm_nopack_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    } else {
-        muon__gemm_nopack_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, 0);
-    }
+    muon__gemm_rows(transb, 0, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats);
 }
 
 /* C[N x N] = alpha * A[N x K] * A^T + beta * C.  Only the lower triangle of C is read (beta != 0);
@@ -2361,14 +2597,7 @@ MUON__UNUSED static void muon__ssyrk(int N, int K, float alpha, const float *A, 
                         float *pack, size_t pack_floats)
 {
     if (N <= 0) return;
-    if (K <= 0) {
-        int i;
-        for (i = 0; i < N; i++) muon__scale_c(1, i + 1, beta, C + (size_t)i * ldc, ldc);
-    } else if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
-        muon__gemm_packed(1, N, N, K, alpha, A, lda, A, lda, beta, C, ldc, pack, pack_floats, 1);
-    } else {
-        muon__gemm_nopack_nt(N, N, K, alpha, A, lda, A, lda, beta, C, ldc, 1);
-    }
+    muon__gemm_rows(1, 1, 0, N, N, K, alpha, A, lda, A, lda, beta, C, ldc, pack, pack_floats);
     muon__mirror_lower(N, C, ldc);
 }
 
@@ -2385,7 +2614,57 @@ typedef struct muon__gemm_ctx {
   int symmetric;
   float *pack;
   size_t pack_floats;
+  const muon__cpu *cpu;            /* threads for the built-in GEMM; NULL: this one only   */
+  float *packs;                    /* threads - 1 more packs of pack_floats (pack != NULL) */
 } muon__gemm_ctx;
+
+/* One built-in GEMM split by rows over the CPU backend's threads, each slice with its own pack;
+   a lower (syrk) one in slices of equal area. No element's sum depends on the split. */
+typedef struct muon__gemm_job {
+  const muon__gemm_ctx *g;
+  int transb, lower, M, N, K, lda, ldb, ldc, tasks;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+} muon__gemm_job;
+
+static int muon__gemm_job_row(const muon__gemm_job *j, int t) {
+  double f = (double)t / j->tasks;
+  if (t >= j->tasks) return j->M;
+  if (j->lower) f = sqrt(f);
+  return (int)(f * j->M) / MUON__MR * MUON__MR;
+}
+
+static void muon__gemm_task(void *arg, int t) {
+  const muon__gemm_job *j = (const muon__gemm_job *)arg;
+  float *pack = t == 0 || !j->g->pack ? j->g->pack : j->g->packs + (size_t)(t - 1) * j->g->pack_floats;
+  muon__gemm_rows(j->transb, j->lower, muon__gemm_job_row(j, t), muon__gemm_job_row(j, t + 1), j->N, j->K, j->alpha,
+                  j->A, j->lda, j->B, j->ldb, j->beta, j->C, j->ldc, pack, j->g->pack_floats);
+}
+
+/* Threads worth using on an M x N x K product: none below MUON__SPLIT_MACS multiply-adds, and
+   at least 4 micro-tile rows each. (Tests lower the thresholds; no result depends on them.) */
+#ifndef MUON__SPLIT_MACS
+#define MUON__SPLIT_MACS 4194304.0
+#endif
+#ifndef MUON__SPLIT_ELEMENTS
+#define MUON__SPLIT_ELEMENTS 65536
+#endif
+static int muon__gemm_tasks(const muon__gemm_ctx *g, int M, int N, int K) {
+  int t = g->cpu ? g->cpu->threads : 1;
+  if ((double)M * N * K < MUON__SPLIT_MACS) return 1;
+  if (t > M / (4 * MUON__MR)) t = M / (4 * MUON__MR);
+  return t > 1 ? t : 1;
+}
+
+static void muon__gemm_split(const muon__gemm_ctx *g, int transb, int lower, int M, int N, int K, float alpha,
+                             const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  muon__gemm_job j;
+  j.g = g; j.transb = transb; j.lower = lower; j.M = M; j.N = N; j.K = K;
+  j.lda = lda; j.ldb = ldb; j.ldc = ldc; j.alpha = alpha; j.beta = beta; j.A = A; j.B = B; j.C = C;
+  j.tasks = muon__gemm_tasks(g, M, N, K);
+  muon__parallel(g->cpu, j.tasks, muon__gemm_task, &j);
+}
 
 /* C[N x N] = alpha * A[N x K] * A^T + beta * C, all of C written. */
 static void muon__gram(const muon__gemm_ctx *g, int N, int K, float alpha, const float *A, int lda, float beta,
@@ -2401,8 +2680,9 @@ static void muon__gram(const muon__gemm_ctx *g, int N, int K, float alpha, const
     return;
   }
 #endif
-  if (g->symmetric) muon__ssyrk(N, K, alpha, A, lda, beta, C, ldc, g->pack, g->pack_floats);
-  else muon__sgemm(1, N, N, K, alpha, A, lda, A, lda, beta, C, ldc, g->pack, g->pack_floats);
+  if (N <= 0) return;
+  muon__gemm_split(g, 1, g->symmetric, N, N, K, alpha, A, lda, A, lda, beta, C, ldc);
+  if (g->symmetric) muon__mirror_lower(N, C, ldc);
 }
 
 /* C[M x N] = alpha * A[M x K] * B[K x N] + beta * C. */
@@ -2414,7 +2694,7 @@ static void muon__matmul(const muon__gemm_ctx *g, int M, int N, int K, float alp
     return;
   }
 #endif
-  muon__sgemm(0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, g->pack, g->pack_floats);
+  muon__gemm_split(g, 0, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* GEMM pack floats for an m x n operand: used only when it fits in m*n, so the NS workspace stays
@@ -2497,8 +2777,9 @@ static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp
   }
 }
 
-/* ws holds muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) floats. */
-static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws) {
+/* ws holds muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) floats, and with cpu's threads
+   threads - 1 more GEMM packs (muon__ns_pack_floats each). */
+static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__cpu *cpu) {
   size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
   int gram = muon__use_gram(hp, m, n);
   float *Y = ws, *A = ws + mn, *B = A + mm, *x = X, *t;
@@ -2510,6 +2791,8 @@ static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, 
   g.symmetric = hp->symmetric;
   g.pack = ws + mn + (gram ? 5 : 2) * mm;
   g.pack_floats = muon__ns_pack_floats(m, n);
+  g.cpu = cpu;
+  g.packs = g.pack + g.pack_floats;
 
   if (bf16) muon__bf16_round(x, mn);
   for (i = 0; i < mn; i++) ss += (double)x[i] * x[i];
@@ -2604,12 +2887,12 @@ static void muon__normuon(float *X, int m, int n, int per_column, const float *v
 
 /* ---------------------------------------------------------------------------------------------
    The CPU compute backend: host memory, the element-wise formulas and the Newton-Schulz above.
-   ctx is the allocator to use (NULL: malloc/free). */
+   ctx is a muon__cpu (NULL: malloc/free, one thread). */
 static void *muon__cpu_alloc(void *ctx, size_t bytes) {
-  return ctx ? muon__alloc((const muon_allocator *)ctx, bytes) : malloc(bytes ? bytes : 1);
+  return ctx ? muon__alloc(((const muon__cpu *)ctx)->allocator, bytes) : malloc(bytes ? bytes : 1);
 }
 static void muon__cpu_free(void *ctx, void *ptr) {
-  if (ctx) muon__free((const muon_allocator *)ctx, ptr); else free(ptr);
+  if (ctx) muon__free(((const muon__cpu *)ctx)->allocator, ptr); else free(ptr);
 }
 static muon_status muon__cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, int to_host, int from_host) {
   (void)ctx; (void)to_host; (void)from_host;
@@ -2621,6 +2904,8 @@ static muon_status muon__cpu_zero(void *ctx, void *dst, size_t bytes) {
   if (bytes) memset(dst, 0, bytes);
   return MUON_OK;
 }
+
+static int muon__cpu_threads(const void *ctx) { return ctx ? ((const muon__cpu *)ctx)->threads : 1; }
 
 /* Row segment by row segment (see muon__next_seg): contiguous copies for wide matrices, strided
    for tall ones whose operand is the transpose. */
@@ -2651,39 +2936,95 @@ static muon_status muon__cpu_pack(void *ctx, const muon_piece_copy *ops, int n, 
   return MUON_OK;
 }
 
+/* Element-wise slots over the CPU backend's threads: n elements in one contiguous range per
+   task (from MUON__SPLIT_ELEMENTS on; each element is computed alone, so no split changes a bit). */
+typedef struct muon__ew_job {
+  int kind;                        /* 0 momentum, 1 apply, 2 AdamW */
+  size_t n, per_task;
+  void *param;
+  const void *grad;
+  float *momentum, *u, *m, *v;
+  const float *O;
+  int update;
+  const muon_momentum_args *ma;
+  const muon_apply_args *aa;
+  const muon_adamw_args *wa;
+} muon__ew_job;
+
+static void muon__ew_task(void *arg, int t) {
+  const muon__ew_job *j = (const muon__ew_job *)arg;
+  size_t i = (size_t)t * j->per_task, end = i + j->per_task < j->n ? i + j->per_task : j->n;
+  if (j->kind == 0 && j->u) for (; i < end; i++) j->u[i] = muon__momentum_at(j->momentum, i, j->grad, j->ma, j->update);
+  else if (j->kind == 0) for (; i < end; i++) (void)muon__momentum_at(j->momentum, i, j->grad, j->ma, j->update);
+  else if (j->kind == 1) for (; i < end; i++) muon__apply_store(j->param, i, j->O, j->aa);
+  else for (; i < end; i++) muon__adamw_store(j->param, i, j->grad, j->m, j->v, j->wa);
+}
+
+static void muon__ew_run(void *ctx, muon__ew_job *j) {
+  size_t T = (size_t)muon__cpu_threads(ctx);
+  if (j->n < MUON__SPLIT_ELEMENTS) T = 1;
+  j->per_task = ((j->n + T - 1) / T + 63) / 64 * 64;
+  if (j->n) muon__parallel((const muon__cpu *)ctx, (int)((j->n + j->per_task - 1) / j->per_task), muon__ew_task, j);
+}
+
 static muon_status muon__cpu_momentum(void *ctx, size_t n, float *momentum, const void *grad,
                                       const muon_momentum_args *a, int update, float *u) {
-  size_t i;
-  (void)ctx;
-  if (u) for (i = 0; i < n; i++) u[i] = muon__momentum_at(momentum, i, grad, a, update);
-  else for (i = 0; i < n; i++) (void)muon__momentum_at(momentum, i, grad, a, update);
+  muon__ew_job j;
+  memset(&j, 0, sizeof j);
+  j.kind = 0; j.n = n; j.momentum = momentum; j.grad = grad; j.ma = a; j.update = update; j.u = u;
+  muon__ew_run(ctx, &j);
   return MUON_OK;
 }
 
+/* A batch on T threads: whole rounds of T operands side by side (task t: operands t, t + T, ...,
+   each in its own workspace), then the rest one at a time with their GEMMs split. */
+typedef struct muon__ns_job {
+  float *X, *ws;
+  int m, n, tasks, whole;          /* whole: the operands run side by side */
+  size_t ws_floats;                /* one operand's workspace, unthreaded */
+  const muon_hparams *hp;
+} muon__ns_job;
+
+static void muon__ns_task(void *arg, int t) {
+  const muon__ns_job *j = (const muon__ns_job *)arg;
+  int b;
+  for (b = t; b < j->whole; b += j->tasks)
+    muon__newton_schulz(j->X + (size_t)b * j->m * j->n, j->m, j->n, j->hp, j->ws + (size_t)t * j->ws_floats, NULL);
+}
+
 static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
-  (void)ctx; (void)batch;   /* a batch runs one operand after another */
-  return muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) * sizeof(float);
+  size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
+  size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
+  int T = muon__cpu_threads(ctx);
+  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
 }
 
 static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
-  int b;
-  (void)ctx;
-  for (b = 0; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws);
+  muon__ns_job j;
+  int b, T = muon__cpu_threads(ctx);
+  j.X = X; j.ws = (float *)ws; j.m = m; j.n = n; j.hp = hp;
+  j.ws_floats = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
+  j.tasks = T;
+  j.whole = T > 1 ? batch / T * T : 0;
+  if (j.whole) muon__parallel((const muon__cpu *)ctx, T, muon__ns_task, &j);
+  for (b = j.whole; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws, (const muon__cpu *)ctx);
   return MUON_OK;
 }
 
 static muon_status muon__cpu_apply(void *ctx, size_t n, void *param, const float *O, const muon_apply_args *a) {
-  size_t i;
-  (void)ctx;
-  for (i = 0; i < n; i++) muon__apply_store(param, i, O, a);
+  muon__ew_job j;
+  memset(&j, 0, sizeof j);
+  j.kind = 1; j.n = n; j.param = param; j.O = O; j.aa = a;
+  muon__ew_run(ctx, &j);
   return MUON_OK;
 }
 
 static muon_status muon__cpu_adamw(void *ctx, size_t n, void *param, const void *grad, float *m, float *v,
                                    const muon_adamw_args *a) {
-  size_t i;
-  (void)ctx;
-  for (i = 0; i < n; i++) muon__adamw_store(param, i, grad, m, v, a);
+  muon__ew_job j;
+  memset(&j, 0, sizeof j);
+  j.kind = 2; j.n = n; j.param = param; j.grad = grad; j.m = m; j.v = v; j.wa = a;
+  muon__ew_run(ctx, &j);
   return MUON_OK;
 }
 
@@ -2808,7 +3149,7 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
   if (!X) return MUON_ERR_NOMEM;
   op = muon__whole(rows, cols, 0, 0);
   (void)muon__cpu_pack(NULL, &op, 1, (float *)in, X, 1);   /* only reads `in` */
-  muon__newton_schulz(X, m, n, hp, X + (size_t)m * n);
+  muon__newton_schulz(X, m, n, hp, X + (size_t)m * n, NULL);
   (void)muon__cpu_pack(NULL, &op, 1, out, X, 0);
   free(X);
   return MUON_OK;

@@ -18,7 +18,8 @@
    the budget is skipped with a note. So a slow GEMM cannot blow up `make bench`.
 
    usage: OPENBLAS_NUM_THREADS=1 build/bench_ns [--quick] [--budget S] [--out FILE]
-     --quick    512 and 1024 only
+     --quick    512 and 1024 only (and 2 layers in e)
+     --threads  section e alone (desc.threads: 1 vs 2 threads)
      --budget   seconds per (shape, variant), all repetitions together (default 8)
      --out      where to write the CBLAS NS times for bench_numpy.py (default build/bench_ns.txt;
                 "-" for none)
@@ -311,18 +312,78 @@ static double normuon_section(int quick) {
   return worst;
 }
 
+/* e. desc.threads: one muon_step on one device over GPT-2 small's matrices (per layer 768x2304,
+   768x768, 768x3072, 3072x768; --quick: 2 layers, else 12), 1 thread vs 2 of muon's pool, with
+   the built-in GEMM and with CBLAS (OpenBLAS single-threaded: muon's threads call it side by
+   side); steps interleaved, medians; the parameters must come out bitwise equal. */
+static double threads_section(int quick) {
+  static const int shapes[4][2] = { { 768, 2304 }, { 768, 768 }, { 768, 3072 }, { 3072, 768 } };
+  int layers = quick ? 2 : 12, gi, worst_set = 0;
+  double worst = 0;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("\n-- e. threads (desc.threads.count): one muon_step, GPT-2 small's %d-layer matrix list, one device, fp32;\n"
+         "      median s of 3 steps after a warm-up, interleaved; %ld cores online --\n", layers, cores);
+  printf("  %-8s %12s %12s %9s %s\n", "gemm", "1 thread s", "2 threads s", "speedup", "bits");
+  for (gi = 0; gi < 2; gi++) {
+    muon_optimizer *opt[2];
+    float *w[2][4], *g[4];
+    double t[2][3], sp;
+    int a, k, r, same = 1;
+    for (k = 0; k < 4; k++) {
+      size_t sz = (size_t)shapes[k][0] * shapes[k][1] * layers;
+      g[k] = (float *)malloc(sz * sizeof(float));
+      if (!g[k]) { fprintf(stderr, "out of memory\n"); exit(1); }
+      fill(g[k], sz, 70u + (unsigned)k);
+    }
+    for (a = 0; a < 2; a++) {
+      muon_desc d = muon_default_desc();
+      d.hparams.gemm = gi ? MUON_GEMM_CBLAS : MUON_GEMM_BUILTIN;
+      d.threads.count = a + 1;
+      if (muon_create(&opt[a], &d) != MUON_OK) { fprintf(stderr, "bench_ns: %s\n", muon_error(NULL)); exit(1); }
+      for (k = 0; k < 4; k++) {
+        muon_matrix m = muon_default_matrix();
+        size_t sz = (size_t)shapes[k][0] * shapes[k][1] * layers;
+        static const char *names[4] = { "attn.qkv", "attn.proj", "mlp.fc", "mlp.proj" };
+        w[a][k] = (float *)malloc(sz * sizeof(float));
+        if (!w[a][k]) { fprintf(stderr, "out of memory\n"); exit(1); }
+        fill(w[a][k], sz, 80u + (unsigned)k);
+        m.name = names[k]; m.param = w[a][k]; m.grad = g[k]; m.rows = shapes[k][0]; m.cols = shapes[k][1]; m.count = layers;
+        if (muon_add_matrix(opt[a], &m, NULL) != MUON_OK) { fprintf(stderr, "bench_ns: %s\n", muon_error(opt[a])); exit(1); }
+      }
+      if (muon_step(opt[a]) != MUON_OK) exit(1);   /* plans, warms up */
+    }
+    for (r = 0; r < 3; r++)
+      for (a = 0; a < 2; a++) {
+        int which = r % 2 ? 1 - a : a;
+        double t0 = now_s();
+        if (muon_step(opt[which]) != MUON_OK) { fprintf(stderr, "bench_ns: %s\n", muon_error(opt[which])); exit(1); }
+        t[which][r] = now_s() - t0;
+      }
+    for (k = 0; k < 4; k++) same &= !memcmp(w[0][k], w[1][k], (size_t)shapes[k][0] * shapes[k][1] * layers * sizeof(float));
+    sp = median(t[0], 3) / median(t[1], 3);
+    if (!worst_set || sp < worst) { worst = sp; worst_set = 1; }
+    printf("  %-8s %12.2f %12.2f %8.2fx %s\n", gi ? "cblas" : "builtin", median(t[0], 3), median(t[1], 3), sp,
+           same ? "bitwise equal" : "DIFFER");
+    for (a = 0; a < 2; a++) { muon_destroy(opt[a]); for (k = 0; k < 4; k++) free(w[a][k]); }
+    for (k = 0; k < 4; k++) free(g[k]);
+  }
+  printf("  2 threads >= 1.8x faster than 1, both GEMMs (needs 2 idle cores)   : %.2fx  %s\n", worst, verdict(worst >= 1.8));
+  return worst;
+}
+
 int main(int argc, char **argv) {
-  int quick = 0, i, s;
+  int quick = 0, threads_only = 0, i, s;
   double budget = 8.0, bench_start = now_s();
   const char *out_path = "build/bench_ns.txt";
   const char *threads = getenv("OPENBLAS_NUM_THREADS");
   FILE *out_file = NULL;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--threads")) threads_only = 1;
     else if (!strcmp(argv[i], "--budget") && i + 1 < argc) budget = atof(argv[++i]);
     else if (!strcmp(argv[i], "--out") && i + 1 < argc) out_path = argv[++i];
     else {
-      fprintf(stderr, "usage: %s [--quick] [--budget S] [--out FILE|-]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--threads] [--budget S] [--out FILE|-]\n", argv[0]);
       return 2;
     }
   }
@@ -334,6 +395,11 @@ int main(int argc, char **argv) {
   printf("OpenBLAS: %s\n", openblas_get_config());
 
   loadavg("at start");
+  if (threads_only) {   /* section e alone */
+    threads_section(quick);
+    loadavg("at end");
+    return 0;
+  }
 
   /* a. GEMM ceiling and the built-in GEMM at 1024^2, repetitions interleaved (blas, builtin,
      blas, ...) so both see the same machine; the built-in one stops after 3 s or 5 reps. */
@@ -455,6 +521,8 @@ int main(int argc, char **argv) {
   }
   gram_section(quick);
   normuon_section(quick);
+  loadavg("before threads");
+  threads_section(quick);
   loadavg("at end");
   printf("bench_ns: %.0f s\n", now_s() - bench_start);
   return 0;

@@ -378,6 +378,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   ref_desc = desc;
   ref_desc.comm = NULL;
   ref_desc.dist = NULL;
+  ref_desc.threads.count = 1;   /* the reference: one device, one thread, whatever MUON_THREADS says */
   if (muon_create(&opt, &desc) != MUON_OK || muon_create(&ref, &ref_desc) != MUON_OK) ex_die(w, "muon_create", "failed");
   /* Local indices, for the per-matrix arrays of muon_auto_config. */
   for (i = 0, local = 0; i < n_specs; i++) {

@@ -38,6 +38,8 @@ STEPS = [
     ("test_adamw", ["build/test_adamw"], "build/test_adamw", CORE),
     ("test_trainer", ["build/test_trainer"], "build/test_trainer", CORE),
     ("test_threads", ["build/test_threads"], "build/test_threads", CORE),
+    ("test_parallel", ["build/test_parallel"], "build/test_parallel", CORE),
+    ("test_parallel_tsan", ["build/test_parallel_tsan"], "build/test_parallel_tsan", CORE),
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
     ("test_dist -n 3", ["build/test_dist", "build/muonrun"], RUN + " -n 3 build/test_dist", GLOO),
     ("test_agree -n 2", ["build/test_agree", "build/muonrun"], RUN + " -n 2 build/test_agree", GLOO),
