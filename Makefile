@@ -234,6 +234,9 @@ $(BUILD)/test_parallel_nothreads: tests/test_parallel.c muon.h tests/test.h | $(
 	$(CC) $(CWARN) $(OPT) -DMUON_NO_THREADS $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_parallel_cblas: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm -pthread
+# The fuzz targets' corpora replayed without libFuzzer (any compiler; counted by make coverage).
+$(BUILD)/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz_models.h tests/fuzz/fuzz_world.h muon.h | $(BUILD)
+	$(CC) $(CWARN) $(SAN) -I. $< tests/fuzz/replay.c -o $@ -lm -pthread
 $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
@@ -254,7 +257,8 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
              test_ns_cblas test_threads test_threads_fast test_threads_san \
-             test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
+             test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas \
+             fuzz_state_replay fuzz_layout_replay test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -316,6 +320,7 @@ test: deps check-headers
 	  $(foreach e,ddp fsdp tp_fsdp,"MUON_THREADS=3 $(RUN) -n 2 $(BUILD)/$(e) --normuon larger --quiet && echo '$(e) MUON_THREADS=3: 1 passed, 0 failed'") \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  "tests/run_fuzz.sh $(BUILD) replay" \
+	  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout" \
 	  $(CUDA_TESTS)
 
 # libFuzzer (clang): each target for FUZZ_SECONDS (default 60); make test replays the corpora.
