@@ -527,6 +527,16 @@ typedef struct muon_matrix_info {
 
 struct muon_matrix;
 
+/* The number format of the exchange (U to the owners, O back). */
+typedef enum muon_wire {
+  MUON_WIRE_AUTO = 0,              /* bf16 where it changes no bit: every group runs BF16
+                                      Newton-Schulz (its input is rounded to bf16 first and its
+                                      output is bf16) without NorMuon; else fp32                */
+  MUON_WIRE_FP32,
+  MUON_WIRE_BF16                   /* always bf16: half the bytes; with fp32 Newton-Schulz U and O
+                                      are rounded on the way, which changes the numerics        */
+} muon_wire;
+
 typedef struct muon_dist_config {
   /* Optional: owner[i] of each of the n global matrices, identical on every rank and among
      m[i].holders. NULL: balanced by Newton-Schulz flops, largest first. */
@@ -550,6 +560,7 @@ typedef struct muon_dist_config {
                                       matrices that rank owns is meaningless. Reload a checkpoint
                                       on every rank after such an error. 0 (default): all apply
                                       or none does */
+  muon_wire wire;                  /* the exchange's number format (MUON_WIRE_AUTO)             */
 } muon_dist_config;
 
 /* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to
@@ -572,6 +583,7 @@ typedef struct muon_auto_desc {
   int round_robin;
   size_t round_bytes;
   int unchecked_commit;
+  muon_wire wire;
 } muon_auto_desc;
 
 MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc);
@@ -1207,6 +1219,8 @@ typedef struct muon__plan {
   void *ns_ws;
   /* Host memory: */
   float *host_send, *host_recv; /* staging, when the compute is on a device and the comm is not */
+  int wire_bf16;                /* the exchange carries bf16 (muon_dist_config.wire) */
+  float *wire_send, *wire_recv; /* then: the bf16 messages, two values to a float slot */
   int stage;
   muon_piece_copy *ops; /* scratch for one pack call */
   int ops_cap;
@@ -1520,6 +1534,7 @@ static muon_status muon__thread_count(const muon_threads *t, int *count, char *m
 static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size);
 static void muon__pool_stop(muon__cpu *cpu);
 static void muon__plan_free(muon_optimizer *opt);
+static int muon__wire_bf16(const muon_optimizer *opt);
 static void muon__log_plan(muon_optimizer *opt);
 static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
 static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all, const char *op);
@@ -1562,6 +1577,7 @@ MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc) {
     c.round_robin = desc->round_robin;
     c.round_bytes = desc->round_bytes;
     c.unchecked_commit = desc->unchecked_commit;
+    c.wire = desc->wire;
   }
   return c;
 }
@@ -1601,6 +1617,10 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   }
   if ((unsigned)desc->on_nonfinite > (unsigned)MUON_NONFINITE_SKIP) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
+    return MUON_ERR_ARG;
+  }
+  if (desc->dist && (unsigned)desc->dist->wire > (unsigned)MUON_WIRE_BF16) {
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.wire is not a muon_wire");
     return MUON_ERR_ARG;
   }
   if ((st = muon__thread_count(&desc->threads, &threads, msg, sizeof msg)) != MUON_OK) {
@@ -3351,6 +3371,8 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__dev_free(opt, pl->ns_ws);
   muon__host_free(opt, pl->host_send);
   muon__host_free(opt, pl->host_recv);
+  muon__dev_free(opt, pl->wire_send);
+  muon__dev_free(opt, pl->wire_recv);
   muon__free(a, pl->ops);
   muon__free(a, pl->counts);
   muon__free(a, pl->flags);
@@ -3774,15 +3796,20 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     pl->host_send = (float *)muon__host_alloc(opt, pl->send_floats * sizeof(float));
     pl->host_recv = (float *)muon__host_alloc(opt, pl->recv_floats * sizeof(float));
   }
+  pl->wire_bf16 = muon__wire_bf16(opt) && (pl->send_floats || pl->recv_floats);
+  if (pl->wire_bf16) {   /* per peer ceil(n / 2) slots: at most n / 2 + P in all, and at most n */
+    pl->wire_send = (float *)muon__dev_alloc(opt, MUON__MIN(pl->send_floats, pl->send_floats / 2 + (size_t)P) * sizeof(float));
+    pl->wire_recv = (float *)muon__dev_alloc(opt, MUON__MIN(pl->recv_floats, pl->recv_floats / 2 + (size_t)P) * sizeof(float));
+  }
   pl->ops = (muon_piece_copy *)muon__alloc(&opt->allocator, (size_t)pl->ops_cap * sizeof(muon_piece_copy));
-  pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
+  pl->counts = (size_t *)muon__alloc(&opt->allocator, 13 * (size_t)P * sizeof(size_t));
   pl->out_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_globals * sizeof(int));
   pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
   pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
   if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
       !pl->out_flags || !pl->host_out || !pl->out_skips ||
-      (pl->stage && (!pl->host_send || !pl->host_recv)))
+      (pl->stage && (!pl->host_send || !pl->host_recv)) || (pl->wire_bf16 && (!pl->wire_send || !pl->wire_recv)))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
                       (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes);
   if (opt->distributed) {
@@ -3790,6 +3817,8 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     opt->stats.exchange_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats) * sizeof(float);
   }
   opt->stats.workspace_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes;
+  if (pl->wire_bf16)
+    opt->stats.workspace_bytes += (MUON__MIN(pl->send_floats, pl->send_floats / 2 + (size_t)P) + MUON__MIN(pl->recv_floats, pl->recv_floats / 2 + (size_t)P)) * sizeof(float);
   return MUON_OK;
 }
 
@@ -4209,6 +4238,7 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
   const muon__plan *pl;
   muon__text t;
   int g, j, r, p, exchanges = 0;
+  size_t e;                        /* bytes per value on the wire */
   if (!opt) return 0;
   t.buf = buf;
   t.size = buf ? size : 0;
@@ -4216,10 +4246,12 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
   if (buf && size) buf[0] = '\0';
   pl = &opt->plan;
   if (!pl->ready) { muon__say(&t, "muon plan: not planned yet (muon_plan, or the first muon_step, plans)\n"); return t.len; }
+  e = pl->wire_bf16 ? 2 : 4;
   for (r = 0; opt->distributed && !opt->dist.gather && r < pl->n_rounds; r++)
     exchanges += muon__round_moves(pl, r, 1) + muon__round_moves(pl, r, 0);
-  muon__say(&t, "muon plan, as rank %d of %d sees it: %d matrices, %d exchange rounds%s\n", pl->me, pl->P, pl->n_globals, pl->n_rounds,
-            opt->distributed ? (opt->dist.gather ? "; the exchange is the config's own gather / redistribute" : "") : "; one device, nothing moves");
+  muon__say(&t, "muon plan, as rank %d of %d sees it: %d matrices, %d exchange rounds%s%s\n", pl->me, pl->P, pl->n_globals, pl->n_rounds,
+            opt->distributed ? (opt->dist.gather ? "; the exchange is the config's own gather / redistribute" : "") : "; one device, nothing moves",
+            pl->wire_bf16 ? "; bf16 on the wire (2 B per value, each message padded to whole floats)" : "");
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
     muon__say(&t, "matrix %d '%s' %d x %d, layout key %lld: owner rank %d, round %d\n", g, x->name, x->rows, x->cols, x->key, x->owner, x->round);
@@ -4254,8 +4286,8 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
     }
     muon__say(&t, "rank %d: owns %d matrices, %.4g GFLOP per Newton-Schulz iteration; per step %zu B out, %zu B in "
                   "(U %zu B to owners, %zu B as owner, the least possible being %zu B; O %zu B as owner, %zu B back); at most %zu B of full matrices at once\n",
-              p, owns, flops / 1e9, 4 * (out_send + back_send), 4 * (out_recv + back_recv),
-              4 * out_send, 4 * out_recv, opt->distributed ? 4 * least : 0, 4 * back_send, 4 * back_recv, 4 * gathered);
+              p, owns, flops / 1e9, e * (out_send + back_send), e * (out_recv + back_recv),
+              e * out_send, e * out_recv, opt->distributed ? e * least : 0, e * back_send, e * back_recv, 4 * gathered);
   }
   if (opt->distributed)
     muon__say(&t, "collectives per step without skips: %d (the agreement 1, the commit vote %d, exchanges %d)%s\n",
@@ -4444,7 +4476,7 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
   r->grad_scale = opt->grad_scale;
   r->round_bytes = opt->dist.round_bytes;
   r->round_robin = (uint32_t)(opt->dist.round_robin != 0);
-  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1;
+  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1 | (uint32_t)opt->dist.wire << 2;
   r->vote = (uint32_t)(opt->dist.unchecked_commit == 0);
   p = buf;
   muon__put64(&p, all); muon__put64(&p, r->adamw_groups); muon__put64(&p, r->seed); muon__put64(&p, r->round_bytes);
@@ -4470,6 +4502,7 @@ static void muon__what_differs(const muon__record *a, const muon__record *b, cha
   if (a->seed != b->seed) { snprintf(out, n, "muon_desc.seed"); return; }
   if (muon__f2u(a->grad_scale) != muon__f2u(b->grad_scale)) { snprintf(out, n, "the gradient scale (%g vs %g)", (double)a->grad_scale, (double)b->grad_scale); return; }
   if (a->round_bytes != b->round_bytes) { snprintf(out, n, "muon_dist_config.round_bytes (%llu vs %llu)", (unsigned long long)a->round_bytes, (unsigned long long)b->round_bytes); return; }
+  if (a->custom >> 2 != b->custom >> 2) { snprintf(out, n, "muon_dist_config.wire (%u vs %u)", a->custom >> 2, b->custom >> 2); return; }
   if (a->round_robin != b->round_robin || a->custom != b->custom || a->vote != b->vote) { snprintf(out, n, "muon_dist_config (round_robin, assign, gather/redistribute or unchecked_commit)"); return; }
   snprintf(out, n, "the hyperparameters of a group numbered %d or higher", MUON__AGREE_GROUPS);
 }
@@ -4616,26 +4649,78 @@ static void muon__local(muon_optimizer *opt, muon_status st) {
   if (st != MUON_OK && opt->step_status == MUON_OK) opt->step_status = st;
 }
 
-/* One alltoallv of the plan's send/recv buffers; through host buffers when the compute backend
-   holds device memory and the communicator takes host memory. Returns only the collective's
-   failure; the staging copies' go to muon__local. */
-static muon_status muon__exchange(muon_optimizer *opt, const size_t *cnt, const char *op) {
+/* The exchange's number format: bf16 when asked, or (AUTO) when no bit changes: every group's
+   Newton-Schulz rounds its input to bf16 first and returns bf16 values, and no NorMuon rescales
+   O after it. */
+static int muon__wire_bf16(const muon_optimizer *opt) {
+  int g;
+  if (opt->dist.wire != MUON_WIRE_AUTO) return opt->dist.wire == MUON_WIRE_BF16;
+  for (g = 0; g < opt->n_groups; g++)
+    if (opt->groups[g].precision != MUON_PRECISION_BF16 || opt->groups[g].normuon != MUON_NORMUON_OFF) return 0;
+  return 1;
+}
+
+/* One direction's messages converted by the compute backend's cast, one call per peer:
+   to_wire: send (fp32) -> wire_send (bf16), else wire_recv (bf16) -> recv (fp32). */
+static void muon__wire_cast(muon_optimizer *opt, const size_t *cnt, const size_t *wire, int to_wire, const char *op) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P;
-  size_t sent = cnt[2 * P - 1] + cnt[P - 1], got = cnt[4 * P - 1] + cnt[3 * P - 1];  /* last displacement + count */
-  muon_status st;
-  if (!pl->stage) return muon__alltoallv(opt, pl->send, pl->recv, cnt, op);
-  if (opt->step_status == MUON_OK) {
-    st = opt->compute.vt->copy(opt->compute.ctx, pl->host_send, pl->send, sent * sizeof(float), 1, 0);
-    opt->stats.backend_calls++;
-    muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
-  }
-  if ((st = muon__alltoallv(opt, pl->host_send, pl->host_recv, cnt, op)) != MUON_OK) return st;
-  if (opt->step_status == MUON_OK) {
-    st = opt->compute.vt->copy(opt->compute.ctx, pl->recv, pl->host_recv, got * sizeof(float), 0, 1);
+  int P = pl->P, p;
+  for (p = 0; p < P && opt->step_status == MUON_OK; p++) {
+    muon_status st;
+    if (to_wire && cnt[p])
+      st = opt->compute.vt->cast(opt->compute.ctx, pl->wire_send + wire[P + p], MUON_DTYPE_BF16, pl->send + cnt[P + p], MUON_DTYPE_FP32, cnt[p]);
+    else if (!to_wire && cnt[2 * P + p])
+      st = opt->compute.vt->cast(opt->compute.ctx, pl->recv + cnt[3 * P + p], MUON_DTYPE_FP32, pl->wire_recv + wire[3 * P + p], MUON_DTYPE_BF16, cnt[2 * P + p]);
+    else
+      continue;
     opt->stats.backend_calls++;
     if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, op));
   }
+}
+
+/* One alltoallv of the plan's send/recv buffers (counts in floats, cnt as muon__round_counts
+   gives them); in bf16 through the wire buffers when the plan says so, and through host buffers
+   when the compute backend holds device memory and the communicator takes host memory. Returns
+   only the collective's failure; the casts' and staging copies' go to muon__local, so that every
+   rank still joins every collective. */
+static muon_status muon__exchange(muon_optimizer *opt, const size_t *cnt, const char *op) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, p;
+  const size_t *c = cnt;
+  float *send = pl->send, *recv = pl->recv;
+  size_t sent, got;
+  muon_status st;
+  if (pl->wire_bf16) {
+    size_t *w = pl->counts + 9 * (size_t)P;
+    for (p = 0; p < P; p++) {
+      w[p] = (cnt[p] + 1) / 2;
+      w[2 * P + p] = (cnt[2 * P + p] + 1) / 2;
+    }
+    muon__prefix(w + P, w, P);
+    muon__prefix(w + 3 * P, w + 2 * P, P);
+    muon__wire_cast(opt, cnt, w, 1, op);
+    c = w;
+    send = pl->wire_send;
+    recv = pl->wire_recv;
+  }
+  sent = c[2 * P - 1] + c[P - 1];   /* last displacement + count */
+  got = c[4 * P - 1] + c[3 * P - 1];
+  if (!pl->stage) {
+    if ((st = muon__alltoallv(opt, send, recv, c, op)) != MUON_OK) return st;
+  } else {
+    if (opt->step_status == MUON_OK) {
+      st = opt->compute.vt->copy(opt->compute.ctx, pl->host_send, send, sent * sizeof(float), 1, 0);
+      opt->stats.backend_calls++;
+      muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
+    }
+    if ((st = muon__alltoallv(opt, pl->host_send, pl->host_recv, c, op)) != MUON_OK) return st;
+    if (opt->step_status == MUON_OK) {
+      st = opt->compute.vt->copy(opt->compute.ctx, recv, pl->host_recv, got * sizeof(float), 0, 1);
+      opt->stats.backend_calls++;
+      if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, op));
+    }
+  }
+  if (pl->wire_bf16) muon__wire_cast(opt, cnt, c, 0, op);
   return MUON_OK;
 }
 

@@ -19,6 +19,11 @@
                 gradient (one world allgather per matrix) and runs a single-device optimizer on
                 all full matrices, then keeps its own rows. (Moonlight gathers the momentum-
                 updated matrix rather than the gradient; the bytes and the P-fold NS are the same.)
+     wire16     batched with bf16 on the wire (muon_dist_config.wire = MUON_WIRE_BF16) and fp32
+                Newton-Schulz: half the bytes, other numerics; its distance from batched is
+                printed (max |difference| of the parameters, against the largest total update).
+     bf16ns     batched with bf16 Newton-Schulz (torch's precision), whose default wire is bf16,
+     bf16ns32   and the same with an fp32 wire: the two must be bitwise equal, at half the bytes.
 
    Per configuration: step time = median over --steps timed steps (after --warmup untimed ones) of
    the slowest rank's muon_step; collectives, bytes sent and NS calls per rank per step (from
@@ -32,7 +37,7 @@
    short on 2 cores).
 
    usage: bench_dist [--layers N] [--steps N] [--warmup N] [--configs a,b,...] [--gemm builtin|cblas]
-     --configs  any of single,batched,unchecked,permatrix,moonlight (default all)
+     --configs  any of single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32 (default all)
      --gemm     default: CBLAS when compiled with -DMUON_USE_CBLAS, else the built-in GEMM
 
    Build: gcc -std=c99 -O3 -march=native [-DMUON_USE_CBLAS $(pkg-config --cflags openblas)] -I. \
@@ -70,10 +75,16 @@ typedef struct bench {
   size_t local_floats;
   unsigned long long *hash; /* per config: hash of this rank's rows after the run */
   int *done;              /* per config: ran */
+  float *batched_rows;    /* this rank's rows after batched, and before any step (for wire16) */
+  float *initial_rows;
+  double wire16_diff, wire16_update;   /* max over ranks: |wire16 - batched|, |batched - initial| */
 } bench;
 
-enum { C_SINGLE, C_BATCHED, C_UNCHECKED, C_PERMATRIX, C_MOONLIGHT, N_CONFIGS };
-static const char *config_name[N_CONFIGS] = { "single", "batched", "unchecked", "permatrix", "moonlight" };
+enum { C_SINGLE, C_BATCHED, C_UNCHECKED, C_PERMATRIX, C_MOONLIGHT, C_WIRE16, C_BF16NS, C_BF16NS32, N_CONFIGS };
+static const char *config_name[N_CONFIGS] = { "single", "batched", "unchecked", "permatrix", "moonlight", "wire16", "bf16ns", "bf16ns32" };
+/* Configurations that compute the same thing must agree bitwise: the fp32 ones, the bf16 ones;
+   wire16 rounds on the wire and is measured instead. */
+static int math_of(int c) { return c <= C_MOONLIGHT ? 0 : c == C_WIRE16 ? 2 : 1; }
 
 typedef struct result {
   double step_s;          /* median of the slowest rank's step */
@@ -140,11 +151,22 @@ static double max_of(const double *a, int n) { double m = a[0]; int i; for (i = 
 static double min_of(const double *a, int n) { double m = a[0]; int i; for (i = 1; i < n; i++) if (a[i] < m) m = a[i]; return m; }
 static double sum_of(const double *a, int n) { double s = 0; int i; for (i = 0; i < n; i++) s += a[i]; return s; }
 
-static muon_desc make_desc(const bench *b) {
+static muon_desc make_desc(const bench *b, int cfg) {
   muon_desc d = muon_default_desc();
   d.hparams.lr = 0.02f;
   d.hparams.gemm = b->gemm;
+  if (cfg == C_BF16NS || cfg == C_BF16NS32) d.hparams.precision = MUON_PRECISION_BF16;
   return d;
+}
+
+/* This rank's rows of every matrix, one after another. */
+static void copy_rows(const bench *b, float *out) {
+  int k;
+  for (k = 0; k < b->n; k++) {
+    size_t cnt = b->m[k].n_rows * (size_t)b->m[k].cols;
+    memcpy(out, b->m[k].w, cnt * sizeof(float));
+    out += cnt;
+  }
 }
 
 /* ---- per-matrix exchange: the seeds' gather / redistribute, one alltoallv per call --------- */
@@ -198,7 +220,7 @@ static muon_status pm_redistribute(void *state, const muon_matrix_info *m, const
 /* ---- one configuration ------------------------------------------------------------------- */
 static void run_config(bench *b, int cfg, result *res) {
   muon_optimizer *opt = NULL;
-  muon_desc desc = make_desc(b);
+  muon_desc desc = make_desc(b, cfg);
   muon_auto_desc ad;
   muon_dist_config dc;
   muon_layout lay;
@@ -214,10 +236,11 @@ static void run_config(bench *b, int cfg, result *res) {
   memset(&s0, 0, sizeof s0);
   memset(&s1, 0, sizeof s1);
   reset_params(b);
-  if (cfg == C_BATCHED || cfg == C_UNCHECKED) {
+  if (cfg == C_BATCHED || cfg == C_UNCHECKED || cfg >= C_WIRE16) {
     memset(&ad, 0, sizeof ad);
     ad.fsdp = &b->world;
     ad.unchecked_commit = cfg == C_UNCHECKED;   /* no commit vote: one allgather less per step */
+    ad.wire = cfg == C_WIRE16 ? MUON_WIRE_BF16 : cfg == C_BF16NS32 ? MUON_WIRE_FP32 : MUON_WIRE_AUTO;
     dc = muon_auto_config(&ad);
     desc.comm = &b->world;
     desc.dist = &dc;
@@ -326,6 +349,21 @@ static void run_config(bench *b, int cfg, result *res) {
   /* This rank's rows of the result, for the cross-config check. */
   b->hash[cfg] = active ? hash_rows(b, full ? full_w : NULL) : 0;
   b->done[cfg] = 1;
+  if (cfg == C_BATCHED) copy_rows(b, b->batched_rows);
+  if (cfg == C_WIRE16 && b->done[C_BATCHED]) {   /* how far bf16 on the wire moves fp32 Muon */
+    size_t e;
+    double diff = 0, upd = 0;
+    float *rows = (float *)malloc(b->local_floats * sizeof(float) + sizeof(float));
+    copy_rows(b, rows);
+    for (e = 0; e < b->local_floats; e++) {
+      double d = fabs((double)rows[e] - b->batched_rows[e]), u = fabs((double)b->batched_rows[e] - b->initial_rows[e]);
+      if (d > diff) diff = d;
+      if (u > upd) upd = u;
+    }
+    free(rows);
+    gather_d(b, diff, per); b->wire16_diff = max_of(per, b->P);
+    gather_d(b, upd, per); b->wire16_update = max_of(per, b->P);
+  }
 
   muon_destroy(opt);
   if (cfg == C_PERMATRIX) free(pm.counts);
@@ -345,11 +383,11 @@ int main(int argc, char **argv) {
   bench b;
   muon_gloo_desc gd = muon_gloo_default_desc();
   char err[512], b1[32], b2[32], b3[32], b4[32], b5[32];
-  const char *configs = "single,batched,unchecked,permatrix,moonlight";
+  const char *configs = "single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32";
   static const char *names[PER_LAYER] = { "attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj" };
   static const int dims[PER_LAYER][2] = { { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 3072, 768 }, { 768, 3072 } };
   result res[N_CONFIGS];
-  int i, k, c, run[N_CONFIGS] = { 0, 0, 0, 0, 0 };
+  int i, k, c, run[N_CONFIGS] = { 0 };
   double start = now_s(), flops = 0, formula;
 
   memset(&b, 0, sizeof b);
@@ -368,7 +406,7 @@ int main(int argc, char **argv) {
       else if (!strcmp(argv[i], "cblas")) b.gemm = MUON_GEMM_CBLAS;
       else { fprintf(stderr, "--gemm builtin|cblas\n"); return 2; }
     } else {
-      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,unchecked,permatrix,moonlight] "
+      fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32] "
                       "[--gemm builtin|cblas]\n", argv[0]);
       return 2;
     }
@@ -411,6 +449,10 @@ int main(int argc, char **argv) {
     flops += 5.0 * (4.0 * mn * mn * mx + 2.0 * mn * mn * mn);
   }
 
+  b.batched_rows = (float *)malloc(b.local_floats * sizeof(float) + sizeof(float));
+  b.initial_rows = (float *)malloc(b.local_floats * sizeof(float) + sizeof(float));
+  reset_params(&b);
+  copy_rows(&b, b.initial_rows);
   if (b.rank == 0) {
     printf("== bench_dist: %d rank%s (Gloo, one process per rank on this machine), FSDP over all ranks ==\n", b.P,
            b.P == 1 ? "" : "s");
@@ -444,11 +486,11 @@ int main(int argc, char **argv) {
   /* Bitwise agreement of every configuration on every rank's rows. */
   {
     double *per = (double *)malloc((size_t)b.P * sizeof(double)), bad = 0;
-    int ref = -1;
+    int ref[3] = { -1, -1, -1 };
     for (c = 0; c < N_CONFIGS; c++) {
       if (!b.done[c] || (c == C_SINGLE && b.rank != 0)) continue;
-      if (ref < 0) ref = c;
-      else if (b.hash[c] != b.hash[ref]) bad += 1;
+      if (ref[math_of(c)] < 0) ref[math_of(c)] = c;
+      else if (b.hash[c] != b.hash[ref[math_of(c)]]) bad += 1;
     }
     gather_d(&b, bad, per);
     bad = sum_of(per, b.P);
@@ -516,16 +558,31 @@ int main(int argc, char **argv) {
                mib((b.P - 1.0) / b.P * b.S * 4, b3, sizeof b3), mib(formula, b4, sizeof b4), res[C_MOONLIGHT].ns_max,
                res[C_BATCHED].ns_max, res[C_MOONLIGHT].ns_sum, res[C_BATCHED].ns_sum,
                (snprintf(err, sizeof err, "%.1f MiB", b.S * 4 / 1048576.0), err), mib(res[C_BATCHED].gathered, b5, sizeof b5));
+      if (run[C_BATCHED] && run[C_WIRE16] && b.P > 1)
+        printf("\n-- bf16 on the wire, fp32 Newton-Schulz (wire16; MUON_WIRE_BF16 is opt-in there) --\n"
+               "  bytes sent per rank: %s vs batched's %s (%.4fx); step time wire16 / batched = %.2fx\n"
+               "  after %d steps the parameters differ from batched's by at most %.3g, %.3g of the largest total update "
+               "(%.3g): U and O rounded to bf16 (8 bits of mantissa) on the way\n",
+               mib(res[C_WIRE16].bytes_mean, b1, sizeof b1), mib(res[C_BATCHED].bytes_mean, b2, sizeof b2),
+               res[C_WIRE16].bytes_mean / res[C_BATCHED].bytes_mean, res[C_WIRE16].step_s / res[C_BATCHED].step_s,
+               b.warmup + b.steps, b.wire16_diff, b.wire16_diff / b.wire16_update, b.wire16_update);
+      if (run[C_BF16NS] && run[C_BF16NS32] && b.P > 1)
+        printf("\n-- bf16 Newton-Schulz: its default bf16 wire (bf16ns) vs an fp32 wire (bf16ns32) --\n"
+               "  bytes sent per rank: %s vs %s (%.4fx); step time bf16ns / bf16ns32 = %.2fx; the parameters must be "
+               "bitwise equal (below)\n",
+               mib(res[C_BF16NS].bytes_mean, b1, sizeof b1), mib(res[C_BF16NS32].bytes_mean, b2, sizeof b2),
+               res[C_BF16NS].bytes_mean / res[C_BF16NS32].bytes_mean, res[C_BF16NS].step_s / res[C_BF16NS32].step_s);
       for (c = 0, i = 0; c < N_CONFIGS; c++) i += run[c];
       if (i > 1)
         printf("\n-- check: parameters after %d steps of every configuration run here are %s --\n", b.warmup + b.steps,
-               bad == 0 ? "bitwise identical (each rank's rows)" : "NOT identical: a configuration computes something else");
+               bad == 0 ? "bitwise identical (each rank's rows; the fp32 ones among themselves, bf16ns with bf16ns32)"
+                        : "NOT identical: a configuration computes something else");
       printf("bench_dist (%d ranks): %.0f s\n", b.P, now_s() - start);
     }
     if (bad != 0) { muon_comm_destroy(&b.world); return 1; }
   }
   for (k = 0; k < b.n; k++) { free(b.m[k].w); free(b.m[k].g); }
-  free(b.m); free(b.hash); free(b.done);
+  free(b.m); free(b.hash); free(b.done); free(b.batched_rows); free(b.initial_rows);
   muon_comm_destroy(&b.world);
   return 0;
 }

@@ -14,7 +14,9 @@
    re-plans, owners move, and NorMuon's second moments must move with them), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
    of the distributed run to PATH and of rank 0's single-device run to PATH.ref, for
    tools/muoncmp), --wrong-dim (muon is told the other TP dim than the one the pieces are cut
-   by: the mistake muon_check_layouts and muoncmp are there to find).
+   by: the mistake muon_check_layouts and muoncmp are there to find), --bf16 (Newton-Schulz in
+   bf16, as torch runs it: the exchange then carries bf16 by default, changing no bit), --wire
+   fp32|bf16 (muon_dist_config.wire; either prints the exchange's payload bytes too).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -54,6 +56,8 @@ typedef struct ex_world {
   int gram;           /* --gram: Gram Newton-Schulz (muon_hparams.ns_algorithm) */
   muon_normuon normuon; /* --normuon rows|larger (muon_hparams.normuon) */
   int late;           /* --late */
+  int bf16;           /* --bf16: muon_hparams.precision = MUON_PRECISION_BF16 */
+  int wire;           /* --wire fp32|bf16: muon_dist_config.wire (0: AUTO) */
   const char *dump;   /* --dump PATH */
 } ex_world;
 
@@ -89,6 +93,8 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cautious")) w.cautious = 1;
     else if (!strcmp(argv[i], "--gram")) w.gram = 1;
     else if (!strcmp(argv[i], "--late")) w.late = 1;
+    else if (!strcmp(argv[i], "--bf16")) w.bf16 = 1;
+    else if (!strcmp(argv[i], "--wire") && i + 1 < argc) { i++; w.wire = !strcmp(argv[i], "bf16") ? MUON_WIRE_BF16 : MUON_WIRE_FP32; }
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
   }
@@ -372,6 +378,8 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   desc.hparams.cautious_wd = w->cautious;
   desc.hparams.ns_algorithm = w->gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
   desc.hparams.normuon = w->normuon;
+  desc.hparams.precision = w->bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
+  cfg.wire = (muon_wire)w->wire;
   desc.comm = &w->world;
   desc.dist = &cfg;
   desc.compute = ex_compute(w);
@@ -617,6 +625,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (!bad) printf("check: bitwise equal to single device (max |diff| = 0); %lld bytes moved, %lld collectives on rank 0\n",
                      moved, st.collectives);
     else printf("check: %lld elements differ from single device (max |diff| = %g)\n", bad, maxdiff);
+    if (w->bf16 || w->wire)
+      printf("wire: rank 0 moved %lld payload bytes (U and O, sent + received) in %lld collectives; %d ranks\n",
+             st.bytes_sent + st.bytes_received, st.collectives, w->size);
   }
   for (s = 0; s < n_local; s++) {
     free(sl[s].full_w); free(sl[s].full_t); free(sl[s].full_g); free(sl[s].idx);

@@ -65,6 +65,8 @@ STEPS = [
     ("redis", ["build/test_gloo", "build/muonrun"], "tests/run_redis.sh build", GLOO),
     ("examples", ["examples"], EXAMPLES_AT("build", "ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp "
      "ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable"), GLOO),
+    ("wire", ["build/ddp", "build/fsdp", "build/tp_fsdp", "build/hsdp", "build/muonrun"],
+     "tests/run_wire.sh build 4 ddp fsdp tp_fsdp hsdp", GLOO),
     ("examples --normuon", ["build/fsdp", "build/tp_fsdp", "build/muonrun"],
      RUN + " -n 4 build/fsdp --normuon larger --cautious --late --quiet && "
      + RUN + " -n 4 build/tp_fsdp --normuon rows --gram --quiet", GLOO),
