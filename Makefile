@@ -197,6 +197,7 @@ CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BU
               "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
               "tests/run_examples.sh --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
               "tests/run_wire.sh $(BUILD)/cuda 4 fsdp tp_fsdp" "tests/run_wire.sh $(BUILD)/nccl 4 fsdp tp_hsdp" \
+              "tests/run_overlap.sh $(BUILD)/cuda fsdp" "tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
               $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
               "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
 else
@@ -222,6 +223,14 @@ $(BUILD)/test_threads: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 $(BUILD)/test_threads_fast: tests/test_threads.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) -Ofast -march=native $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_threads_san: tests/test_threads.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
+# ThreadSanitizer over the ranks-as-threads world, whose variants run the communication thread
+$(BUILD)/test_threads_tsan: tests/test_threads.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) -O1 -g -fsanitize=thread $(INC) $< -o $@ -lm -pthread
+# The compute backend failing at its N-th call (test_faults) and every API misuse (test_misuse).
+$(BUILD)/test_faults $(BUILD)/test_misuse: $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
+	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
+$(BUILD)/test_faults_san $(BUILD)/test_misuse_san: $(BUILD)/%_san: tests/%.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
 # The CPU backend's threads: every variant must give the single-thread bits (ThreadSanitizer
 # watches the pool; MUON_NO_THREADS builds without it; CBLAS runs side by side on muon's threads).
@@ -257,9 +266,9 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	@touch $@
 
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_fast test_threads_san \
+             test_ns_cblas test_threads test_threads_fast test_threads_san test_threads_tsan \
              test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas \
-             fuzz_state_replay fuzz_layout_replay test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
+             fuzz_state_replay fuzz_layout_replay test_faults test_faults_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -291,6 +300,7 @@ test: deps check-headers
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
 	  "$(BUILD)/test_adamw" "$(BUILD)/test_adamw_cxx" "$(BUILD)/test_adamw_san" "$(BUILD)/test_adamw_fast" \
+	  "$(BUILD)/test_faults" "$(BUILD)/test_faults_san" \
 	  "$(BUILD)/test_gemm" "$(BUILD)/test_gemm_cxx" "$(BUILD)/test_gemm_san" "$(BUILD)/test_gemm_fast" \
 	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \
@@ -298,7 +308,7 @@ test: deps check-headers
 	  "$(BUILD)/test_golden_san $(BUILD)/golden" \
 	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_san $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
-	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_fast" "$(BUILD)/test_threads_san" \
+	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_fast" "$(BUILD)/test_threads_san" "$(BUILD)/test_threads_tsan 60" \
 	  "$(BUILD)/test_parallel" "$(BUILD)/test_parallel_cxx" "$(BUILD)/test_parallel_tsan" \
 	  "$(BUILD)/test_parallel_nothreads" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_parallel_cblas" \
 	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
@@ -321,6 +331,9 @@ test: deps check-headers
 	  $(foreach e,ddp fsdp tp_fsdp,"MUON_THREADS=3 $(RUN) -n 2 $(BUILD)/$(e) --normuon larger --quiet && echo '$(e) MUON_THREADS=3: 1 passed, 0 failed'") \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  "tests/run_wire.sh $(BUILD) 4 ddp fsdp tp_fsdp hsdp ep_fsdp tp_hsdp" \
+	  "tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
+	  "tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
+	  "$(BUILD)/test_dist --fault kill 3 overlap" "$(BUILD)/test_dist --fault stall 3 overlap" \
 	  "tests/run_fuzz.sh $(BUILD) replay" \
 	  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout" \
 	  $(CUDA_TESTS)

@@ -561,6 +561,14 @@ typedef struct muon_dist_config {
                                       on every rank after such an error. 0 (default): all apply
                                       or none does */
   muon_wire wire;                  /* the exchange's number format (MUON_WIRE_AUTO)             */
+  /* Overlap (the seeds' prefetch_count and async_gpu_parallelism). prefetch: exchange rounds
+     whose U is gathered ahead of the round being orthogonalised, 0 to 8. async: 1 runs a host
+     communicator's collectives on a thread of their own, concurrently with Newton-Schulz (a
+     device communicator, which only queues, ignores it). With either, rounds default to a size
+     that gives several per step. Both 0 (the default, the debug setting): every exchange and
+     every Newton-Schulz in sequence. No setting changes a bit; ranks must agree on prefetch. */
+  int prefetch;
+  int async;
 } muon_dist_config;
 
 /* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to
@@ -584,6 +592,7 @@ typedef struct muon_auto_desc {
   size_t round_bytes;
   int unchecked_commit;
   muon_wire wire;
+  int prefetch, async;
 } muon_auto_desc;
 
 MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc);
@@ -1199,6 +1208,23 @@ typedef struct muon__global {
   int *holder_ranks;
 } muon__global;
 
+/* One exchange of a step (a round's U to the owners, or its O back): its buffers, in backend
+   memory (the wire's bf16 messages, and host copies when staged), its counts in floats (send
+   counts, displacements, receive counts, displacements: 4 x size each, in fp32 values and in
+   wire slots), and, once it ran, the collective's status and native message. With prefetch or
+   async several are in flight; in the debug setting the two of a round share one buffer set. */
+#define MUON__MAX_PREFETCH 8
+typedef struct muon__xfer {
+  float *send, *recv, *wire_send, *wire_recv, *host_send, *host_recv;
+  int owns;                       /* these buffers are this exchange's own (freed with it) */
+  size_t *cnt, *wire;
+  int any;                        /* something moves: the collective is issued */
+  int queued, done;               /* handed to the communication thread; it finished */
+  muon_status st;
+  char error[240];
+  const char *op;
+} muon__xfer;
+
 typedef struct muon__plan {
   int ready;
   int P, me;            /* the plan's world: the communicator's, or 1 and 0 without a dist config */
@@ -1214,18 +1240,18 @@ typedef struct muon__plan {
   int any_adamw_skip;   /* this step: some rank skips an AdamW param */
   /* Backend memory: */
   float *stash;         /* O of every local matrix, committed only when all rounds succeeded */
-  float *send, *recv;   /* alltoallv buffers */
+  muon__xfer *xfers;    /* the exchanges in flight: see muon__out_xfer / muon__back_xfer */
+  int n_xfers;
+  int prefetch;         /* muon_dist_config.prefetch, and whether rounds overlap at all */
+  int pipelined;
   float *gathered;      /* full operands X of the matrices this rank owns in a round */
   void *ns_ws;
-  /* Host memory: */
-  float *host_send, *host_recv; /* staging, when the compute is on a device and the comm is not */
-  int wire_bf16;                /* the exchange carries bf16 (muon_dist_config.wire) */
-  float *wire_send, *wire_recv; /* then: the bf16 messages, two values to a float slot */
-  int stage;
+  int wire_bf16;        /* the exchange carries bf16 (muon_dist_config.wire) */
+  int stage;            /* through host buffers: the compute is on a device and the comm is not */
   muon_piece_copy *ops; /* scratch for one pack call */
   int ops_cap;
   size_t stash_floats, send_floats, recv_floats, gathered_floats, ns_ws_bytes;
-  size_t *counts;       /* 9 x size: out and back (send counts, displs, recv counts, displs each), cursors */
+  size_t *counts;       /* 9 x size: a NorMuon move's counts (4 x size), cursors (at 8 x size) */
   unsigned char *flags; /* (size + 1) x (max_local + 1) step flags: everyone's, then mine */
   int any_skip;         /* this step: some rank skips a matrix */
   int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
@@ -1247,6 +1273,8 @@ typedef struct muon__adamw {
   long long step;
   int skip;
 } muon__adamw;
+
+typedef struct muon__comm_thread muon__comm_thread;
 
 /* The CPU backend's ctx: its allocator and threads (a NULL ctx: malloc, one thread). */
 typedef struct muon__pool muon__pool;
@@ -1287,6 +1315,7 @@ struct muon_optimizer {
   muon_comm comm;
   int distributed;      /* a dist config was given */
   muon_dist_config dist;
+  muon__comm_thread *comm_thread; /* muon_dist_config.async, with a host communicator */
   muon__plan plan;
   char error[512];
 };
@@ -1532,6 +1561,9 @@ static muon__seg muon__segs(const muon__piece *p) {
 
 static muon_status muon__thread_count(const muon_threads *t, int *count, char *msg, size_t size);
 static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size);
+static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size);
+static void muon__comm_thread_stop(muon_optimizer *opt);
+static int muon__async_comm(const muon_optimizer *opt);
 static void muon__pool_stop(muon__cpu *cpu);
 static void muon__plan_free(muon_optimizer *opt);
 static int muon__wire_bf16(const muon_optimizer *opt);
@@ -1578,6 +1610,8 @@ MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc) {
     c.round_bytes = desc->round_bytes;
     c.unchecked_commit = desc->unchecked_commit;
     c.wire = desc->wire;
+    c.prefetch = desc->prefetch;
+    c.async = desc->async;
   }
   return c;
 }
@@ -1621,6 +1655,15 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   }
   if (desc->dist && (unsigned)desc->dist->wire > (unsigned)MUON_WIRE_BF16) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.wire is not a muon_wire");
+    return MUON_ERR_ARG;
+  }
+  if (desc->dist && (desc->dist->prefetch < 0 || desc->dist->prefetch > MUON__MAX_PREFETCH)) {
+    snprintf(msg, sizeof msg, "MUON_ERR_ARG: muon_dist_config.prefetch must be in [0, %d] (got %d)", MUON__MAX_PREFETCH, desc->dist->prefetch);
+    muon__create_fail(desc, msg);
+    return MUON_ERR_ARG;
+  }
+  if (desc->dist && desc->dist->async && !MUON__POOL) {
+    muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
     return MUON_ERR_ARG;
   }
   if ((st = muon__thread_count(&desc->threads, &threads, msg, sizeof msg)) != MUON_OK) {
@@ -1718,6 +1761,11 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     muon_destroy(opt);
     return st;
   }
+  if (opt->distributed && opt->dist.async && muon__async_comm(opt) && (st = muon__comm_thread_start(opt, msg, sizeof msg)) != MUON_OK) {
+    muon__create_fail(desc, msg);
+    muon_destroy(opt);
+    return st;
+  }
   *out = opt;
   return MUON_OK;
 }
@@ -1727,6 +1775,7 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   int i;
   if (!opt) return;
   a = opt->allocator;
+  muon__comm_thread_stop(opt);
   muon__plan_free(opt);
   for (i = 0; i < opt->n_matrices; i++) {
     if (opt->matrices[i].own_momentum) muon__dev_free(opt, opt->matrices[i].momentum);
@@ -3105,8 +3154,8 @@ static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const
   const char *native = opt->compute.vt->error ? opt->compute.vt->error(opt->compute.ctx) : NULL;
   (void)muon__comm_wait(opt, op);   /* queued exchanges first: the drain below must not hang */
   if (st == MUON_OK) st = MUON_ERR_BACKEND;
-  st = muon__fail(opt, st, "%s: the compute backend failed: %s; nothing was applied", op,
-                  native && *native ? native : muon_status_string(st));
+  st = muon__fail(opt, st, "%s: the compute backend failed: %s%s", op, native && *native ? native : muon_status_string(st),
+                  strstr(op, "partly") ? "" : "; nothing was applied");   /* the commit and a load say what may be changed */
   /* The step is abandoned: drain what is queued so the failure is reported once, not again by
      the next call's sync. */
   opt->stats.syncs++;
@@ -3249,12 +3298,15 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp, uint32_
 }
 /* ---------------------------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. */
-static muon_status muon__comm_fail(muon_optimizer *opt, muon_status st, const char *op) {
-  const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+static muon_status muon__comm_fail_text(muon_optimizer *opt, muon_status st, const char *op, const char *native) {
   opt->comm_queued = 0;   /* a failed communicator has dropped what it queued (vt->wait) */
   if (st != MUON_ERR_TIMEOUT) st = MUON_ERR_COMM;
   return muon__fail(opt, st, "%s failed on rank %d of %d: %s; nothing was applied", op, opt->comm.rank,
                     opt->comm.size, native && *native ? native : muon_status_string(st));
+}
+
+static muon_status muon__comm_fail(muon_optimizer *opt, muon_status st, const char *op) {
+  return muon__comm_fail_text(opt, st, op, opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL);
 }
 
 static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *recv, size_t bytes, const char *op) {
@@ -3264,9 +3316,15 @@ static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
-static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts, const char *op) {
+/* Collectives a thread of their own can overlap with compute: a host communicator's, which
+   block. (A device communicator only queues them on its stream.) */
+static int muon__async_comm(const muon_optimizer *opt) {
+  return opt->comm.size > 1 && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST);
+}
+
+/* An alltoallv's counters: one collective, the floats to and from the other ranks. */
+static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
   int P = opt->comm.size, me = opt->comm.rank, p;
-  muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, send, counts, counts + P, recv, counts + 2 * P, counts + 3 * P);
   opt->stats.collectives++;
   if (opt->comm.vt->version >= 3 && opt->comm.vt->wait) opt->comm_queued = 1;
   for (p = 0; p < P; p++)
@@ -3274,6 +3332,12 @@ static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float
       opt->stats.bytes_sent += (long long)(counts[p] * sizeof(float));
       opt->stats.bytes_received += (long long)(counts[2 * P + p] * sizeof(float));
     }
+}
+
+static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts, const char *op) {
+  int P = opt->comm.size;
+  muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, send, counts, counts + P, recv, counts + 2 * P, counts + 3 * P);
+  muon__count_alltoallv(opt, counts);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
@@ -3365,14 +3429,20 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->order);
   muon__free(a, pl->order_start);
   muon__dev_free(opt, pl->stash);
-  muon__dev_free(opt, pl->send);
-  muon__dev_free(opt, pl->recv);
+  for (g = 0; pl->xfers && g < pl->n_xfers; g++) {
+    muon__xfer *x = &pl->xfers[g];
+    if (!x->owns) continue;
+    muon__dev_free(opt, x->send);
+    muon__dev_free(opt, x->recv);
+    muon__dev_free(opt, x->wire_send);
+    muon__dev_free(opt, x->wire_recv);
+    muon__host_free(opt, x->host_send);
+    muon__host_free(opt, x->host_recv);
+  }
+  if (pl->xfers) muon__free(a, pl->xfers[0].cnt);
+  muon__free(a, pl->xfers);
   muon__dev_free(opt, pl->gathered);
   muon__dev_free(opt, pl->ns_ws);
-  muon__host_free(opt, pl->host_send);
-  muon__host_free(opt, pl->host_recv);
-  muon__dev_free(opt, pl->wire_send);
-  muon__dev_free(opt, pl->wire_recv);
   muon__free(a, pl->ops);
   muon__free(a, pl->counts);
   muon__free(a, pl->flags);
@@ -3603,6 +3673,16 @@ static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
   muon__plan *pl = &opt->plan;
   size_t budget = opt->dist.round_bytes ? opt->dist.round_bytes : (size_t)64 << 20;
   int g, r = 0, P = pl->P, p;
+  if (pl->pipelined && !opt->dist.round_bytes) {
+    /* Overlap needs rounds: about 2 (prefetch + 1) of them, each at least 1 MiB per owner. */
+    size_t most = 0;
+    for (p = 0; p < P; p++) owned_bytes[p] = 0;
+    for (g = 0; g < pl->n_globals; g++) owned_bytes[pl->globals[g].owner] += (size_t)pl->globals[g].rows * pl->globals[g].cols * sizeof(float);
+    for (p = 0; p < P; p++) if (owned_bytes[p] > most) most = owned_bytes[p];
+    budget = most / (2 * (size_t)(pl->prefetch + 1));
+    if (budget < ((size_t)1 << 20)) budget = (size_t)1 << 20;
+    if (budget > ((size_t)64 << 20)) budget = (size_t)64 << 20;
+  }
   pl->round_start[0] = 0;
   for (p = 0; p < P; p++) owned_bytes[p] = 0;
   for (g = 0; g < pl->n_globals; g++) {
@@ -3629,6 +3709,63 @@ static int muon__same_batch(const muon__global *x, const muon__global *y) {
   int mx = x->rows < x->cols ? x->rows : x->cols, nx = x->rows < x->cols ? x->cols : x->rows;
   int my = y->rows < y->cols ? y->rows : y->cols, ny = y->rows < y->cols ? y->cols : y->rows;
   return mx == my && nx == ny && x->ns == y->ns;
+}
+
+/* The exchanges' buffers: one set shared by a round's two exchanges in the debug setting; with
+   prefetch or async, one set for each of the prefetch + 1 gathers and the two redistributions
+   that can be in flight at once (muon__pipeline). */
+static size_t muon__wire_floats(const muon__plan *pl, size_t n) { return MUON__MIN(n, n / 2 + (size_t)pl->P); }
+
+static int muon__xfer_sets(const muon__plan *pl) { return pl->pipelined ? pl->n_xfers : 1; }
+
+static size_t muon__xfer_bytes(const muon_optimizer *opt) {
+  const muon__plan *pl = &opt->plan;
+  size_t one = pl->send_floats + pl->recv_floats;
+  if (pl->wire_bf16) one += muon__wire_floats(pl, pl->send_floats) + muon__wire_floats(pl, pl->recv_floats);
+  if (pl->stage) one += pl->wire_bf16 ? muon__wire_floats(pl, pl->send_floats) + muon__wire_floats(pl, pl->recv_floats) : one;
+  return (size_t)muon__xfer_sets(pl) * one * sizeof(float);
+}
+
+static muon_status muon__alloc_xfers(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P, *cnt, ws = muon__wire_floats(pl, pl->send_floats), wr = muon__wire_floats(pl, pl->recv_floats);
+  int i;
+  pl->n_xfers = pl->pipelined ? pl->prefetch + 3 : 2;
+  pl->xfers = (muon__xfer *)muon__alloc(&opt->allocator, (size_t)pl->n_xfers * sizeof(muon__xfer));
+  cnt = (size_t *)muon__alloc(&opt->allocator, (size_t)pl->n_xfers * 8 * P * sizeof(size_t));
+  if (!pl->xfers || !cnt) {
+    muon__free(&opt->allocator, pl->xfers);
+    muon__free(&opt->allocator, cnt);
+    pl->xfers = NULL;
+    return MUON_ERR_NOMEM;
+  }
+  memset(pl->xfers, 0, (size_t)pl->n_xfers * sizeof(muon__xfer));
+  for (i = 0; i < pl->n_xfers; i++) {
+    muon__xfer *x = &pl->xfers[i];
+    x->cnt = cnt + (size_t)i * 8 * P;
+    x->wire = x->cnt + 4 * P;
+    if (i >= muon__xfer_sets(pl)) {   /* the debug setting: a round's two exchanges share a set */
+      x->send = pl->xfers[0].send; x->recv = pl->xfers[0].recv;
+      x->wire_send = pl->xfers[0].wire_send; x->wire_recv = pl->xfers[0].wire_recv;
+      x->host_send = pl->xfers[0].host_send; x->host_recv = pl->xfers[0].host_recv;
+      continue;
+    }
+    x->owns = 1;
+    x->send = (float *)muon__dev_alloc(opt, pl->send_floats * sizeof(float));
+    x->recv = (float *)muon__dev_alloc(opt, pl->recv_floats * sizeof(float));
+    if (!x->send || !x->recv) return MUON_ERR_NOMEM;
+    if (pl->wire_bf16) {   /* per peer ceil(n / 2) slots: at most n / 2 + P in all, and at most n */
+      x->wire_send = (float *)muon__dev_alloc(opt, ws * sizeof(float));
+      x->wire_recv = (float *)muon__dev_alloc(opt, wr * sizeof(float));
+      if (!x->wire_send || !x->wire_recv) return MUON_ERR_NOMEM;
+    }
+    if (pl->stage) {
+      x->host_send = (float *)muon__host_alloc(opt, (pl->wire_bf16 ? ws : pl->send_floats) * sizeof(float));
+      x->host_recv = (float *)muon__host_alloc(opt, (pl->wire_bf16 ? wr : pl->recv_floats) * sizeof(float));
+      if (!x->host_send || !x->host_recv) return MUON_ERR_NOMEM;
+    }
+  }
+  return MUON_OK;
 }
 
 /* Per round: the owned matrices in batch order (a stable insertion sort by operand shape and NS
@@ -3750,6 +3887,9 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   for (g = 0; g < pl->n_globals; g++)
     if (pl->globals[g].local >= 0) opt->matrices[pl->globals[g].local].global = g;
   /* 3. Owners, sources, rounds. */
+  pl->prefetch = opt->dist.prefetch;
+  pl->pipelined = opt->distributed && !opt->dist.gather && P > 1 &&
+                  (pl->prefetch > 0 || (opt->dist.async && muon__async_comm(opt)));
   if ((st = muon__assign(opt)) != MUON_OK) return st;
   for (g = 0; g < pl->n_globals; g++) muon__choose_sources(&pl->globals[g]);
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
@@ -3787,38 +3927,25 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   }
   pl->stage = opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST) &&
               (pl->send_floats || pl->recv_floats);
+  pl->wire_bf16 = muon__wire_bf16(opt) && (pl->send_floats || pl->recv_floats);
   pl->stash = (float *)muon__dev_alloc(opt, pl->stash_floats * sizeof(float));
-  pl->send = (float *)muon__dev_alloc(opt, pl->send_floats * sizeof(float));
-  pl->recv = (float *)muon__dev_alloc(opt, pl->recv_floats * sizeof(float));
   pl->gathered = (float *)muon__dev_alloc(opt, pl->gathered_floats * sizeof(float));
   pl->ns_ws = muon__dev_alloc(opt, pl->ns_ws_bytes);
-  if (pl->stage) {
-    pl->host_send = (float *)muon__host_alloc(opt, pl->send_floats * sizeof(float));
-    pl->host_recv = (float *)muon__host_alloc(opt, pl->recv_floats * sizeof(float));
-  }
-  pl->wire_bf16 = muon__wire_bf16(opt) && (pl->send_floats || pl->recv_floats);
-  if (pl->wire_bf16) {   /* per peer ceil(n / 2) slots: at most n / 2 + P in all, and at most n */
-    pl->wire_send = (float *)muon__dev_alloc(opt, MUON__MIN(pl->send_floats, pl->send_floats / 2 + (size_t)P) * sizeof(float));
-    pl->wire_recv = (float *)muon__dev_alloc(opt, MUON__MIN(pl->recv_floats, pl->recv_floats / 2 + (size_t)P) * sizeof(float));
-  }
   pl->ops = (muon_piece_copy *)muon__alloc(&opt->allocator, (size_t)pl->ops_cap * sizeof(muon_piece_copy));
-  pl->counts = (size_t *)muon__alloc(&opt->allocator, 13 * (size_t)P * sizeof(size_t));
+  pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
   pl->out_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_globals * sizeof(int));
   pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
   pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
-  if (!pl->stash || !pl->send || !pl->recv || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
-      !pl->out_flags || !pl->host_out || !pl->out_skips ||
-      (pl->stage && (!pl->host_send || !pl->host_recv)) || (pl->wire_bf16 && (!pl->wire_send || !pl->wire_recv)))
+  if (!pl->stash || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
+      !pl->out_flags || !pl->host_out || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
                       (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes);
   if (opt->distributed) {
     opt->stats.rounds = pl->n_rounds;
-    opt->stats.exchange_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats) * sizeof(float);
+    opt->stats.exchange_bytes = pl->stash_floats * sizeof(float) + muon__xfer_bytes(opt);
   }
-  opt->stats.workspace_bytes = (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes;
-  if (pl->wire_bf16)
-    opt->stats.workspace_bytes += (MUON__MIN(pl->send_floats, pl->send_floats / 2 + (size_t)P) + MUON__MIN(pl->recv_floats, pl->recv_floats / 2 + (size_t)P)) * sizeof(float);
+  opt->stats.workspace_bytes = (pl->stash_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes + muon__xfer_bytes(opt);
   return MUON_OK;
 }
 
@@ -4476,7 +4603,8 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
   r->grad_scale = opt->grad_scale;
   r->round_bytes = opt->dist.round_bytes;
   r->round_robin = (uint32_t)(opt->dist.round_robin != 0);
-  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1 | (uint32_t)opt->dist.wire << 2;
+  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1 | (uint32_t)opt->dist.wire << 2 |
+              (uint32_t)opt->dist.prefetch << 4;   /* the order of the collectives */
   r->vote = (uint32_t)(opt->dist.unchecked_commit == 0);
   p = buf;
   muon__put64(&p, all); muon__put64(&p, r->adamw_groups); muon__put64(&p, r->seed); muon__put64(&p, r->round_bytes);
@@ -4502,7 +4630,8 @@ static void muon__what_differs(const muon__record *a, const muon__record *b, cha
   if (a->seed != b->seed) { snprintf(out, n, "muon_desc.seed"); return; }
   if (muon__f2u(a->grad_scale) != muon__f2u(b->grad_scale)) { snprintf(out, n, "the gradient scale (%g vs %g)", (double)a->grad_scale, (double)b->grad_scale); return; }
   if (a->round_bytes != b->round_bytes) { snprintf(out, n, "muon_dist_config.round_bytes (%llu vs %llu)", (unsigned long long)a->round_bytes, (unsigned long long)b->round_bytes); return; }
-  if (a->custom >> 2 != b->custom >> 2) { snprintf(out, n, "muon_dist_config.wire (%u vs %u)", a->custom >> 2, b->custom >> 2); return; }
+  if ((a->custom >> 2 & 3u) != (b->custom >> 2 & 3u)) { snprintf(out, n, "muon_dist_config.wire (%u vs %u)", a->custom >> 2 & 3u, b->custom >> 2 & 3u); return; }
+  if (a->custom >> 4 != b->custom >> 4) { snprintf(out, n, "muon_dist_config.prefetch (%u vs %u)", a->custom >> 4, b->custom >> 4); return; }
   if (a->round_robin != b->round_robin || a->custom != b->custom || a->vote != b->vote) { snprintf(out, n, "muon_dist_config (round_robin, assign, gather/redistribute or unchecked_commit)"); return; }
   snprintf(out, n, "the hyperparameters of a group numbered %d or higher", MUON__AGREE_GROUPS);
 }
@@ -4660,68 +4789,210 @@ static int muon__wire_bf16(const muon_optimizer *opt) {
   return 1;
 }
 
-/* One direction's messages converted by the compute backend's cast, one call per peer:
-   to_wire: send (fp32) -> wire_send (bf16), else wire_recv (bf16) -> recv (fp32). */
-static void muon__wire_cast(muon_optimizer *opt, const size_t *cnt, const size_t *wire, int to_wire, const char *op) {
-  muon__plan *pl = &opt->plan;
-  int P = pl->P, p;
+/* One exchange's fp32 payload to or from its bf16 messages, by the compute backend's cast, one
+   call per peer: to_wire: send -> wire_send, else wire_recv -> recv. */
+static void muon__wire_cast(muon_optimizer *opt, muon__xfer *x, int to_wire) {
+  int P = opt->plan.P, p;
+  const size_t *cnt = x->cnt, *wire = x->wire;
   for (p = 0; p < P && opt->step_status == MUON_OK; p++) {
     muon_status st;
     if (to_wire && cnt[p])
-      st = opt->compute.vt->cast(opt->compute.ctx, pl->wire_send + wire[P + p], MUON_DTYPE_BF16, pl->send + cnt[P + p], MUON_DTYPE_FP32, cnt[p]);
+      st = opt->compute.vt->cast(opt->compute.ctx, x->wire_send + wire[P + p], MUON_DTYPE_BF16, x->send + cnt[P + p], MUON_DTYPE_FP32, cnt[p]);
     else if (!to_wire && cnt[2 * P + p])
-      st = opt->compute.vt->cast(opt->compute.ctx, pl->recv + cnt[3 * P + p], MUON_DTYPE_FP32, pl->wire_recv + wire[3 * P + p], MUON_DTYPE_BF16, cnt[2 * P + p]);
+      st = opt->compute.vt->cast(opt->compute.ctx, x->recv + cnt[3 * P + p], MUON_DTYPE_FP32, x->wire_recv + wire[3 * P + p], MUON_DTYPE_BF16, cnt[2 * P + p]);
     else
       continue;
     opt->stats.backend_calls++;
-    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, op));
+    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, x->op));
   }
 }
 
-/* One alltoallv of the plan's send/recv buffers (counts in floats, cnt as muon__round_counts
-   gives them); in bf16 through the wire buffers when the plan says so, and through host buffers
-   when the compute backend holds device memory and the communicator takes host memory. Returns
-   only the collective's failure; the casts' and staging copies' go to muon__local, so that every
-   rank still joins every collective. */
-static muon_status muon__exchange(muon_optimizer *opt, const size_t *cnt, const char *op) {
+/* What the collective sends from and receives into: host copies when staged, else the bf16
+   messages or the fp32 payload. */
+static float *muon__xfer_src(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_send : pl->wire_bf16 ? x->wire_send : x->send; }
+static float *muon__xfer_dst(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_recv : pl->wire_bf16 ? x->wire_recv : x->recv; }
+
+/* Before the collective, on the step's thread: the counts on the wire (per peer ceil(n / 2)
+   float slots in bf16), the casts and the staging copy. A failure here goes to muon__local: the
+   collective still runs, so that every rank joins every collective. */
+static void muon__xfer_begin(muon_optimizer *opt, muon__xfer *x, const char *op) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, p;
-  const size_t *c = cnt;
-  float *send = pl->send, *recv = pl->recv;
-  size_t sent, got;
-  muon_status st;
+  x->op = op;
+  x->st = MUON_OK;
+  x->error[0] = '\0';
+  x->done = 0;
   if (pl->wire_bf16) {
-    size_t *w = pl->counts + 9 * (size_t)P;
     for (p = 0; p < P; p++) {
-      w[p] = (cnt[p] + 1) / 2;
-      w[2 * P + p] = (cnt[2 * P + p] + 1) / 2;
+      x->wire[p] = (x->cnt[p] + 1) / 2;
+      x->wire[2 * P + p] = (x->cnt[2 * P + p] + 1) / 2;
     }
-    muon__prefix(w + P, w, P);
-    muon__prefix(w + 3 * P, w + 2 * P, P);
-    muon__wire_cast(opt, cnt, w, 1, op);
-    c = w;
-    send = pl->wire_send;
-    recv = pl->wire_recv;
-  }
-  sent = c[2 * P - 1] + c[P - 1];   /* last displacement + count */
-  got = c[4 * P - 1] + c[3 * P - 1];
-  if (!pl->stage) {
-    if ((st = muon__alltoallv(opt, send, recv, c, op)) != MUON_OK) return st;
+    muon__prefix(x->wire + P, x->wire, P);
+    muon__prefix(x->wire + 3 * P, x->wire + 2 * P, P);
+    muon__wire_cast(opt, x, 1);
   } else {
-    if (opt->step_status == MUON_OK) {
-      st = opt->compute.vt->copy(opt->compute.ctx, pl->host_send, send, sent * sizeof(float), 1, 0);
-      opt->stats.backend_calls++;
-      muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
-    }
-    if ((st = muon__alltoallv(opt, pl->host_send, pl->host_recv, c, op)) != MUON_OK) return st;
-    if (opt->step_status == MUON_OK) {
-      st = opt->compute.vt->copy(opt->compute.ctx, recv, pl->host_recv, got * sizeof(float), 0, 1);
-      opt->stats.backend_calls++;
-      if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, op));
-    }
+    memcpy(x->wire, x->cnt, 4 * (size_t)P * sizeof(size_t));
   }
-  if (pl->wire_bf16) muon__wire_cast(opt, cnt, c, 0, op);
+  if (pl->stage && opt->step_status == MUON_OK) {
+    size_t sent = x->wire[2 * P - 1] + x->wire[P - 1];   /* last displacement + count */
+    muon_status st = opt->compute.vt->copy(opt->compute.ctx, x->host_send, pl->wire_bf16 ? x->wire_send : x->send,
+                                           sent * sizeof(float), 1, 0);
+    opt->stats.backend_calls++;
+    muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
+  }
+}
+
+/* The collective alone: all the communication thread runs. It touches x and the communicator
+   only, and keeps the communicator's message, read while no other call can overwrite it. */
+static void muon__xfer_run(muon_optimizer *opt, muon__xfer *x) {
+  const muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P;
+  x->st = opt->comm.vt->alltoallv(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
+                                  x->wire + 2 * P, x->wire + 3 * P);
+  if (x->st != MUON_OK) {
+    const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+    snprintf(x->error, sizeof x->error, "%s", native && *native ? native : muon_status_string(x->st));
+  }
+}
+
+/* After the collective, on the step's thread: its accounting, its failure, the staging copy
+   back and the casts. */
+static muon_status muon__xfer_end(muon_optimizer *opt, muon__xfer *x) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P;
+  muon__count_alltoallv(opt, x->wire);
+  if (x->st != MUON_OK) return muon__comm_fail_text(opt, x->st, x->op, x->error);
+  if (pl->stage && opt->step_status == MUON_OK) {
+    size_t got = x->wire[4 * P - 1] + x->wire[3 * P - 1];
+    muon_status st = opt->compute.vt->copy(opt->compute.ctx, pl->wire_bf16 ? x->wire_recv : x->recv, x->host_recv,
+                                           got * sizeof(float), 0, 1);
+    opt->stats.backend_calls++;
+    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, x->op));
+  }
+  if (pl->wire_bf16) muon__wire_cast(opt, x, 0);
   return MUON_OK;
+}
+
+/* The communication thread (muon_dist_config.async): collectives in the order they were handed
+   over, one at a time, concurrently with the step's thread. After a failure it runs no more of
+   this step's (each then fails with the first one's status): as without it, a rank stops at its
+   first failed collective. */
+#if MUON__POOL
+struct muon__comm_thread {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  muon_optimizer *opt;
+  muon__xfer *queue[2 * MUON__MAX_PREFETCH + 8];
+  int head, tail, stop, failed;
+};
+#define MUON__QUEUE_CAP (2 * MUON__MAX_PREFETCH + 8)
+
+static void *muon__comm_main(void *arg) {
+  muon__comm_thread *t = (muon__comm_thread *)arg;
+  pthread_mutex_lock(&t->mu);
+  for (;;) {
+    muon__xfer *x;
+    while (!t->stop && t->head == t->tail) pthread_cond_wait(&t->cv, &t->mu);
+    if (t->head == t->tail) break;
+    x = t->queue[t->head % MUON__QUEUE_CAP];
+    if (t->failed) {
+      x->st = (muon_status)t->failed;
+      snprintf(x->error, sizeof x->error, "not run: an earlier exchange of this step failed");
+    } else {
+      pthread_mutex_unlock(&t->mu);
+      muon__xfer_run(t->opt, x);
+      pthread_mutex_lock(&t->mu);
+      if (x->st != MUON_OK) t->failed = (int)x->st;
+    }
+    x->done = 1;
+    t->head++;
+    pthread_cond_broadcast(&t->cv);
+  }
+  pthread_mutex_unlock(&t->mu);
+  return NULL;
+}
+
+static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size) {
+  muon__comm_thread *t = (muon__comm_thread *)muon__alloc(&opt->allocator, sizeof *t);
+  int err;
+  if (!t) { snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: allocating the communication thread failed"); return MUON_ERR_NOMEM; }
+  memset(t, 0, sizeof *t);
+  t->opt = opt;
+  pthread_mutex_init(&t->mu, NULL);
+  pthread_cond_init(&t->cv, NULL);
+  if ((err = pthread_create(&t->thread, NULL, muon__comm_main, t)) != 0) {
+    pthread_cond_destroy(&t->cv);
+    pthread_mutex_destroy(&t->mu);
+    muon__free(&opt->allocator, t);
+    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: starting the communication thread failed: %s", strerror(err));
+    return MUON_ERR_NOMEM;
+  }
+  opt->comm_thread = t;
+  return MUON_OK;
+}
+
+static void muon__comm_thread_stop(muon_optimizer *opt) {
+  muon__comm_thread *t = opt->comm_thread;
+  if (!t) return;
+  pthread_mutex_lock(&t->mu);
+  t->stop = 1;
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+  pthread_join(t->thread, NULL);
+  pthread_cond_destroy(&t->cv);
+  pthread_mutex_destroy(&t->mu);
+  muon__free(&opt->allocator, t);
+  opt->comm_thread = NULL;
+}
+
+/* The collective of x: handed to the communication thread, or run here. */
+static void muon__xfer_start(muon_optimizer *opt, muon__xfer *x) {
+  muon__comm_thread *t = opt->plan.pipelined ? opt->comm_thread : NULL;
+  if (!t) { muon__xfer_run(opt, x); x->done = 1; return; }
+  pthread_mutex_lock(&t->mu);
+  t->queue[t->tail % MUON__QUEUE_CAP] = x;
+  t->tail++;
+  x->queued = 1;
+  pthread_cond_broadcast(&t->cv);
+  pthread_mutex_unlock(&t->mu);
+}
+
+static void muon__xfer_wait(muon_optimizer *opt, muon__xfer *x) {
+  muon__comm_thread *t = opt->comm_thread;
+  if (!x->queued) return;
+  pthread_mutex_lock(&t->mu);
+  while (!x->done) pthread_cond_wait(&t->cv, &t->mu);
+  pthread_mutex_unlock(&t->mu);
+  x->queued = 0;
+}
+
+/* Before the step returns: nothing of it may still be queued; the next step starts afresh. */
+static void muon__comm_drain(muon_optimizer *opt) {
+  muon__comm_thread *t = opt->comm_thread;
+  int i;
+  if (!t) return;
+  for (i = 0; opt->plan.xfers && i < opt->plan.n_xfers; i++) muon__xfer_wait(opt, &opt->plan.xfers[i]);
+  pthread_mutex_lock(&t->mu);
+  t->failed = 0;
+  pthread_mutex_unlock(&t->mu);
+}
+#else
+static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size) {
+  (void)opt;
+  snprintf(msg, size, "MUON_ERR_ARG: this build has no threads");
+  return MUON_ERR_ARG;
+}
+static void muon__comm_thread_stop(muon_optimizer *opt) { (void)opt; }
+static void muon__xfer_start(muon_optimizer *opt, muon__xfer *x) { muon__xfer_run(opt, x); x->done = 1; }
+static void muon__xfer_wait(muon_optimizer *opt, muon__xfer *x) { (void)opt; (void)x; }
+static void muon__comm_drain(muon_optimizer *opt) { (void)opt; }
+#endif
+
+/* Waits for x's collective, then finishes it (muon__xfer_end). */
+static muon_status muon__xfer_finish(muon_optimizer *opt, muon__xfer *x) {
+  muon__xfer_wait(opt, x);
+  return muon__xfer_end(opt, x);
 }
 
 /* NorMuon on the owner: O of global x (its NS operand) and its v, the new v staged for the
@@ -4794,25 +5065,25 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
 }
 
 /* U of every piece this rank sends to an owner, in round order per destination. */
-static muon_status muon__fill_send(muon_optimizer *opt, int r, const size_t *out) {
+static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g;
   size_t *cur = pl->counts + 8 * (size_t)P;
   muon_status st;
-  memcpy(cur, out + P, (size_t)P * sizeof(size_t));
+  memcpy(cur, out->cnt + P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip || !h || h->source != me || x->owner == me) continue;
-    if ((st = muon__u_piece(opt, &opt->matrices[x->local], pl->send + cur[x->owner])) != MUON_OK) return st;
+    if ((st = muon__u_piece(opt, &opt->matrices[x->local], out->send + cur[x->owner])) != MUON_OK) return st;
     cur[x->owner] += muon__piece_size(&h->piece);
   }
   return MUON_OK;
 }
 
-/* The owner's part: operands from its own piece and the received ones, Newton-Schulz, then O
-   cut into its own stash and into the send buffer for every other holder. */
-static muon_status muon__owner_work(muon_optimizer *opt, int r, const size_t *out, const size_t *back) {
+/* The owner's part: operands from its own piece and the received ones (out), Newton-Schulz,
+   then O cut into its own stash and into back's send buffer for every other holder. */
+static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer *out, muon__xfer *back) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g, j, n;
   size_t *cur = pl->counts + 8 * (size_t)P, xend = 0;
@@ -4827,7 +5098,7 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const size_t *ou
     if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 1)) != MUON_OK) return st;
-  memcpy(cur, out + 3 * (size_t)P, (size_t)P * sizeof(size_t));
+  memcpy(cur, out->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     if (x->skip || x->owner != me) continue;
@@ -4838,7 +5109,7 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const size_t *ou
       cur[h->rank] += muon__piece_size(&h->piece);
     }
   }
-  if ((st = muon__pack(opt, n, pl->recv, pl->gathered, 1)) != MUON_OK) return st;
+  if ((st = muon__pack(opt, n, out->recv, pl->gathered, 1)) != MUON_OK) return st;
   if ((st = muon__orthogonalize_round(opt, r)) != MUON_OK) return st;
   if (xend * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = xend * sizeof(float);
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
@@ -4849,7 +5120,7 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const size_t *ou
     pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 0)) != MUON_OK) return st;
-  memcpy(cur, back + P, (size_t)P * sizeof(size_t));
+  memcpy(cur, back->cnt + P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     if (x->skip || x->owner != me) continue;
@@ -4860,40 +5131,98 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const size_t *ou
       cur[h->rank] += muon__piece_size(&h->piece);
     }
   }
-  return muon__pack(opt, n, pl->send, pl->gathered, 0);
+  return muon__pack(opt, n, back->send, pl->gathered, 0);
 }
 
-/* O of every piece received from an owner, into the stash. */
-static muon_status muon__receive(muon_optimizer *opt, int r, const size_t *back) {
+/* O of every piece received from an owner (back), into the stash. */
+static muon_status muon__receive(muon_optimizer *opt, int r, const muon__xfer *back) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g;
   size_t *cur = pl->counts + 8 * (size_t)P;
-  memcpy(cur, back + 3 * (size_t)P, (size_t)P * sizeof(size_t));
+  memcpy(cur, back->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *mine;
     if (x->skip || x->owner == me || x->mine < 0) continue;
     mine = &opt->matrices[x->local];
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->stash + mine->stash, pl->recv + cur[x->owner],
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->stash + mine->stash, back->recv + cur[x->owner],
                                              mine->size * sizeof(float), 0, 0), "muon_step: receiving O");
     cur[x->owner] += mine->size;
   }
   return MUON_OK;
 }
 
-/* Round r: U pieces to owners (gather) -> Newton-Schulz on the owners -> O back to every holder
-   (redistribute). The message src -> owner holds src's pieces in round order. */
-static muon_status muon__exchange_round(muon_optimizer *opt, int r) {
-  muon__plan *pl = &opt->plan;
-  size_t *out = pl->counts, *back = pl->counts + 4 * (size_t)pl->P;
-  int out_any = muon__round_counts(opt, r, 0, out), back_any = muon__round_counts(opt, r, 1, back);
-  muon_status st;
+/* Which exchange carries round r: in the debug setting the round's two share one buffer set;
+   overlapped, gathers cycle through prefetch + 1 sets and redistributions through two more. */
+static muon__xfer *muon__out_xfer(const muon__plan *pl, int r) {
+  return &pl->xfers[pl->pipelined ? r % (pl->prefetch + 1) : 0];
+}
+static muon__xfer *muon__back_xfer(const muon__plan *pl, int r) {
+  return &pl->xfers[pl->pipelined ? pl->prefetch + 1 + r % 2 : 1];
+}
+
+/* Round r's gather: the counts, U into the send buffer, the collective started. */
+static void muon__gather_start(muon_optimizer *opt, int r) {
+  muon__xfer *out = muon__out_xfer(&opt->plan, r);
+  out->any = muon__round_counts(opt, r, 0, out->cnt);
   if (opt->step_status == MUON_OK) muon__local(opt, muon__fill_send(opt, r, out));
-  if (out_any && (st = muon__exchange(opt, out, "muon_step: gather (U to owners)")) != MUON_OK) return st;
-  if (opt->step_status == MUON_OK) muon__local(opt, muon__owner_work(opt, r, out, back));
-  if (back_any && (st = muon__exchange(opt, back, "muon_step: redistribute (O to holders)")) != MUON_OK) return st;
+  if (!out->any) return;
+  muon__xfer_begin(opt, out, "muon_step: gather (U to owners)");
+  muon__xfer_start(opt, out);
+}
+
+/* Round r's owner work on its gathered U, then its redistribution started. */
+static void muon__redistribute_start(muon_optimizer *opt, int r) {
+  const muon__plan *pl = &opt->plan;
+  muon__xfer *back = muon__back_xfer(pl, r);
+  back->any = muon__round_counts(opt, r, 1, back->cnt);
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__owner_work(opt, r, muon__out_xfer(pl, r), back));
+  if (!back->any) return;
+  muon__xfer_begin(opt, back, "muon_step: redistribute (O to holders)");
+  muon__xfer_start(opt, back);
+}
+
+/* Round r's O, once its redistribution finished, into the stash. */
+static muon_status muon__redistribute_finish(muon_optimizer *opt, int r) {
+  muon__xfer *back = muon__back_xfer(&opt->plan, r);
+  muon_status st;
+  if (back->any && (st = muon__xfer_finish(opt, back)) != MUON_OK) return st;
   if (opt->step_status == MUON_OK) muon__local(opt, muon__receive(opt, r, back));
   return MUON_OK;
+}
+
+/* Every round: U pieces to owners (gather) -> Newton-Schulz on the owners -> O back to every
+   holder (redistribute). In the debug setting one round after the other, each step of it in
+   sequence. Overlapped, the gathers of rounds r + 1 .. r + prefetch are already under way
+   while round r is orthogonalised, and round r's redistribution while round r + 1 is: the
+   collectives still go in one order on every rank, G0 .. G(prefetch), then per round its
+   redistribution and the next gather; async runs them on the communication thread. The first
+   failed collective ends the loop, as it would one at a time; nothing is left queued. */
+static muon_status muon__exchange_rounds(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int R = pl->n_rounds, D = pl->prefetch, r;
+  muon_status st = MUON_OK;
+  if (!pl->pipelined) {
+    for (r = 0; r < R && st == MUON_OK; r++) {
+      muon__xfer *out = muon__out_xfer(pl, r);
+      muon__gather_start(opt, r);
+      if (out->any && (st = muon__xfer_finish(opt, out)) != MUON_OK) break;
+      muon__redistribute_start(opt, r);
+      st = muon__redistribute_finish(opt, r);
+    }
+    return st;
+  }
+  for (r = 0; r <= D && r < R; r++) muon__gather_start(opt, r);
+  for (r = 0; r < R && st == MUON_OK; r++) {
+    muon__xfer *out = muon__out_xfer(pl, r);
+    if (out->any && (st = muon__xfer_finish(opt, out)) != MUON_OK) break;
+    muon__redistribute_start(opt, r);
+    if (r + D + 1 < R) muon__gather_start(opt, r + D + 1);
+    if (r > 0) st = muon__redistribute_finish(opt, r - 1);
+  }
+  if (st == MUON_OK && R > 0) st = muon__redistribute_finish(opt, R - 1);
+  muon__comm_drain(opt);
+  return st;
 }
 
 /* The escape hatch: the user's gather / redistribute, one matrix at a time, in global order.
@@ -5099,8 +5428,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   if (opt->dist.gather) {
     if ((st = muon__custom_exchange(opt)) != MUON_OK) return st;
   } else {
-    for (r = 0; r < opt->plan.n_rounds; r++)
-      if ((st = muon__exchange_round(opt, r)) != MUON_OK) return st;
+    if ((st = muon__exchange_rounds(opt)) != MUON_OK) return st;
   }
   if (opt->step_status == MUON_OK && opt->plan.n_globals) {
     st = opt->compute.vt->copy(opt->compute.ctx, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int), 1, 0);
@@ -6058,7 +6386,9 @@ static muon_status muon__share_pieces(muon_optimizer *opt, int g, int width, muo
   else memcpy(all, mine, W * sizeof(float));
   muon__free(&opt->allocator, mine);
   for (p = 0; st == MUON_OK && p < P; p++)
-    if (all[(size_t)p * W] != 0.0f) st = muon__fail(opt, (muon_status)(int)all[(size_t)p * W], "%s: matrix '%s': rank %d could not read its piece", op, x->name, p);
+    if (all[(size_t)p * W] != 0.0f)
+      st = p == (opt->distributed ? opt->comm.rank : 0) ? local   /* this rank's own message stands */
+           : muon__fail(opt, (muon_status)(int)all[(size_t)p * W], "%s: matrix '%s': rank %d could not read its piece", op, x->name, p);
   if (st != MUON_OK) { muon__free(&opt->allocator, all); return st; }
   *blocks = all;
   return MUON_OK;

@@ -16,7 +16,9 @@
    tools/muoncmp), --wrong-dim (muon is told the other TP dim than the one the pieces are cut
    by: the mistake muon_check_layouts and muoncmp are there to find), --bf16 (Newton-Schulz in
    bf16, as torch runs it: the exchange then carries bf16 by default, changing no bit), --wire
-   fp32|bf16 (muon_dist_config.wire; either prints the exchange's payload bytes too).
+   fp32|bf16 (muon_dist_config.wire; either prints the exchange's payload bytes too), --prefetch N
+   and --async (muon_dist_config.prefetch / .async: exchanges overlapped with Newton-Schulz),
+   --round-bytes N (muon_dist_config.round_bytes: small values give many rounds to overlap).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -58,6 +60,8 @@ typedef struct ex_world {
   int late;           /* --late */
   int bf16;           /* --bf16: muon_hparams.precision = MUON_PRECISION_BF16 */
   int wire;           /* --wire fp32|bf16: muon_dist_config.wire (0: AUTO) */
+  int prefetch, async; /* --prefetch N, --async: muon_dist_config.prefetch / .async */
+  long round_bytes;   /* --round-bytes N: muon_dist_config.round_bytes (small: many rounds) */
   const char *dump;   /* --dump PATH */
 } ex_world;
 
@@ -94,6 +98,9 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--gram")) w.gram = 1;
     else if (!strcmp(argv[i], "--late")) w.late = 1;
     else if (!strcmp(argv[i], "--bf16")) w.bf16 = 1;
+    else if (!strcmp(argv[i], "--prefetch") && i + 1 < argc) w.prefetch = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--async")) w.async = 1;
+    else if (!strcmp(argv[i], "--round-bytes") && i + 1 < argc) w.round_bytes = atol(argv[++i]);
     else if (!strcmp(argv[i], "--wire") && i + 1 < argc) { i++; w.wire = !strcmp(argv[i], "bf16") ? MUON_WIRE_BF16 : MUON_WIRE_FP32; }
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
@@ -380,6 +387,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   desc.hparams.normuon = w->normuon;
   desc.hparams.precision = w->bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
   cfg.wire = (muon_wire)w->wire;
+  cfg.prefetch = w->prefetch;
+  cfg.async = w->async;
+  if (w->round_bytes > 0) cfg.round_bytes = (size_t)w->round_bytes;
   desc.comm = &w->world;
   desc.dist = &cfg;
   desc.compute = ex_compute(w);

@@ -331,17 +331,18 @@ static void case_ns_change(void) {
    hang or mismatched exchange, or the plan check blaming a custom assign that does not exist);
    a status that differs between ranks, a message that does not name the setting, group and
    ranks, and anything applied by the failed step. */
-enum { MM_LR, MM_WD, MM_NONFINITE, MM_SCALE, MM_ROUND_BYTES, MM_WIRE };
+enum { MM_LR, MM_WD, MM_NONFINITE, MM_SCALE, MM_ROUND_BYTES, MM_WIRE, MM_PREFETCH };
 static void mismatch_case(int kind) {
-  static const char *const titles[6] = {
+  static const char *const titles[7] = {
     "3a. lr differs on one rank (muon_set_lr): MUON_ERR_MISMATCH everywhere naming lr of group 0, nothing applied",
     "3b. weight_decay differs on one rank: MUON_ERR_MISMATCH everywhere naming it, nothing applied",
     "3c. desc.on_nonfinite differs at creation: MUON_ERR_MISMATCH everywhere naming it, nothing applied",
     "3d. muon_set_grad_scale differs on one rank: MUON_ERR_MISMATCH everywhere naming it, nothing applied",
     "3e. round_bytes differs at creation: MUON_ERR_MISMATCH naming round_bytes (not a custom assign), nothing applied",
-    "3f. the wire format differs at creation (bf16 on one rank): MUON_ERR_MISMATCH naming wire, nothing applied" };
-  static const char *const needles[6] = { "lr of group 0", "weight_decay, momentum", "on_nonfinite", "gradient scale", "round_bytes",
-                                          "muon_dist_config.wire" };
+    "3f. the wire format differs at creation (bf16 on one rank): MUON_ERR_MISMATCH naming wire, nothing applied",
+    "3g. prefetch differs at creation (another order of collectives): MUON_ERR_MISMATCH naming prefetch, nothing applied" };
+  static const char *const needles[7] = { "lr of group 0", "weight_decay, momentum", "on_nonfinite", "gradient scale", "round_bytes",
+                                          "muon_dist_config.wire", "muon_dist_config.prefetch" };
   muon_dist_config cfg = muon_layout_config();
   muon_desc d;
   model A;
@@ -353,10 +354,14 @@ static void mismatch_case(int kind) {
   TEST_CASE(titles[kind]);
   if (kind == MM_ROUND_BYTES && mine) cfg.round_bytes = 1;   /* every owner one matrix per round: other rounds */
   if (kind == MM_WIRE && mine) cfg.wire = MUON_WIRE_BF16;     /* half-size messages: garbage, or a hang, unchecked */
+  if (kind == MM_PREFETCH) {   /* many rounds, so that the gathers and redistributions would interleave differently */
+    cfg.round_bytes = 1;
+    if (mine) { cfg.prefetch = 2; cfg.async = 1; }
+  }
   d = desc_for(&cfg);
   if (kind == MM_NONFINITE && mine) d.on_nonfinite = MUON_NONFINITE_SKIP;
   if (!model_open(&A, &d, MANY, 8)) { CHECK(0, "setup"); return; }
-  if (kind != MM_NONFINITE && kind != MM_ROUND_BYTES && kind != MM_WIRE) {
+  if (kind != MM_NONFINITE && kind != MM_ROUND_BYTES && kind != MM_WIRE && kind != MM_PREFETCH) {
     step_both("step 1 (settings still equal)", &A, NULL);
     if (mine) {
       muon_hparams hp;
@@ -1131,6 +1136,7 @@ int main(int argc, char **argv) {
   mismatch_case(MM_SCALE);
   mismatch_case(MM_ROUND_BYTES);
   mismatch_case(MM_WIRE);
+  mismatch_case(MM_PREFETCH);
   case_state_ns();
   case_plan_vs_step();
   case_nan_grad();

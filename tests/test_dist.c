@@ -1,7 +1,7 @@
 /* test_dist.c - distributed muon over Gloo, multi-process. Run under muonrun:
 
      muonrun -n N build/test_dist           layouts round trip, stats, owners, memory, validation
-     build/test_dist --fault kill|stall N   forks N ranks itself (muonrun would stop the
+     build/test_dist --fault kill|stall N [overlap]   forks N ranks itself (muonrun would stop the
                                             survivors); one dies / stalls mid-step
 
    The bitwise comparison of every strategy against one device is done by the examples, which
@@ -518,7 +518,7 @@ static void test_validation(void) {
     for (r = 0; r < 3; r++) {
       muon_dist_config c = muon_layout_config();
       muon_layout only0;
-      char name[120];
+      char name[200];
       snprintf(name, sizeof name, "validation: %s", cases[r].what);
       TEST_CASE(name);
       c.assign = cases[r].fn;
@@ -686,6 +686,8 @@ static const char *fault_error(void *ctx) {
 }
 static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST, NULL };
 
+static int fault_overlap;   /* --fault MODE N overlap: prefetch 2, async, a round per matrix */
+
 static int fault_rank(int mode) {
   ex_world w;
   fault_comm fc;
@@ -711,6 +713,7 @@ static int fault_rank(int mode) {
   c.vt = &fault_vt; c.ctx = &fc; c.rank = w.rank; c.size = w.size;
   memset(&ad, 0, sizeof ad);
   ad.fsdp = &c;
+  if (fault_overlap) { ad.prefetch = 2; ad.async = 1; ad.round_bytes = 1; }
   cfg = muon_auto_config(&ad);
   d.comm = &c;
   d.dist = &cfg;
@@ -758,9 +761,10 @@ static int run_fault(const char *mode, int n) {
   char dir[] = "/tmp/muon-fault-XXXXXX", buf[32];
   pid_t pids[16];
   int r, status, survivors_ok = 1, victim_ok = 0, m = !strcmp(mode, "kill") ? 0 : 1;
-  char name[120];
-  snprintf(name, sizeof name, "fault: rank 1 %s mid-step; the others return an error within the timeout, unchanged",
-           m == 0 ? "is killed (SIGKILL)" : "stalls past the 2 s timeout");
+  char name[200];
+  snprintf(name, sizeof name, "fault: rank 1 %s mid-step%s; the others return an error within the timeout, unchanged",
+           m == 0 ? "is killed (SIGKILL)" : "stalls past the 2 s timeout",
+           fault_overlap ? " (prefetch 2, async, three rounds)" : "");
   TEST_CASE(name);
   if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return test_summary(); }
   for (r = 0; r < n && r < 16; r++) {
@@ -792,7 +796,10 @@ static int run_fault(const char *mode, int n) {
 int main(int argc, char **argv) {
   int rc;
   signal(SIGPIPE, SIG_IGN);
-  if (argc >= 4 && !strcmp(argv[1], "--fault")) return run_fault(argv[2], atoi(argv[3]));
+  if (argc >= 4 && !strcmp(argv[1], "--fault")) {
+    fault_overlap = argc >= 5 && !strcmp(argv[4], "overlap");
+    return run_fault(argv[2], atoi(argv[3]));
+  }
   W = ex_init(argc, argv);
   test_roundtrip();
   test_replicas_by_other_layouts();

@@ -97,6 +97,7 @@ typedef struct rank_run {          /* one rank: its communicator context and its
   int rank;
   size_t round_bytes;
   int round_robin;
+  int prefetch, async;             /* muon_dist_config.prefetch / .async                        */
   muon_layout layout[N_MATRICES];
   long long *idx[N_MATRICES];      /* full-matrix index (row * cols + col) of each local element */
   size_t n[N_MATRICES];
@@ -228,6 +229,7 @@ typedef struct mesh {
   int explicit_ranges[MAX_AXES];   /* FLAT at uneven ranges from a hash, instead of chunks      */
   size_t round_bytes;
   int round_robin;
+  int prefetch, async;
 } mesh;
 
 static mesh random_mesh(int id) {
@@ -317,6 +319,8 @@ static void describe_mesh(const mesh *m, char *out, size_t n) {
   if (used < n && m->round_bytes)
     used += (size_t)snprintf(out + used, n - used, "; %d-byte rounds", (int)m->round_bytes);
   if (used < n && m->round_robin) used += (size_t)snprintf(out + used, n - used, "; round-robin owners");
+  if (used < n && (m->prefetch || m->async))
+    used += (size_t)snprintf(out + used, n - used, "; prefetch %d, async %s", m->prefetch, m->async ? "on" : "off");
   if (used < n) snprintf(out + used, n - used, ")");
 }
 
@@ -358,6 +362,8 @@ static void *rank_main(void *arg) {
   comm.size = me->world->size;
   cfg.round_bytes = me->round_bytes;
   cfg.round_robin = me->round_robin;
+  cfg.prefetch = me->prefetch;
+  cfg.async = me->async;
   desc.hparams.lr = LR;
   desc.hparams.cautious_wd = variant_cautious;
   desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
@@ -537,6 +543,8 @@ static void run_mesh(const mesh *m, tally *calls, tally *equal, tally *replicas,
     run->rank = r;
     run->round_bytes = m->round_bytes;
     run->round_robin = m->round_robin;
+    run->prefetch = m->prefetch;
+    run->async = m->async;
     for (i = 0; i < N_MATRICES; i++) {
       run->idx[i] = (long long *)malloc(matrix_size(i) * sizeof(long long));
       mesh_layout(m, r, i, &run->layout[i], run->idx[i]);
@@ -645,13 +653,15 @@ int main(int argc, char **argv) {
     run_mesh(&m, &calls, &equal, &replicas, &cov);
     m.round_bytes = variant & 1 ? SMALL_ROUND_BYTES : 0;
     m.round_robin = (variant & 2) != 0;
+    m.prefetch = (int)(mix((unsigned)id, 7, 0) % 3u);        /* overlap: 0/1/2 x off/on */
+    m.async = (int)(mix((unsigned)id, 8, 0) % 2u);
     run_mesh(&m, &variants, &variants, &variants, NULL);
   }
   report("random meshes of 1 to 8 ranks: create, add and three steps succeed on every rank", &calls,
          "rank runs");
   report("random meshes: every rank's pieces are bitwise equal to one device's", &equal, "element checks");
   report("random meshes: replicas agree bit for bit", &replicas, "replica checks");
-  report("the same meshes with 64-byte rounds and/or round-robin owners: no call fails, no bit changes",
+  report("the same meshes with 64-byte rounds and/or round-robin owners, prefetch 0-2 and async off/on: no call fails, no bit changes",
          &variants, "checks");
 
   /* The variants: a third of the meshes again, with cautious weight decay and Gram NS. */

@@ -39,6 +39,7 @@ STEPS = [
     ("test_trainer", ["build/test_trainer"], "build/test_trainer", CORE),
     ("test_threads", ["build/test_threads"], "build/test_threads", CORE),
     ("test_parallel", ["build/test_parallel"], "build/test_parallel", CORE),
+    ("test_faults", ["build/test_faults"], "build/test_faults", CORE),
     ("test_parallel_tsan", ["build/test_parallel_tsan"], "build/test_parallel_tsan", CORE),
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
     ("test_dist -n 3", ["build/test_dist", "build/muonrun"], RUN + " -n 3 build/test_dist", GLOO),
@@ -65,6 +66,8 @@ STEPS = [
     ("redis", ["build/test_gloo", "build/muonrun"], "tests/run_redis.sh build", GLOO),
     ("examples", ["examples"], EXAMPLES_AT("build", "ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp "
      "ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable"), GLOO),
+    ("overlap", ["build/fsdp", "build/tp_fsdp", "build/hsdp", "build/muonrun"],
+     "tests/run_overlap.sh build fsdp tp_fsdp hsdp", GLOO),
     ("wire", ["build/ddp", "build/fsdp", "build/tp_fsdp", "build/hsdp", "build/muonrun"],
      "tests/run_wire.sh build 4 ddp fsdp tp_fsdp hsdp", GLOO),
     ("examples --normuon", ["build/fsdp", "build/tp_fsdp", "build/muonrun"],
