@@ -382,6 +382,8 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/muonrun
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --layers 1
+	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap --small 256 --steps 5
+	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap
 
 # ---- install --------------------------------------------------------------------------------
 install: $(BUILD)/muoncmp

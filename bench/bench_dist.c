@@ -36,7 +36,10 @@
    (GPT-2 small has 12 layers, ~1.6 TFLOP of NS per step; --layers N, default 2, keeps `make bench`
    short on 2 cores).
 
-   usage: bench_dist [--layers N] [--steps N] [--warmup N] [--configs a,b,...] [--gemm builtin|cblas]
+   usage: bench_dist [--layers N] [--steps N] [--warmup N] [--configs a,b,...] [--gemm builtin|cblas] [--overlap] [--small N]
+     --overlap  instead of the configurations: batched under prefetch 0/1/2 x async off/on
+                (muon_dist_config.prefetch / .async), each against the debug setting (0, off)
+     --small N  the model is N matrices of 128 x 128 instead (the latency-bound case)
      --configs  any of single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32 (default all)
      --gemm     default: CBLAS when compiled with -DMUON_USE_CBLAS, else the built-in GEMM
 
@@ -78,6 +81,7 @@ typedef struct bench {
   float *batched_rows;    /* this rank's rows after batched, and before any step (for wire16) */
   float *initial_rows;
   double wire16_diff, wire16_update;   /* max over ranks: |wire16 - batched|, |batched - initial| */
+  int prefetch, async;    /* batched's muon_dist_config.prefetch / .async (the --overlap grid) */
 } bench;
 
 enum { C_SINGLE, C_BATCHED, C_UNCHECKED, C_PERMATRIX, C_MOONLIGHT, C_WIRE16, C_BF16NS, C_BF16NS32, N_CONFIGS };
@@ -241,6 +245,7 @@ static void run_config(bench *b, int cfg, result *res) {
     ad.fsdp = &b->world;
     ad.unchecked_commit = cfg == C_UNCHECKED;   /* no commit vote: one allgather less per step */
     ad.wire = cfg == C_WIRE16 ? MUON_WIRE_BF16 : cfg == C_BF16NS32 ? MUON_WIRE_FP32 : MUON_WIRE_AUTO;
+    if (cfg == C_BATCHED) { ad.prefetch = b->prefetch; ad.async = b->async; }
     dc = muon_auto_config(&ad);
     desc.comm = &b->world;
     desc.dist = &dc;
@@ -387,7 +392,7 @@ int main(int argc, char **argv) {
   static const char *names[PER_LAYER] = { "attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj" };
   static const int dims[PER_LAYER][2] = { { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 3072, 768 }, { 768, 3072 } };
   result res[N_CONFIGS];
-  int i, k, c, run[N_CONFIGS] = { 0 };
+  int i, k, c, run[N_CONFIGS] = { 0 }, overlap = 0, small = 0;
   double start = now_s(), flops = 0, formula;
 
   memset(&b, 0, sizeof b);
@@ -400,6 +405,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) b.steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) b.warmup = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--configs") && i + 1 < argc) configs = argv[++i];
+    else if (!strcmp(argv[i], "--overlap")) overlap = 1;
+    else if (!strcmp(argv[i], "--small") && i + 1 < argc) small = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) {
       i++;
       if (!strcmp(argv[i], "builtin")) b.gemm = MUON_GEMM_BUILTIN;
@@ -407,7 +414,7 @@ int main(int argc, char **argv) {
       else { fprintf(stderr, "--gemm builtin|cblas\n"); return 2; }
     } else {
       fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32] "
-                      "[--gemm builtin|cblas]\n", argv[0]);
+                      "[--gemm builtin|cblas] [--overlap] [--small N]\n", argv[0]);
       return 2;
     }
   }
@@ -424,7 +431,7 @@ int main(int argc, char **argv) {
   if (muon_gloo_create(&gd, &b.world, err, sizeof err) != MUON_OK) die(NULL, "muon_gloo_create", err);
   b.rank = b.world.rank;
   b.P = b.world.size;
-  b.n = b.layers * PER_LAYER;
+  b.n = small > 0 ? small : b.layers * PER_LAYER;
   b.m = (mat *)calloc((size_t)b.n, sizeof *b.m);
   b.hash = (unsigned long long *)calloc(N_CONFIGS, sizeof *b.hash);
   b.done = (int *)calloc(N_CONFIGS, sizeof *b.done);
@@ -432,9 +439,14 @@ int main(int argc, char **argv) {
     mat *m = &b.m[k];
     size_t e, cnt;
     double mn, mx;
-    snprintf(m->name, sizeof m->name, "h%d.%s", k / PER_LAYER, names[k % PER_LAYER]);
-    m->rows = dims[k % PER_LAYER][0];
-    m->cols = dims[k % PER_LAYER][1];
+    if (small > 0) {   /* the latency-bound case: many small matrices */
+      snprintf(m->name, sizeof m->name, "small%d", k);
+      m->rows = m->cols = 128;
+    } else {
+      snprintf(m->name, sizeof m->name, "h%d.%s", k / PER_LAYER, names[k % PER_LAYER]);
+      m->rows = dims[k % PER_LAYER][0];
+      m->cols = dims[k % PER_LAYER][1];
+    }
     m->chunk_rows = ((size_t)m->rows + b.P - 1) / b.P;
     m->lo = (size_t)b.rank * m->chunk_rows < (size_t)m->rows ? (size_t)b.rank * m->chunk_rows : (size_t)m->rows;
     m->n_rows = (m->lo + m->chunk_rows < (size_t)m->rows ? m->lo + m->chunk_rows : (size_t)m->rows) - m->lo;
@@ -473,6 +485,38 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
 
+  if (overlap) {   /* batched under prefetch 0/1/2 x async off/on, against the debug setting */
+    double t[6];
+    unsigned long long h0 = 0;
+    int same = 1, best = 0;
+    result r;
+    for (c = 0; c < 6; c++) {
+      b.prefetch = c / 2;
+      b.async = c % 2;
+      run_config(&b, C_BATCHED, &r);
+      t[c] = r.step_s;
+      if (c == 0) h0 = b.hash[C_BATCHED];
+      else if (b.hash[C_BATCHED] != h0) same = 0;
+      if (t[c] < t[best]) best = c;
+      if (b.rank == 0) {
+        printf("  prefetch %d, async %-3s: %.4f s/step, %.0f collectives/step, %d rounds, %.2fx the debug setting's speed\n",
+               c / 2, c % 2 ? "on" : "off", t[c], r.coll, r.rounds, t[0] / t[c]);
+        fflush(stdout);
+      }
+    }
+    {
+      double *per = (double *)malloc((size_t)b.P * sizeof(double));
+      gather_d(&b, same ? 0.0 : 1.0, per);
+      same = sum_of(per, b.P) == 0;
+      free(per);
+    }
+    if (b.rank == 0)
+      printf("-- overlap: best prefetch %d, async %s: %.2fx the debug setting (prefetch 0, async off); parameters of all six %s --\n",
+             best / 2, best % 2 ? "on" : "off", t[0] / t[best], same ? "bitwise identical (every rank's rows)" : "NOT identical");
+    if (!same) { muon_comm_destroy(&b.world); return 1; }
+    b.prefetch = b.async = 0;
+    for (c = 0; c < N_CONFIGS; c++) run[c] = 0;
+  }
   for (c = 0; c < N_CONFIGS; c++) {
     if (!run[c]) continue;
     if (c == C_SINGLE && b.P == 1 && run[C_BATCHED]) { run[c] = 0; continue; }  /* the same thing */
