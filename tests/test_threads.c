@@ -44,6 +44,7 @@ static float *full_w0[N_MATRICES], *full_grad[N_STEPS][N_MATRICES], *one_device[
 /* The Muon variants every rank and the one device run with (after the plain meshes: cautious
    weight decay and Gram Newton-Schulz, whose wide and tall matrices take the Gram iteration). */
 static int variant_cautious, variant_gram;
+static int variant_bf16;   /* bf16 Newton-Schulz, whose exchange is bf16 by default (odd counts too) */
 /* NorMuon (muon_hparams.normuon), with a late matrix: after the first step every rank (and the
    one device) registers LATE_ROWS x LATE_COLS "late", replicated, which re-plans and moves owners,
    so NorMuon's second moments must move with them for the bits to stay the same. */
@@ -367,6 +368,7 @@ static void *rank_main(void *arg) {
   desc.hparams.lr = LR;
   desc.hparams.cautious_wd = variant_cautious;
   desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
+  desc.hparams.precision = variant_bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
   desc.hparams.normuon = variant_normuon;
   desc.comm = &comm;
   desc.dist = &cfg;
@@ -585,10 +587,12 @@ static void run_one_device(void) {
   int i, step;
   TEST_CASE(variant_normuon ? "one device, NorMuon and a matrix added after the first step: three steps (the reference)"
             : variant_gram ? "one device, cautious weight decay and Gram NS: three steps of the full matrices (the reference)"
+            : variant_bf16 ? "one device, bf16 Newton-Schulz: three steps of the full matrices (the reference)"
                            : "one device: three steps of the full matrices (the reference)");
   desc.hparams.lr = LR;
   desc.hparams.cautious_wd = variant_cautious;
   desc.hparams.ns_algorithm = variant_gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
+  desc.hparams.precision = variant_bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
   desc.hparams.normuon = variant_normuon;
   if (muon_create(&opt, &desc) != MUON_OK) { CHECK(0, "muon_create failed"); return; }
   for (i = 0; i < N_MATRICES; i++) {
@@ -680,6 +684,26 @@ int main(int argc, char **argv) {
     report("random meshes with cautious weight decay and Gram Newton-Schulz: every call succeeds", &v_calls, "rank runs");
     CHECK(v_equal.checked > 0, "no element was checked");
     variant_cautious = variant_gram = 0;
+  }
+
+  /* bf16 Newton-Schulz on another third: the exchange then carries bf16 (two values to a float
+     slot, messages of odd counts padded), which must change no bit. */
+  {
+    tally v_calls, v_equal;
+    memset(&v_calls, 0, sizeof v_calls);
+    memset(&v_equal, 0, sizeof v_equal);
+    variant_bf16 = 1;
+    run_one_device();
+    for (id = 1; id < n_meshes; id += 3) {
+      mesh m = random_mesh(id);
+      m.round_bytes = id % 2 ? SMALL_ROUND_BYTES : 0;
+      run_mesh(&m, &v_calls, &v_equal, &v_equal, NULL);
+    }
+    report("random meshes with bf16 Newton-Schulz (a bf16 wire): bitwise equal to one device, replicas agree",
+           &v_equal, "element checks");
+    report("random meshes with bf16 Newton-Schulz (a bf16 wire): every call succeeds", &v_calls, "rank runs");
+    CHECK(v_equal.checked > 0, "no element was checked");
+    variant_bf16 = 0;
   }
 
   /* NorMuon, both settings, on a sixth of the meshes each; a matrix added after the first step
