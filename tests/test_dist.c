@@ -665,6 +665,76 @@ static void test_empty(void) {
   muon_destroy(opt);
 }
 
+/* ---- overlap: a collective failing on every rank at once, then the same step again ----------
+   Every rank's k-th alltoallv returns MUON_ERR_COMM without running, so the ranks stay in step.
+   Under prefetch 2 and async (rounds of one matrix: several gathers queued on the communication
+   thread when it fails), the step must fail alike everywhere with nothing applied, and the next
+   one must work, ending bitwise where a run without the failure ends. Catches a communication
+   thread that stays failed, or a queued exchange left over into the next step. */
+typedef struct flaky { muon_comm inner; int calls, fail_at; } flaky;
+static muon_status flaky_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
+                                   const size_t *rc, const size_t *rd) {
+  flaky *f = (flaky *)ctx;
+  if (f->calls++ == f->fail_at) return MUON_ERR_COMM;
+  return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd);
+}
+static muon_status flaky_allgather(void *ctx, const void *s, void *r, size_t n) {
+  flaky *f = (flaky *)ctx;
+  return f->inner.vt->allgather(f->inner.ctx, s, r, n);
+}
+static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"; }
+static const muon_comm_vtable flaky_vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL };
+
+static void test_overlap_failure(void) {
+  flaky fl;
+  muon_comm c;
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = muon_default_desc();
+  muon_optimizer *opt[2] = { NULL, NULL };
+  muon_layout l;
+  tmat t[2][4];
+  int k, i, ok = 1;
+  muon_status st;
+  TEST_CASE("overlap: a collective failing on every rank (prefetch 2, async): the same error, nothing applied, the retry ends where a clean run does");
+  fl.inner = W.world; fl.calls = 0; fl.fail_at = -1;
+  c.vt = &flaky_vt; c.ctx = &fl; c.rank = W.rank; c.size = W.size;
+  cfg.prefetch = 2;
+  cfg.async = 1;
+  cfg.round_bytes = 1;   /* a round per matrix */
+  memset(&l, 0, sizeof l);
+  l.n_levels = 1;
+  l.levels[0] = muon_shard(0, &W.world);
+  for (k = 0; k < 2; k++) {   /* opt[0] meets the failure, opt[1] never does */
+    d.comm = k ? &W.world : &c;
+    d.dist = &cfg;
+    if (muon_create(&opt[k], &d) != MUON_OK) { CHECK(0, "create: %s", muon_error(NULL)); return; }
+    for (i = 0; i < 4; i++) {
+      char name[16];
+      snprintf(name, sizeof name, "ov%d", i);
+      tmat_init(&t[k][i], name, 20 + 3 * i, 16, &l, 1.0f);
+      CHECK(tmat_add(opt[k], &t[k][i]) == MUON_OK, "add: %s", muon_error(opt[k]));
+    }
+  }
+  CHECK(muon_step(opt[0]) == MUON_OK && muon_step(opt[1]) == MUON_OK, "step 1: %s", muon_error(opt[0]));
+  if (W.size > 1) {
+    for (i = 0; i < 4; i++) memcpy(t[0][i].w0, t[0][i].w, t[0][i].n * sizeof(float));
+    fl.fail_at = fl.calls + 1;   /* the second alltoallv of step 2: gathers are queued behind it */
+    st = muon_step(opt[0]);
+    CHECK(st == MUON_ERR_COMM && strstr(muon_error(opt[0]), "injected failure"), "rank %d: failing step gave %s: %s",
+          W.rank, muon_status_string(st), muon_error(opt[0]));
+    for (i = 0; i < 4; i++) if (memcmp(t[0][i].w, t[0][i].w0, t[0][i].n * sizeof(float))) ok = 0;
+    CHECK(ok, "rank %d: the failed step changed parameters", W.rank);
+  }
+  CHECK(muon_step(opt[0]) == MUON_OK && muon_step(opt[1]) == MUON_OK, "step 2 (again): %s", muon_error(opt[0]));
+  CHECK(muon_step(opt[0]) == MUON_OK && muon_step(opt[1]) == MUON_OK, "step 3: %s", muon_error(opt[0]));
+  for (i = 0, ok = 1; i < 4; i++) if (memcmp(t[0][i].w, t[1][i].w, t[0][i].n * sizeof(float))) ok = 0;
+  CHECK(min_all(ok) == 1, "rank %d: after the retry the parameters differ from the run without the failure", W.rank);
+  for (k = 0; k < 2; k++) {
+    muon_destroy(opt[k]);
+    for (i = 0; i < 4; i++) tmat_free(&t[k][i]);
+  }
+}
+
 /* ---- faults: a wrapper communicator that kills or stalls one rank inside a step --------------- */
 typedef struct fault_comm { muon_comm inner; int victim, mode, calls; } fault_comm;
 static muon_status fault_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
@@ -810,6 +880,7 @@ int main(int argc, char **argv) {
   test_nonfinite();
   test_empty();
   test_state();
+  test_overlap_failure();
   if (W.rank == 0) rc = test_summary();
   else { test__end_case(); rc = test__failed ? 1 : 0; }
   muon_comm_destroy(&W.world);
