@@ -268,7 +268,7 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
              test_ns_cblas test_threads test_threads_fast test_threads_san test_threads_tsan \
              test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas \
-             fuzz_state_replay fuzz_layout_replay test_faults test_faults_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
+             fuzz_state_replay fuzz_layout_replay test_faults test_faults_san test_misuse test_misuse_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -300,7 +300,7 @@ test: deps check-headers
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
 	  "$(BUILD)/test_adamw" "$(BUILD)/test_adamw_cxx" "$(BUILD)/test_adamw_san" "$(BUILD)/test_adamw_fast" \
-	  "$(BUILD)/test_faults" "$(BUILD)/test_faults_san" \
+	  "$(BUILD)/test_faults" "$(BUILD)/test_faults_san" "$(BUILD)/test_misuse $(BUILD)/misuse" "$(BUILD)/test_misuse_san $(BUILD)/misuse" \
 	  "$(BUILD)/test_gemm" "$(BUILD)/test_gemm_cxx" "$(BUILD)/test_gemm_san" "$(BUILD)/test_gemm_fast" \
 	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \

@@ -1395,7 +1395,7 @@ static muon_status muon__check_hparams(const muon_hparams *hp, int compute_versi
   if (hp->cautious_wd && compute_version < 2) { snprintf(buf, size, "muon_hparams.cautious_wd needs a compute backend of vtable version >= 2 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM) { snprintf(buf, size, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)", (int)hp->ns_algorithm); return MUON_ERR_ARG; }
   if (hp->ns_algorithm == MUON_NS_GRAM && compute_version < 3) { snprintf(buf, size, "muon_hparams.ns_algorithm MUON_NS_GRAM needs a compute backend of vtable version >= 3 (this one is %d)", compute_version); return MUON_ERR_ARG; }
-  if (hp->ns_algorithm == MUON_NS_GRAM && ((hp->ns_restarts & 1u) || (hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
+  if (hp->ns_algorithm == MUON_NS_GRAM && ((hp->ns_restarts & 1u) || (hp->ns_steps >= 0 && hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
     snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)", hp->ns_restarts, hp->ns_steps);
     return MUON_ERR_ARG;
   }
@@ -1584,8 +1584,10 @@ static void muon__push(muon_layout *l, muon_level level) {
 
 static muon_status muon__auto_layout(void *state, int index, const struct muon_matrix *m, muon_layout *out) {
   const muon_auto_desc *d = (const muon_auto_desc *)state;
-  int expert = d->expert_of_matrix ? d->expert_of_matrix[index] : -1;
-  int tp_dim = d->tp_dim_per_matrix ? d->tp_dim_per_matrix[index] : d->tp_dim;
+  int expert, tp_dim;
+  if (!d) { memset(out, 0, sizeof *out); return MUON_OK; }   /* muon_auto_config(NULL): whole matrices */
+  expert = d->expert_of_matrix ? d->expert_of_matrix[index] : -1;
+  tp_dim = d->tp_dim_per_matrix ? d->tp_dim_per_matrix[index] : d->tp_dim;
   (void)m;
   memset(out, 0, sizeof *out);
   if (d->ddp) muon__push(out, muon_replicate(d->ddp));
@@ -1971,7 +1973,7 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   if (count > 1 && (stride < size || grad_stride < size || mirror_stride < size || mom_stride < size))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix strides (param %zu, grad %zu, mirror %zu, momentum %zu) make the %d stacked %d x %d matrices overlap (each needs >= %zu, the local piece)",
               stride, grad_stride, mirror_stride, mom_stride, count, m->rows, m->cols, size);
-  if (count > 1 && ((size_t)(count - 1) > MUON__MAX_FLOATS / stride || (size_t)(count - 1) > MUON__MAX_FLOATS / grad_stride ||
+  if (count > 1 && size && ((size_t)(count - 1) > MUON__MAX_FLOATS / stride || (size_t)(count - 1) > MUON__MAX_FLOATS / grad_stride ||
                     (size_t)(count - 1) > MUON__MAX_FLOATS / mirror_stride || (size_t)(count - 1) > MUON__MAX_FLOATS / mom_stride))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix: %d slices at these strides overflow the address space", count);
 #undef MUON__BAD
@@ -6008,6 +6010,12 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
   if ((st = muon__read_file(opt, path, "muon_state_load_file", &buf, &len)) != MUON_OK) return st;
   st = muon_state_load(opt, buf, len);
   muon__free(&opt->allocator, buf);
+  if (st != MUON_OK) {   /* name the file: the load's message names only the state */
+    char was[sizeof opt->error];
+    const char *what = strstr(opt->error, "muon_state_load: ");
+    snprintf(was, sizeof was, "%s", what ? what + strlen("muon_state_load: ") : opt->error);
+    return muon__fail(opt, st, "muon_state_load_file: '%s': %s", path, was);
+  }
   return st;
 }
 
