@@ -190,12 +190,12 @@ ifeq ($(HAVE_CUDA),1)
 CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" \
               "$(BUILD)/cuda/test_cuda" \
               "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
-              "tests/run_examples.sh $(BUILD)/cuda $(STRATEGIES)" \
+              "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
               $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
               $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
               "$(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
               "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
-              "tests/run_examples.sh --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
+              "tests/run_examples.sh --one-size --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
               "tests/run_wire.sh $(BUILD)/cuda 4 fsdp tp_fsdp" "tests/run_wire.sh $(BUILD)/nccl 4 fsdp tp_hsdp" \
               "tests/run_overlap.sh $(BUILD)/cuda fsdp" "tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
               $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
