@@ -9,7 +9,7 @@
    checked alone against the unsplit GEMM, and bad thread counts are clear errors.
    Built also with ThreadSanitizer (test_parallel_tsan) and with MUON_NO_THREADS. */
 #define _POSIX_C_SOURCE 200809L
-#ifdef MUON_COVERAGE   /* at -O0 the full model takes minutes: the small one, split alike */
+#if defined(MUON_COVERAGE) && !defined(TEST_SMALL)   /* at -O0 the full model takes minutes: the small one, split alike */
 #define TEST_SMALL
 #endif
 #ifdef TEST_SMALL      /* thresholds low enough to split the small shapes (no result depends on them) */
