@@ -414,6 +414,24 @@ static void test_bad_desc(void) {
     CHECK(muon_create(&o, &d) == MUON_OK, "a version-1 communicator (memory not read): %s", muon_error(NULL));
     muon_destroy(o);
   }
+  {   /* the dist config's wire format and prefetch depth out of range */
+    static const struct { int wire, prefetch; const char *needle; } bad[3] = {
+      { 7, 0, "muon_dist_config.wire" }, { 0, 9, "muon_dist_config.prefetch must be in [0, 8] (got 9)" },
+      { 0, -1, "muon_dist_config.prefetch must be in [0, 8] (got -1)" } };
+    for (i = 0; i < 3; i++) {
+      muon_desc d = muon_default_desc();
+      muon_dist_config cfg = muon_layout_config();
+      muon_optimizer *o = (muon_optimizer *)&d;
+      muon_status st;
+      cfg.wire = (muon_wire)bad[i].wire;
+      cfg.prefetch = bad[i].prefetch;
+      d.dist = &cfg;
+      st = muon_create(&o, &d);
+      CHECK(st == MUON_ERR_ARG && o == NULL && HAS(muon_error(NULL), bad[i].needle), "dist case %d: %s, '%s' (want '%s')", i,
+            muon_status_string(st), muon_error(NULL), bad[i].needle);
+      if (st == MUON_OK) muon_destroy(o);
+    }
+  }
 }
 
 /* ---- 2. hyperparameters -------------------------------------------------------------------- */

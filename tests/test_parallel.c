@@ -267,6 +267,23 @@ static void gemm_split_case(int transb, int lower, int M, int N, int K, int pack
   free(A); free(B); free(C0); free(C1); free(packs);
 }
 
+#ifndef MUON_NO_THREADS
+/* An allocator failing its n-th call: muon_create with a pool fails cleanly at each. */
+typedef struct fail_alloc { int calls, fail_at; long live; } fail_alloc;
+static void *fa_alloc(size_t n, void *u) {
+  fail_alloc *f = (fail_alloc *)u;
+  void *p;
+  if (f->calls++ == f->fail_at) return NULL;
+  p = malloc(n);
+  if (p) f->live++;
+  return p;
+}
+static void fa_free(void *p, void *u) {
+  fail_alloc *f = (fail_alloc *)u;
+  if (p) { f->live--; free(p); }
+}
+#endif
+
 int main(void) {
   state ref, got;
   muon_threads one;
@@ -353,6 +370,29 @@ int main(void) {
 #endif
     muon_destroy(opt);
   }
+#ifndef MUON_NO_THREADS
+  TEST_CASE("muon_create with a pool of 3 threads, each allocation failing in turn: MUON_ERR_NOMEM naming it, nothing leaked");
+  {
+    int k, sites = 0;
+    for (k = 0; k < 64; k++) {
+      fail_alloc fa = { 0, 0, 0 };
+      muon_desc d = muon_default_desc();
+      muon_optimizer *opt = NULL;
+      muon_status s;
+      fa.fail_at = k;
+      d.allocator.alloc = fa_alloc;
+      d.allocator.free = fa_free;
+      d.allocator.user_data = &fa;
+      d.threads.count = 3;
+      s = muon_create(&opt, &d);
+      if (s == MUON_OK) { muon_destroy(opt); CHECK(fa.live == 0, "%ld blocks leaked by destroy", fa.live); break; }
+      sites++;
+      CHECK(s == MUON_ERR_NOMEM && !opt && strstr(muon_error(NULL), "allocating"), "site %d: %s: %s", k, muon_status_string(s), muon_error(NULL));
+      CHECK(fa.live == 0, "site %d: %ld blocks leaked", k, fa.live);
+    }
+    CHECK(sites >= 4, "only %d allocation sites", sites);
+  }
+#endif
   free_state(&ref);
   return test_summary();
 }
