@@ -300,7 +300,7 @@ test: deps check-headers
 	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
 	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
 	  "$(BUILD)/test_adamw" "$(BUILD)/test_adamw_cxx" "$(BUILD)/test_adamw_san" "$(BUILD)/test_adamw_fast" \
-	  "$(BUILD)/test_faults" "$(BUILD)/test_faults_san" "$(BUILD)/test_misuse $(BUILD)/misuse" "$(BUILD)/test_misuse_san $(BUILD)/misuse" \
+	  "$(BUILD)/test_faults $(BUILD)/faults" "$(BUILD)/test_faults_san $(BUILD)/faults" "$(BUILD)/test_misuse $(BUILD)/misuse" "$(BUILD)/test_misuse_san $(BUILD)/misuse" \
 	  "$(BUILD)/test_gemm" "$(BUILD)/test_gemm_cxx" "$(BUILD)/test_gemm_san" "$(BUILD)/test_gemm_fast" \
 	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
 	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \

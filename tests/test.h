@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* test_exit: _exit for ranks that must skip teardown (a dead peer, a crash). Under `make coverage`
@@ -19,6 +20,22 @@ void __gcov_dump(void);
 #else
 #define test_exit(code) _exit(code)
 #endif
+
+/* An allocator (muon_allocator) that fails its n-th allocation, counting from 0, and counts the
+   blocks live: the allocation-failure sweeps set fail_at and check live == 0 after. */
+typedef struct { int calls, fail_at; long live; } fail_alloc;
+static inline void *fa_alloc(size_t size, void *u) {
+  fail_alloc *f = (fail_alloc *)u;
+  void *p;
+  if (f->calls++ == f->fail_at) return NULL;
+  p = malloc(size);
+  if (p) f->live++;
+  return p;
+}
+static inline void fa_free(void *p, void *u) {
+  fail_alloc *f = (fail_alloc *)u;
+  if (p) { f->live--; free(p); }
+}
 
 static int test__passed, test__failed, test__case_failed, test__in_case;
 static const char *test__case = "";

@@ -28,20 +28,6 @@ static void capture_warn(muon_log_level level, const char *msg, void *user) {
   if (level <= MUON_LOG_WARN) capture_log(level, msg, user);
 }
 
-/* An allocator that fails the n-th allocation (counting from 0) and counts what is live. */
-typedef struct { int calls, fail_at; long live; } fail_alloc;
-static void *fa_alloc(size_t size, void *u) {
-  fail_alloc *f = (fail_alloc *)u;
-  void *p;
-  if (f->calls++ == f->fail_at) return NULL;
-  p = malloc(size);
-  if (p) f->live++;
-  return p;
-}
-static void fa_free(void *p, void *u) {
-  ((fail_alloc *)u)->live--;
-  free(p);
-}
 
 /* A small model: two matrices (one stacked pair), one tall, and two AdamW params. */
 typedef struct {

@@ -267,22 +267,6 @@ static void gemm_split_case(int transb, int lower, int M, int N, int K, int pack
   free(A); free(B); free(C0); free(C1); free(packs);
 }
 
-#ifndef MUON_NO_THREADS
-/* An allocator failing its n-th call: muon_create with a pool fails cleanly at each. */
-typedef struct fail_alloc { int calls, fail_at; long live; } fail_alloc;
-static void *fa_alloc(size_t n, void *u) {
-  fail_alloc *f = (fail_alloc *)u;
-  void *p;
-  if (f->calls++ == f->fail_at) return NULL;
-  p = malloc(n);
-  if (p) f->live++;
-  return p;
-}
-static void fa_free(void *p, void *u) {
-  fail_alloc *f = (fail_alloc *)u;
-  if (p) { f->live--; free(p); }
-}
-#endif
 
 int main(void) {
   state ref, got;

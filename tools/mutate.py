@@ -39,7 +39,7 @@ STEPS = [
     ("test_trainer", ["build/test_trainer"], "build/test_trainer", CORE),
     ("test_threads", ["build/test_threads"], "build/test_threads", CORE),
     ("test_parallel", ["build/test_parallel"], "build/test_parallel", CORE),
-    ("test_faults", ["build/test_faults"], "build/test_faults", CORE),
+    ("test_faults", ["build/test_faults"], "build/test_faults build/faults", CORE),
     ("test_misuse", ["build/test_misuse"], "build/test_misuse build/misuse", CORE),
     ("test_parallel_tsan", ["build/test_parallel_tsan"], "build/test_parallel_tsan", CORE),
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
