@@ -198,6 +198,8 @@ CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BU
               "tests/run_examples.sh --one-size --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
               "tests/run_wire.sh $(BUILD)/cuda 4 fsdp tp_fsdp" "tests/run_wire.sh $(BUILD)/nccl 4 fsdp tp_hsdp" \
               "tests/run_overlap.sh $(BUILD)/cuda fsdp" "tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
+              "tests/run_partial.sh $(BUILD)/cuda ddp hsdp" "tests/run_partial.sh $(BUILD)/nccl cp tp_hsdp" \
+              "EXTRA='--partial sum' tests/run_overlap.sh --some $(BUILD)/nccl ddp" \
               $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
               "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
 else
@@ -333,6 +335,10 @@ test: deps check-headers
 	  "tests/run_wire.sh $(BUILD) 4 ddp fsdp tp_fsdp hsdp ep_fsdp tp_hsdp" \
 	  "tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
 	  "tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
+	  "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
+	  "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
+	  "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
+	  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
 	  "$(BUILD)/test_dist --fault kill 3 overlap" "$(BUILD)/test_dist --fault stall 3 overlap" \
 	  "tests/run_fuzz.sh $(BUILD) replay" \
 	  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout" \

@@ -485,13 +485,29 @@ typedef enum muon_placement {
   MUON_REPLICATE = 0,              /* every rank of the group holds the whole piece (DDP, CP)   */
   MUON_SHARD,                      /* split `dim` (0 rows, 1 cols) in torch.chunk chunks:
                                       ceil(d/size) each, the last ones short or empty           */
-  MUON_FLAT                        /* a contiguous range of the row-major flattened piece
+  MUON_FLAT,                       /* a contiguous range of the row-major flattened piece
                                       (FSDP1 / ZeRO flat buffers); may cut rows                 */
+  MUON_PARTIAL                     /* every rank of the group holds the whole piece, as with
+                                      REPLICATE, but its gradient is only its own part (DDP or
+                                      CP gradients before their all-reduce): see below          */
 } muon_placement;
+
+/* MUON_PARTIAL: the gradient is the sum (or mean) of the group's parts. muon adds them up on the
+   way to the matrix's owner, in the order of the ranks' index in the group (with several PARTIAL
+   levels: the first level's index most significant), so the result is bitwise that of one
+   device given the parts summed in that order. MEAN multiplies the sum by 1/size (folded into
+   grad_scale: g = (grad_scale * (1.0f / size)) * sum). The momentum then lives on the owner
+   alone, whole (muon_get_momentum: rows x cols floats there, none elsewhere), and every rank
+   gets O back. Needs muon's own exchange (not muon_dist_config.gather). */
+typedef enum muon_reduce {
+  MUON_REDUCE_SUM = 0,
+  MUON_REDUCE_MEAN
+} muon_reduce;
 
 typedef struct muon_level {
   muon_placement placement;
   int dim;                         /* MUON_SHARD: 0 or 1                                        */
+  muon_reduce reduce;              /* MUON_PARTIAL: sum or mean of the group's parts            */
   int size;                        /* ranks in this level's group                               */
   int index;                       /* this rank's index in that group                           */
   long long offset, length;        /* MUON_FLAT: this rank's range; length < 0 = chunk split
@@ -510,6 +526,7 @@ MUON_API muon_level muon_shard(int dim, const muon_comm *group);
 MUON_API muon_level muon_flat(const muon_comm *group);
 MUON_API muon_level muon_flat_range(const muon_comm *group, long long offset, long long length);
 MUON_API muon_level muon_replicate(const muon_comm *group);
+MUON_API muon_level muon_partial(const muon_comm *group, muon_reduce reduce);
 
 /* ---------------------------------------------------------------------------------------------
    Distribution: which rank orthogonalises each matrix, and how U and O move.
@@ -531,7 +548,8 @@ struct muon_matrix;
 typedef enum muon_wire {
   MUON_WIRE_AUTO = 0,              /* bf16 where it changes no bit: every group runs BF16
                                       Newton-Schulz (its input is rounded to bf16 first and its
-                                      output is bf16) without NorMuon; else fp32                */
+                                      output is bf16) without NorMuon, and no matrix is Partial
+                                      (its parts are summed first); else fp32                   */
   MUON_WIRE_FP32,
   MUON_WIRE_BF16                   /* always bf16: half the bytes; with fp32 Newton-Schulz U and O
                                       are rounded on the way, which changes the numerics        */
@@ -572,8 +590,9 @@ typedef struct muon_dist_config {
 } muon_dist_config;
 
 /* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to
-   last: REPLICATE over ddp, cp, replicate (HSDP) and ep (dense matrices only); SHARD(tp dim) over
-   tp; SHARD(0) (or FLAT with fsdp_flat) over fsdp and shard (HSDP). Expert matrices and pipeline
+   last: REPLICATE (PARTIAL with `partial`) over ddp, cp and replicate (HSDP); REPLICATE over ep
+   (dense matrices only); SHARD(tp dim) over tp; SHARD(0) (or FLAT with fsdp_flat) over fsdp and
+   shard (HSDP). Expert matrices and pipeline
    stages get distinct layout keys, so they are owned inside their EP / PP group. The returned
    config points at *desc, which must stay valid while matrices are being added. */
 typedef struct muon_auto_desc {
@@ -584,6 +603,11 @@ typedef struct muon_auto_desc {
                                       1: split columns (row-parallel), -1: replicated over tp   */
   const int *tp_dim_per_matrix;    /* optional, per local matrix index; overrides tp_dim        */
   const muon_comm *ddp, *cp;       /* replicas                                                  */
+  int partial;                     /* 1: the gradients over ddp, cp and replicate are not reduced
+                                      (each rank has only its own): PARTIAL levels over them, so
+                                      muon sums them on the way to the owners and the trainer
+                                      drops its all-reduce                                      */
+  muon_reduce reduce;              /* with partial: the gradient is their sum or their mean     */
   const muon_comm *shard, *replicate; /* HSDP                                                   */
   const muon_comm *ep;
   const int *expert_of_matrix;     /* per local matrix index: expert id, -1 = dense             */
@@ -769,7 +793,8 @@ typedef struct muon_stats {
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
 
 /* Read-only view of a matrix's momentum buffer (its local floats), in the compute backend's
-   memory: a GPU pointer with muon_cuda.h. */
+   memory: a GPU pointer with muon_cuda.h. A Partial matrix's: rows x cols on its owner (once
+   planned), NULL and 0 elsewhere. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
 
 /* ---------------------------------------------------------------------------------------------
@@ -1167,7 +1192,11 @@ typedef struct muon__matrix {
   int group;
   size_t size;          /* elements of param/grad/momentum held here */
   float *momentum;      /* backend memory */
+  size_t momentum_size; /* its floats: size; for a Partial matrix rows x cols on its owner, else 0 */
   int own_momentum;     /* allocated by muon (else the trainer's buffer) */
+  int parts;            /* MUON_PARTIAL: the parts of its gradient (1: none) */
+  float part_scale;     /* MEAN's factor, folded into grad_scale */
+  int momentum_fresh;   /* a Partial matrix's momentum is planning's zeros, never stepped: not state yet */
   int told_absent;      /* the logger heard that its gradient is absent */
   int skip;             /* this step: absent or non-finite gradient */
   muon_layout layout;
@@ -1187,7 +1216,10 @@ typedef struct muon__holder {
   int rank;
   int local;            /* that rank's matrix index */
   muon__piece piece;
-  int source;           /* the rank that sends this piece's U to the owner */
+  int source;           /* the rank that sends this piece's U (or its part) to the owner */
+  int part;             /* its part of a Partial gradient (0 without PARTIAL levels) */
+  int has_momentum;     /* a Partial matrix's momentum is there (its owner stays) */
+  size_t at;            /* owner, in a step: where its piece sits in the received buffer */
   muon_layout layout;   /* as that rank described its piece (for the plan's text) */
 } muon__holder;
 
@@ -1204,6 +1236,9 @@ typedef struct muon__global {
   int skip;             /* this step, agreed by all ranks */
   int n_holders;        /* ranks with a non-empty piece, ascending */
   int mine;             /* this rank's entry in holders, -1 if none */
+  int parts;            /* MUON_PARTIAL: parts of the gradient, summed by the owner (1: none) */
+  float part_scale;
+  size_t roff;          /* owner of a Partial matrix: its reduced gradient in the plan's `reduced` */
   muon__holder *holders;
   int *holder_ranks;
 } muon__global;
@@ -1245,6 +1280,10 @@ typedef struct muon__plan {
   int prefetch;         /* muon_dist_config.prefetch, and whether rounds overlap at all */
   int pipelined;
   float *gathered;      /* full operands X of the matrices this rank owns in a round */
+  float *reduced;       /* the summed gradients of the Partial matrices this rank owns, row-major,
+                           kept until the commit moves their momentum */
+  float *scratch;       /* one operand: a further part while summing, then U */
+  size_t reduced_floats, scratch_floats;
   void *ns_ws;
   int wire_bf16;        /* the exchange carries bf16 (muon_dist_config.wire) */
   int stage;            /* through host buffers: the compute is on a device and the comm is not */
@@ -1452,6 +1491,11 @@ static muon_level muon__level(muon_placement placement, int dim, const muon_comm
 MUON_API muon_level muon_shard(int dim, const muon_comm *group) { return muon__level(MUON_SHARD, dim, group); }
 MUON_API muon_level muon_flat(const muon_comm *group) { return muon__level(MUON_FLAT, 0, group); }
 MUON_API muon_level muon_replicate(const muon_comm *group) { return muon__level(MUON_REPLICATE, 0, group); }
+MUON_API muon_level muon_partial(const muon_comm *group, muon_reduce reduce) {
+  muon_level l = muon__level(MUON_PARTIAL, 0, group);
+  l.reduce = reduce;
+  return l;
+}
 MUON_API muon_level muon_flat_range(const muon_comm *group, long long offset, long long length) {
   muon_level l = muon__level(MUON_FLAT, 0, group);
   l.offset = offset;
@@ -1463,6 +1507,12 @@ static void muon__chunk(long long d, int size, int index, long long *lo, long lo
   long long c = (d + size - 1) / size;
   *lo = (long long)index * c < d ? (long long)index * c : d;
   *hi = *lo + c < d ? *lo + c : d;
+}
+
+static muon__piece muon__whole_piece(int rows, int cols) {
+  muon__piece p;
+  p.r0 = 0; p.c0 = 0; p.h = rows; p.w = cols; p.f0 = 0; p.f1 = (long long)rows * cols;
+  return p;
 }
 
 /* Same elements, same representation (replicas are recognised by equality): whole rows become
@@ -1496,6 +1546,9 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
     if (l->size < 1 || l->index < 0 || l->index >= l->size) { snprintf(why, n, "levels[%d]: index %d outside a group of %d", k, l->index, l->size); return MUON_ERR_SHAPE; }
     switch (l->placement) {
     case MUON_REPLICATE: break;
+    case MUON_PARTIAL:
+      if (l->reduce != MUON_REDUCE_SUM && l->reduce != MUON_REDUCE_MEAN) { snprintf(why, n, "levels[%d]: PARTIAL reduce must be MUON_REDUCE_SUM or MUON_REDUCE_MEAN (got %d)", k, (int)l->reduce); return MUON_ERR_SHAPE; }
+      break;
     case MUON_SHARD:
       if (l->dim != 0 && l->dim != 1) { snprintf(why, n, "levels[%d]: SHARD dim must be 0 or 1 (got %d)", k, l->dim); return MUON_ERR_SHAPE; }
       if (flat) {
@@ -1531,6 +1584,24 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
   }
   *out = muon__canonical(p);
   return MUON_OK;
+}
+
+/* The parts of a gradient under a layout: their count (1 without PARTIAL levels), this rank's
+   part (mixed radix, the first PARTIAL level most significant) and MEAN's factor. */
+static int muon__layout_parts(const muon_layout *l, int *part, float *scale) {
+  int k;
+  long long n = 1, p = 0, mean = 1;
+  for (k = 0; k < l->n_levels && k < MUON_MAX_LEVELS; k++) {
+    const muon_level *v = &l->levels[k];
+    if (v->placement != MUON_PARTIAL) continue;
+    if (v->size < 1 || n > INT_MAX / v->size) return -1;
+    n *= v->size;
+    p = p * v->size + v->index;
+    if (v->reduce == MUON_REDUCE_MEAN) mean *= v->size;
+  }
+  if (part) *part = (int)p;
+  if (scale) *scale = 1.0f / (float)mean;
+  return (int)n;
 }
 
 /* Walks a piece row segment by row segment: element (row, col .. col+len) of the full matrix is
@@ -1590,9 +1661,9 @@ static muon_status muon__auto_layout(void *state, int index, const struct muon_m
   tp_dim = d->tp_dim_per_matrix ? d->tp_dim_per_matrix[index] : d->tp_dim;
   (void)m;
   memset(out, 0, sizeof *out);
-  if (d->ddp) muon__push(out, muon_replicate(d->ddp));
-  if (d->cp) muon__push(out, muon_replicate(d->cp));
-  if (d->replicate) muon__push(out, muon_replicate(d->replicate));
+  if (d->ddp) muon__push(out, d->partial ? muon_partial(d->ddp, d->reduce) : muon_replicate(d->ddp));
+  if (d->cp) muon__push(out, d->partial ? muon_partial(d->cp, d->reduce) : muon_replicate(d->cp));
+  if (d->replicate) muon__push(out, d->partial ? muon_partial(d->replicate, d->reduce) : muon_replicate(d->replicate));
   if (d->ep && expert < 0) muon__push(out, muon_replicate(d->ep));
   if (d->tp) muon__push(out, tp_dim == 0 || tp_dim == 1 ? muon_shard(tp_dim, d->tp) : muon_replicate(d->tp));
   if (d->fsdp) muon__push(out, d->fsdp_flat ? muon_flat(d->fsdp) : muon_shard(0, d->fsdp));
@@ -1933,6 +2004,8 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   muon__piece piece;
   muon__matrix *grown;
   float **moms;
+  int parts;
+  float part_scale;
   muon_status st = MUON_OK;
   if (!opt) return MUON_ERR_ARG;
   if (!m) return muon__fail(opt, MUON_ERR_ARG, "muon_add_matrix: m is NULL");
@@ -1963,6 +2036,10 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     if (muon__layout_piece(&layout, m->rows, m->cols, &piece, why, sizeof why) != MUON_OK) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: %s", why);
   }
   size = (size_t)(piece.f1 - piece.f0);
+  parts = muon__layout_parts(&layout, NULL, &part_scale);
+  if (parts < 1) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: its PARTIAL groups hold more than %d parts together", INT_MAX);
+  if (parts > 1 && m->momentum)
+    MUON__BAD(MUON_ERR_ARG, "muon_matrix.momentum must be NULL for a Partial matrix: its momentum lives on its owner, whole, allocated by muon");
   count = m->count ? m->count : 1;
   if (count > INT_MAX - first || (size_t)count > MUON__MAX_FLOATS / (size ? size : 1))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count %d of %zu floats each is too large", count, size);
@@ -1982,6 +2059,7 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   moms = (float **)muon__alloc(&opt->allocator, (size_t)count * sizeof(float *));
   grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
   for (i = 0; grown && i < count; i++) {
+    if (parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
     moms[i] = m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__dev_alloc(opt, size * sizeof(float));
     if (!moms[i]) break;
   }
@@ -1991,7 +2069,7 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     muon__free(&opt->allocator, moms);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows, m->cols, first, name);
   }
-  for (i = 0; i < count && (st = muon__dev_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) == MUON_OK; i++) {}
+  for (i = 0; i < count && parts == 1 && (st = muon__dev_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) == MUON_OK; i++) {}
   if (st != MUON_OK) {
     for (i = 0; !m->momentum && i < count; i++) muon__dev_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
@@ -2019,14 +2097,17 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     x->piece = piece;
     x->global = -1;
     x->momentum = moms[i];
+    x->momentum_size = parts > 1 ? 0 : size;
     x->own_momentum = m->momentum == NULL;
+    x->parts = parts;
+    x->part_scale = part_scale;
   }
   muon__free(&opt->allocator, moms);
   muon__free(&opt->allocator, opt->matrices);
   opt->matrices = grown;
   opt->n_matrices = first + count;
   opt->plan.ready = 0;
-  opt->stats.state_bytes += (size_t)count * size * sizeof(float);
+  if (parts == 1) opt->stats.state_bytes += (size_t)count * size * sizeof(float);
   if (index_out) *index_out = first;
   return MUON_OK;
 }
@@ -3370,7 +3451,7 @@ static void muon__put_layout(unsigned char **p, const muon_layout *l) {
   for (k = 0; k < MUON_MAX_LEVELS; k++) {
     muon_level v;
     if (k < l->n_levels) v = l->levels[k]; else memset(&v, 0, sizeof v);
-    muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)v.dim);
+    muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)(v.placement == MUON_PARTIAL ? (int)v.reduce : v.dim));
     muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
     muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
   }
@@ -3387,6 +3468,7 @@ static void muon__get_layout(const unsigned char *rec, muon_layout *l) {
     v->placement = (muon_placement)muon__get32(&p); v->dim = (int)muon__get32(&p);
     v->size = (int)muon__get32(&p); v->index = (int)muon__get32(&p);
     v->offset = (long long)muon__get64(&p); v->length = (long long)muon__get64(&p);
+    if (v->placement == MUON_PARTIAL) { v->reduce = (muon_reduce)v->dim; v->dim = 0; }   /* one slot for both */
   }
 }
 
@@ -3403,6 +3485,7 @@ static void muon__layout_text(const muon_layout *l, char *out, size_t size) {
     if (v->placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %d, %d of %d", sep, v->dim, v->index, v->size);
     else if (v->placement == MUON_FLAT && v->length < 0) w = snprintf(out + used, size - used, "%sflat chunk %d of %d", sep, v->index, v->size);
     else if (v->placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %d of %d", sep, v->offset, v->length, v->index, v->size);
+    else if (v->placement == MUON_PARTIAL) w = snprintf(out + used, size - used, "%spartial %s, %d of %d", sep, v->reduce == MUON_REDUCE_MEAN ? "mean" : "sum", v->index, v->size);
     else w = snprintf(out + used, size - used, "%sreplicated, %d of %d", sep, v->index, v->size);
     used += w > 0 ? (size_t)w : 0;
   }
@@ -3416,6 +3499,7 @@ typedef struct muon__entry {     /* one registered matrix on the wire */
   unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
   unsigned char layout[MUON__LAYOUT_RECORD];   /* as the rank described its piece */
   long long normuon_have, normuon_want;        /* NorMuon's second moment: held here, wanted */
+  long long momentum_have;                     /* a Partial matrix's momentum is held here */
 } muon__entry;
 
 static void muon__plan_free(muon_optimizer *opt) {
@@ -3445,6 +3529,8 @@ static void muon__plan_free(muon_optimizer *opt) {
   if (pl->xfers) muon__free(a, pl->xfers[0].cnt);
   muon__free(a, pl->xfers);
   muon__dev_free(opt, pl->gathered);
+  muon__dev_free(opt, pl->reduced);
+  muon__dev_free(opt, pl->scratch);
   muon__dev_free(opt, pl->ns_ws);
   muon__free(a, pl->ops);
   muon__free(a, pl->counts);
@@ -3529,6 +3615,25 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
   if (st == MUON_OK && next != (long long)g->rows * g->cols) st = muon__gap(opt, g, gi, next, (long long)g->rows * g->cols);
   muon__free(&opt->allocator, iv);
   return st;
+}
+
+/* A Partial matrix: every part's pieces tile it alike, so the owner can add them piece by piece. */
+static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x, int g) {
+  long long pieces = 0, pairs = 0;
+  int j, i;
+  if (opt->dist.gather)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_plan: matrix '%s' (global %d) has a PARTIAL level, which needs muon's own exchange: muon_dist_config.gather is set", x->name, g);
+  for (j = 0; j < x->n_holders; j++) {
+    const muon__holder *h = &x->holders[j];
+    for (i = 0; i < j && !muon__same_piece(&x->holders[i].piece, &h->piece); i++) {}
+    pieces += i == j;
+    for (i = 0; i < j && !(muon__same_piece(&x->holders[i].piece, &h->piece) && x->holders[i].part == h->part); i++) {}
+    pairs += i == j;
+  }
+  if (pairs != pieces * x->parts)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: matrix '%s' (global %d): its %d Partial parts do not each hold all %lld of its pieces (%lld piece-part pairs held): every part needs the whole matrix",
+                      x->name, g, x->parts, pieces, pairs);
+  return MUON_OK;
 }
 
 static double muon__ns_cost(int rows, int cols) { /* per iteration: 4 m^2 n + 2 m^3, m <= n */
@@ -3619,19 +3724,19 @@ static muon_status muon__assign(muon_optimizer *opt) {
 }
 
 /* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
-   (in a row-major mesh: the same replica group). */
+   (in a row-major mesh: the same replica group); of a Partial matrix, each part of each piece. */
 static void muon__choose_sources(muon__global *x) {
   int j, k, own = -1;
   for (j = 0; j < x->n_holders; j++)
     if (x->holders[j].rank == x->owner) own = j;
   for (j = 0; j < x->n_holders; j++) {
     muon__holder *h = &x->holders[j];
-    if (muon__same_piece(&h->piece, &x->holders[own].piece)) { h->source = x->owner; continue; }
+    if (muon__same_piece(&h->piece, &x->holders[own].piece) && h->part == x->holders[own].part) { h->source = x->owner; continue; }
     h->source = -1;
     for (k = 0; k < x->n_holders; k++) {
       const muon__holder *c = &x->holders[k];
       int dk, db;
-      if (!muon__same_piece(&c->piece, &h->piece)) continue;
+      if (!muon__same_piece(&c->piece, &h->piece) || c->part != h->part) continue;
       dk = abs(c->rank - x->owner);
       db = h->source < 0 ? 0 : abs(h->source - x->owner);
       if (h->source < 0 || dk < db) h->source = c->rank;
@@ -3876,6 +3981,19 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
         x->holders[x->n_holders].piece.f0 = e->piece[4];
         x->holders[x->n_holders].piece.f1 = e->piece[5];
         muon__get_layout(e->layout, &x->holders[x->n_holders].layout);
+        {
+          muon__holder *h = &x->holders[x->n_holders];
+          float scale;
+          int parts = muon__layout_parts(&h->layout, &h->part, &scale);
+          if (x->n_holders && (parts != x->parts || scale != x->part_scale)) {
+            st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
+                            e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts, scale == 1.0f ? "sum" : "mean");
+            break;
+          }
+          x->parts = parts;
+          x->part_scale = scale;
+          h->has_momentum = e->momentum_have != 0;
+        }
         x->holder_ranks[x->n_holders] = r;
         x->n_holders++;
       }
@@ -3883,6 +4001,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     if (st == MUON_OK && x->n_holders == 0)
       st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name, g);
     if (st == MUON_OK) st = muon__check_tiling(opt, x, g);
+    if (st == MUON_OK && x->parts > 1) st = muon__check_parts(opt, x, g);
   }
   muon__free(&opt->allocator, gid);
   if (st != MUON_OK) return st;
@@ -3894,7 +4013,14 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->pipelined = opt->distributed && !opt->dist.gather && P > 1 &&
                   (pl->prefetch > 0 || (opt->dist.async && muon__async_comm(opt)));
   if ((st = muon__assign(opt)) != MUON_OK) return st;
-  for (g = 0; g < pl->n_globals; g++) muon__choose_sources(&pl->globals[g]);
+  for (g = 0; g < pl->n_globals; g++) {
+    muon__global *x = &pl->globals[g];
+    int j, pin = -1;   /* a Partial matrix's momentum does not move: its holder stays the owner */
+    for (j = x->n_holders - 1; j >= 0; j--)
+      if (x->holders[j].has_momentum) { pin = x->holders[j].rank; if (pin == x->owner) break; }
+    if (pin >= 0) x->owner = pin;
+    muon__choose_sources(x);
+  }
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
   {
     size_t *owned = (size_t *)muon__alloc(&opt->allocator, (size_t)P * sizeof(size_t));
@@ -3923,6 +4049,11 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     size_t full = (size_t)x->rows * x->cols;
     if (x->owner != me) continue;
     if (opt->dist.gather && 2 * full > pl->gathered_floats) pl->gathered_floats = 2 * full; /* full + operand */
+    if (x->parts > 1) {
+      pl->globals[g].roff = pl->reduced_floats;
+      pl->reduced_floats += full;
+      if (full > pl->scratch_floats) pl->scratch_floats = full;
+    }
   }
   for (i = 0, pl->stash_floats = 0; i < opt->n_matrices; i++) {
     opt->matrices[i].stash = pl->stash_floats;
@@ -3934,6 +4065,10 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->stash = (float *)muon__dev_alloc(opt, pl->stash_floats * sizeof(float));
   pl->gathered = (float *)muon__dev_alloc(opt, pl->gathered_floats * sizeof(float));
   pl->ns_ws = muon__dev_alloc(opt, pl->ns_ws_bytes);
+  if (pl->reduced_floats) {   /* only owners of Partial matrices */
+    pl->reduced = (float *)muon__dev_alloc(opt, pl->reduced_floats * sizeof(float));
+    pl->scratch = (float *)muon__dev_alloc(opt, pl->scratch_floats * sizeof(float));
+  }
   pl->ops = (muon_piece_copy *)muon__alloc(&opt->allocator, (size_t)pl->ops_cap * sizeof(muon_piece_copy));
   pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
   pl->out_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_globals * sizeof(int));
@@ -3941,14 +4076,15 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
   if (!pl->stash || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
+      (pl->reduced_floats && (!pl->reduced || !pl->scratch)) ||
       !pl->out_flags || !pl->host_out || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
-                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes);
+                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->reduced_floats + pl->scratch_floats) * sizeof(float) + pl->ns_ws_bytes);
   if (opt->distributed) {
     opt->stats.rounds = pl->n_rounds;
     opt->stats.exchange_bytes = pl->stash_floats * sizeof(float) + muon__xfer_bytes(opt);
   }
-  opt->stats.workspace_bytes = (pl->stash_floats + pl->gathered_floats) * sizeof(float) + pl->ns_ws_bytes + muon__xfer_bytes(opt);
+  opt->stats.workspace_bytes = (pl->stash_floats + pl->gathered_floats + pl->reduced_floats + pl->scratch_floats) * sizeof(float) + pl->ns_ws_bytes + muon__xfer_bytes(opt);
   return MUON_OK;
 }
 
@@ -4166,6 +4302,51 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   return local;
 }
 
+static void muon__partial_drop(muon_optimizer *opt, muon__matrix *x) {
+  muon__dev_free(opt, x->momentum);
+  opt->stats.state_bytes -= x->momentum_size * sizeof(float);
+  x->momentum = NULL;
+  x->momentum_size = 0;
+  x->momentum_fresh = 0;
+}
+
+/* A Partial matrix's momentum: zeros for an owner without one (fresh: not state until a step
+   moves it), allocated before the plans are compared so that a rank short of memory fails with
+   all the others; once the plan stands, holders that are not the owner drop theirs. */
+static int muon__owns(const muon_optimizer *opt, const muon__matrix *x) {
+  return x->global >= 0 && opt->plan.globals[x->global].owner == opt->plan.me;
+}
+
+/* A zeroed whole momentum for x, unless it has one. */
+static muon_status muon__partial_room(muon_optimizer *opt, muon__matrix *x, const char *op) {
+  size_t full = (size_t)x->rows * x->cols;
+  muon_status st;
+  char what[160];
+  if (x->momentum) return MUON_OK;
+  if (!(x->momentum = (float *)muon__dev_alloc(opt, full * sizeof(float))))
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the momentum of Partial matrix '%s' (%d x %d) failed", op, x->name, x->rows, x->cols);
+  x->momentum_size = full;
+  x->momentum_fresh = 1;
+  opt->stats.state_bytes += full * sizeof(float);
+  snprintf(what, sizeof what, "%s: zeroing a momentum", op);
+  if ((st = muon__dev_zero(opt, x->momentum, full * sizeof(float), what)) != MUON_OK) muon__partial_drop(opt, x);
+  return st;
+}
+
+static muon_status muon__partial_prepare(muon_optimizer *opt) {
+  int i;
+  muon_status st;
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].parts > 1 && muon__owns(opt, &opt->matrices[i]) && (st = muon__partial_room(opt, &opt->matrices[i], "muon_plan")) != MUON_OK) return st;
+  return MUON_OK;
+}
+
+static void muon__partial_finish(muon_optimizer *opt) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].parts > 1 && opt->matrices[i].momentum && !muon__owns(opt, &opt->matrices[i])) muon__partial_drop(opt, &opt->matrices[i]);
+}
+
 /* Without a dist config each rank is a world of its own: every matrix it holds is a global
    one that it owns, and the step runs the same rounds with nothing to exchange. */
 static muon_status muon__plan_local(muon_optimizer *opt) {
@@ -4253,6 +4434,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       e->hparams = muon__ns_hash(&opt->groups[x->group]);
       e->normuon_have = x->normuon ? x->normuon_len : 0;
       e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
+      e->momentum_have = x->parts > 1 && x->momentum && !x->momentum_fresh;
       { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
     }
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
@@ -4262,6 +4444,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
   got = muon__build_plan(opt, all, count, max_local);
+  if (got == MUON_OK) got = muon__partial_prepare(opt);
   if (got == MUON_OK) got = muon__normuon_prepare(opt);
   if (got == MUON_OK && (moving = muon__normuon_counts(opt, all, max_local)) != 0) {
     got = muon__normuon_buffers(opt, &nm_send, &nm_recv);
@@ -4284,6 +4467,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   }
   if (moving && (st = muon__normuon_move(opt, all, max_local, nm_send, nm_recv, moved)) != MUON_OK) goto done;
   muon__normuon_finish(opt, moved);
+  muon__partial_finish(opt);
   opt->plan.ready = 1;
   muon__log_plan(opt);
 done:
@@ -4789,6 +4973,8 @@ static int muon__wire_bf16(const muon_optimizer *opt) {
   if (opt->dist.wire != MUON_WIRE_AUTO) return opt->dist.wire == MUON_WIRE_BF16;
   for (g = 0; g < opt->n_groups; g++)
     if (opt->groups[g].precision != MUON_PRECISION_BF16 || opt->groups[g].normuon != MUON_NORMUON_OFF) return 0;
+  for (g = 0; g < opt->plan.n_globals; g++)   /* parts are summed in fp32 before any rounding */
+    if (opt->plan.globals[g].parts > 1) return 0;
   return 1;
 }
 
@@ -5067,7 +5253,17 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
   return any;
 }
 
-/* U of every piece this rank sends to an owner, in round order per destination. */
+/* A Partial matrix's part of the gradient, as it is (in fp32): the owner adds the parts up. */
+static muon_status muon__grad_part(muon_optimizer *opt, const muon__matrix *x, float *dst) {
+  if (x->grad_dtype == MUON_DTYPE_FP32)
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, x->grad, x->size * sizeof(float), 0, 0), "muon_step: copying a gradient part");
+  else
+    MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, dst, MUON_DTYPE_FP32, x->grad, x->grad_dtype, x->size), "muon_step: widening a gradient part");
+  return MUON_OK;
+}
+
+/* U of every piece this rank sends to an owner (of a Partial matrix: its part of the gradient),
+   in round order per destination. */
 static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g;
@@ -5078,10 +5274,51 @@ static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) 
     const muon__global *x = &pl->globals[g];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip || !h || h->source != me || x->owner == me) continue;
-    if ((st = muon__u_piece(opt, &opt->matrices[x->local], out->send + cur[x->owner])) != MUON_OK) return st;
+    st = x->parts > 1 ? muon__grad_part(opt, &opt->matrices[x->local], out->send + cur[x->owner])
+                      : muon__u_piece(opt, &opt->matrices[x->local], out->send + cur[x->owner]);
+    if (st != MUON_OK) return st;
     cur[x->owner] += muon__piece_size(&h->piece);
   }
   return MUON_OK;
+}
+
+/* The owner of a Partial matrix: the parts of its gradient added up, part 0 first (received
+   pieces at h->at in `out`, its own in its stash slot), in the operand; that sum, row-major, is
+   kept for the commit; then U from it and the whole momentum, into the operand. Adding is the
+   momentum slot with mu = 1 (SGD: B' = 1 * B + g is exactly B + g on every backend). */
+static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x, const muon__xfer *out) {
+  muon__plan *pl = &opt->plan;
+  const muon__matrix *own = &opt->matrices[x->local];
+  size_t full = (size_t)x->rows * x->cols;
+  float *X = pl->gathered + x->xoff, *G = pl->reduced + x->roff;
+  muon_momentum_args add, a = muon__momentum_args(opt, own);
+  int p, j, n;
+  muon_status st;
+  memset(&add, 0, sizeof add);
+  add.mu = 1.0f; add.sgd = 1; add.grad_scale = 1.0f; add.grad_dtype = MUON_DTYPE_FP32;
+  if ((st = muon__grad_part(opt, own, pl->stash + own->stash)) != MUON_OK) return st;
+  for (p = 0; p < x->parts; p++) {
+    float *dst = p ? pl->scratch : X;
+    for (j = 0, n = 0; j < x->n_holders; j++) {
+      const muon__holder *h = &x->holders[j];
+      if (h->part != p || h->rank != h->source || h->rank == pl->me) continue;
+      pl->ops[n] = muon__piece_op(x, &h->piece, h->at);
+      pl->ops[n++].operand = 0;
+    }
+    if ((st = muon__pack(opt, n, out->recv, dst, 1)) != MUON_OK) return st;
+    if (x->holders[x->mine].part == p) {
+      pl->ops[0] = muon__piece_op(x, &own->piece, own->stash);
+      pl->ops[0].operand = 0;
+      if ((st = muon__pack(opt, 1, pl->stash, dst, 1)) != MUON_OK) return st;
+    }
+    if (p) MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, full, X, pl->scratch, &add, 1, NULL), "muon_step: adding gradient parts");
+  }
+  pl->ops[0] = muon__whole(x->rows, x->cols, 0, 0);
+  if ((st = muon__pack(opt, 1, G, X, 0)) != MUON_OK) return st;
+  a.grad_scale *= x->part_scale;
+  a.grad_dtype = MUON_DTYPE_FP32;
+  MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, full, own->momentum, G, &a, 0, pl->scratch), "muon_step: momentum");
+  return muon__pack(opt, 1, pl->scratch, X, 1);
 }
 
 /* The owner's part: operands from its own piece and the received ones (out), Newton-Schulz,
@@ -5091,25 +5328,39 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
   int P = pl->P, me = pl->me, g, j, n;
   size_t *cur = pl->counts + 8 * (size_t)P, xend = 0;
   muon_status st;
+  memcpy(cur, out->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {   /* where each received piece sits */
+    muon__global *x = &pl->globals[g];
+    if (x->skip || x->owner != me) continue;
+    for (j = 0; j < x->n_holders; j++) {
+      muon__holder *h = &x->holders[j];
+      if (h->rank != h->source || h->source == me) continue;
+      h->at = cur[h->rank];
+      cur[h->rank] += muon__piece_size(&h->piece);
+    }
+  }
+  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
+    const muon__global *x = &pl->globals[g];
+    if (x->skip || x->owner != me) continue;
+    if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
+    if (x->parts > 1 && (st = muon__reduce_parts(opt, x, out)) != MUON_OK) return st;
+  }
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *own;
-    if (x->skip || x->owner != me) continue;
+    if (x->skip || x->owner != me || x->parts > 1) continue;
     own = &opt->matrices[x->local];
     if ((st = muon__u_piece(opt, own, pl->stash + own->stash)) != MUON_OK) return st;
     pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
-    if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 1)) != MUON_OK) return st;
-  memcpy(cur, out->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
-    if (x->skip || x->owner != me) continue;
+    if (x->skip || x->owner != me || x->parts > 1) continue;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->rank != h->source || h->source == me) continue;
-      pl->ops[n++] = muon__piece_op(x, &h->piece, cur[h->rank]);
-      cur[h->rank] += muon__piece_size(&h->piece);
+      pl->ops[n++] = muon__piece_op(x, &h->piece, h->at);
     }
   }
   if ((st = muon__pack(opt, n, out->recv, pl->gathered, 1)) != MUON_OK) return st;
@@ -5325,8 +5576,16 @@ static muon_status muon__commit(muon_optimizer *opt) {
     a.piece = muon__whole(x->rows, x->cols, 0, 0);
     a.piece.r0 = x->piece.r0; a.piece.c0 = x->piece.c0; a.piece.h = x->piece.h;
     a.piece.w = x->piece.w; a.piece.f0 = x->piece.f0; a.piece.f1 = x->piece.f1;
-    MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->size, x->momentum, x->grad, &m, 1, NULL),
-                  "muon_step: momentum (the update may be partly applied)");
+    if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
+      m.grad_scale *= x->part_scale;
+      m.grad_dtype = MUON_DTYPE_FP32;
+      MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->momentum_size, x->momentum, opt->plan.reduced + opt->plan.globals[x->global].roff,
+                                                   &m, 1, NULL), "muon_step: momentum (the update may be partly applied)");
+      x->momentum_fresh = 0;
+    } else if (x->parts == 1) {
+      MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->size, x->momentum, x->grad, &m, 1, NULL),
+                    "muon_step: momentum (the update may be partly applied)");
+    }
     MUON__BACKEND(opt, opt->compute.vt->apply(opt->compute.ctx, x->size, x->param, opt->plan.stash + x->stash, &a),
                   "muon_step: update (the update may be partly applied)");
     if (muon__normuon_owned(opt, x)) {   /* the v staged this step */
@@ -5458,7 +5717,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
   if (!buf || !size) return MUON_ERR_ARG;
   if (!opt || index < 0 || index >= opt->n_matrices) { *buf = NULL; *size = 0; return MUON_ERR_ARG; }
   *buf = opt->matrices[index].momentum;
-  *size = opt->matrices[index].size;
+  *size = opt->matrices[index].momentum_size;
   return MUON_OK;
 }
 
@@ -5469,6 +5728,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
      u32 groups | u32 AdamW groups | per group: its muon_hparams field by field (ns_steps triples)
      | per AdamW group: lr, beta1, beta2, eps, weight_decay      (torch keeps param_groups too)
      per matrix:      u32 rows | u32 cols | u64 size | (3) u64 name hash | size x f32 momentum
+                        (a Partial matrix: rows x cols on its owner, else size 0)
                       | (2 on) the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
                         (u32 placement, dim, size, index | u64 offset, length), unused ones 0
                       | (4 on) u32 len | len x f32 NorMuon second moment (its owner's; else 0)
@@ -5484,6 +5744,12 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
 #define MUON__ADAMW_GROUP_RECORD 24u                       /* version 3; 20 before */
 
+/* The momentum a blob records: the local piece's; a Partial matrix's whole one on its owner,
+   none elsewhere or while it is planning's zeros. */
+static size_t muon__saved_momentum(const muon__matrix *x) {
+  return x->parts == 1 ? x->size : x->momentum && !x->momentum_fresh ? x->momentum_size : 0;
+}
+
 /* The v a blob records: none while it is planning's zeros (a failed step leaves the state as it
    was, and a missing v starts at zero anyway). */
 static int muon__saved_normuon_len(const muon__matrix *x) { return x->normuon && !x->normuon_fresh ? x->normuon_len : 0; }
@@ -5492,7 +5758,7 @@ static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8 + MUON__ADAMW_GROUP_RECORD * (size_t)opt->n_adamw_groups;
   int i;
   for (i = 0; i < opt->n_groups; i++) n += 4 * (16 + 3 * (size_t)opt->groups[i].ns_steps);
-  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (opt->matrices[i].size + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
+  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (muon__saved_momentum(&opt->matrices[i]) + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
   return n;
 }
@@ -5506,6 +5772,7 @@ static size_t muon__largest_state(const muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
     if (opt->matrices[i].size > n) n = opt->matrices[i].size;
+    if (opt->matrices[i].parts > 1 && (size_t)opt->matrices[i].rows * opt->matrices[i].cols > n) n = (size_t)opt->matrices[i].rows * opt->matrices[i].cols;
     if ((size_t)opt->matrices[i].normuon_len > n) n = (size_t)opt->matrices[i].normuon_len;
   }
   for (i = 0; i < opt->n_adamw; i++) if (opt->adamw[i].size > n) n = opt->adamw[i].size;
@@ -5556,9 +5823,9 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     const muon__matrix *x = &opt->matrices[i];
     muon__put32(&p, (uint32_t)x->rows);
     muon__put32(&p, (uint32_t)x->cols);
-    muon__put64(&p, (uint64_t)x->size);
+    muon__put64(&p, (uint64_t)muon__saved_momentum(x));
     muon__put64(&p, (uint64_t)x->name_hash);
-    if ((st = muon__put_state(opt, &p, x->momentum, x->size, tmp)) != MUON_OK) break;
+    if ((st = muon__put_state(opt, &p, x->momentum, muon__saved_momentum(x), tmp)) != MUON_OK) break;
     muon__put_layout(&p, &x->layout);
     muon__put32(&p, (uint32_t)muon__saved_normuon_len(x));   /* NorMuon's v: its owner's, else none */
     if (muon__saved_normuon_len(x)) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp);
@@ -5804,23 +6071,31 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       muon__matrix *x = &opt->matrices[i];
       muon__saved_matrix m;
       muon__next_saved_matrix(&b, &p, &m);
+      if (pass && x->parts > 1) {   /* the owner that saved it stays the owner: the next step re-plans */
+        if (m.size) { st = muon__get_state(opt, m.momentum, x->momentum, (size_t)m.size, tmp); x->momentum_fresh = 0; }
+        else if (x->momentum) muon__partial_drop(opt, x);
+        opt->plan.ready = 0;
+        if (st != MUON_OK) goto done;
+      }
       if (pass) {
-        if ((st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done;
+        if (x->parts == 1 && (st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done;
         if (m.normuon_len) st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
         else muon__normuon_drop(opt, x);
         if (st != MUON_OK) goto done;
         continue;
       }
-      if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols || m.size != (uint64_t)x->size) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here), the state has %u x %u (%llu floats)",
-                        i, x->name, x->rows, x->cols, x->size, m.rows, m.cols, (unsigned long long)m.size);
+      if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols ||
+          (x->parts == 1 ? m.size != (uint64_t)x->size : m.size != 0 && m.size != (uint64_t)x->rows * (uint64_t)x->cols)) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats of momentum here%s), the state has %u x %u (%llu floats)",
+                        i, x->name, x->rows, x->cols, x->parts == 1 ? x->size : (size_t)x->rows * x->cols, x->parts == 1 ? "" : " or none: Partial",
+                        m.rows, m.cols, (unsigned long long)m.size);
         goto done;
       }
       if (b.version >= 3 && m.name_hash != (uint64_t)x->name_hash) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d is '%s' here, the state's matrix %d has another name (another model, or matrices registered in another order)", i, x->name, i);
         goto done;
       }
-      if (!muon__blob_finite(m.momentum, x->size, 0)) {
+      if (!muon__blob_finite(m.momentum, (size_t)m.size, 0)) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i, x->name);
         goto done;
       }
@@ -5839,6 +6114,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
         }
       }
       if ((st = muon__check_saved_normuon(opt, &m, x, &groups[x->group], "muon_state_load", "the state")) != MUON_OK) goto done;
+      if (x->parts > 1 && m.size && (st = muon__partial_room(opt, x, "muon_state_load")) != MUON_OK) goto done;
       if (m.normuon_len && !(x->normuon && x->normuon_len == (int)m.normuon_len) &&
           (st = muon__normuon_room(opt, x, (int)m.normuon_len, "muon_state_load")) != MUON_OK) goto done;
     }
@@ -6032,6 +6308,7 @@ typedef struct muon__reshard {
   size_t *at;                   /* where each matrix's, then each AdamW param's, floats start */
   long long *adamw_step;        /* per AdamW param, -1 until a piece arrives */
   float **normuon;              /* per matrix: NorMuon's v from the blob of its owner, or NULL */
+  unsigned char *matched;       /* per matrix: some blob has a record of it */
   unsigned char *group_bytes;   /* the first blob's group section: the others must match it */
   size_t group_len;
   uint64_t steps;
@@ -6119,11 +6396,18 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
       if (m.name_hash != (uint64_t)x->name_hash || lay.key != x->layout.key) continue;
       if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols)
         return muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s') is %d x %d here, rank %u saved it as %u x %u", op, i, x->name, x->rows, x->cols, b.rank, m.rows, m.cols);
-      if (muon__layout_piece(&lay, x->rows, x->cols, &from, why, sizeof why) != MUON_OK || (uint64_t)(from.f1 - from.f0) != m.size)
+      if (muon__layout_piece(&lay, x->rows, x->cols, &from, why, sizeof why) != MUON_OK || muon__layout_parts(&lay, NULL, NULL) < 1)
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank, x->name);
+      if (muon__layout_parts(&lay, NULL, NULL) > 1) from = m.size ? muon__whole_piece(x->rows, x->cols) : muon__canonical(muon__whole_piece(0, 0));
+      if ((uint64_t)(from.f1 - from.f0) != m.size)
         return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank, x->name);
       if (!muon__blob_finite(m.momentum, (size_t)m.size, 0))
         return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' holds NaN or Inf", op, b.rank, x->name);
-      bad = muon__reshard_copy(&x->piece, R->mom + R->at[i], R->got + R->at[i], &from, m.momentum);
+      R->matched[i] = 1;
+      {   /* a Partial matrix's momentum is whole (on its owner), both saved and here */
+        muon__piece to = x->parts > 1 ? muon__whole_piece(x->rows, x->cols) : x->piece;
+        bad = muon__reshard_copy(&to, R->mom + R->at[i], R->got + R->at[i], &from, m.momentum);
+      }
       if (bad >= 0)
         return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' differs from another saved replica's (local element %lld): they belong to different checkpoints", op, b.rank, x->name, bad);
       if ((st = muon__check_saved_normuon(opt, &m, x, &R->groups[x->group], op, "the blob")) != MUON_OK) return st;
@@ -6193,7 +6477,7 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   R.n = n;
   R.at = (size_t *)muon__alloc(&opt->allocator, (size_t)(nm + na + 1) * sizeof(size_t));
   if (R.at) {
-    for (i = 0; i < nm; i++) { R.at[i] = total; total += opt->matrices[i].size; }
+    for (i = 0; i < nm; i++) { R.at[i] = total; total += opt->matrices[i].parts > 1 ? (size_t)opt->matrices[i].rows * opt->matrices[i].cols : opt->matrices[i].size; }
     for (i = 0; i < na; i++) { R.at[nm + i] = total; total += opt->adamw[i].size; }
     R.at[nm + na] = total;
     R.mom = (float *)muon__alloc(&opt->allocator, R.at[nm] * sizeof(float) + 1);
@@ -6204,14 +6488,16 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     R.seen = (unsigned char *)muon__alloc(&opt->allocator, (size_t)n);
     R.groups = muon__alloc_groups(opt, &R.adamw_groups);
     R.normuon = (float **)muon__alloc(&opt->allocator, (size_t)(nm + 1) * sizeof(float *));
+    R.matched = (unsigned char *)muon__alloc(&opt->allocator, (size_t)nm + 1);
     if (R.normuon) for (i = 0; i < nm; i++) R.normuon[i] = NULL;
   }
-  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups || !R.normuon) {
+  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups || !R.normuon || !R.matched) {
     st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the staging of %zu floats failed", fn, total);
     goto done;
   }
   memset(R.got, 0, total);
   memset(R.seen, 0, (size_t)n);
+  memset(R.matched, 0, (size_t)nm + 1);
   for (i = 0; i < na; i++) R.adamw_step[i] = -1;
   for (k = 0; k < n && st == MUON_OK; k++) {
     char op[300];
@@ -6227,13 +6513,18 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     }
   }
   if (st != MUON_OK) goto done;
-  /* Every local element must have arrived. */
+  /* Every local element must have arrived (of a Partial matrix's momentum: all or, where it was
+     saved Partial before a step moved it, none). */
   for (i = 0; i < nm; i++) {
     const muon__matrix *x = &opt->matrices[i];
-    for (d = 0; d < x->size && R.got[R.at[i] + d]; d++) {}
-    if (d < x->size) {
-      muon__seg s = muon__segs(&x->piece);
-      while (muon__next_seg(&x->piece, &s) && (size_t)(s.off + s.len) <= d) {}
+    muon__piece to = x->parts > 1 ? muon__whole_piece(x->rows, x->cols) : x->piece;
+    size_t want = R.at[i + 1] - R.at[i], arrived = 0;
+    for (d = 0; d < want; d++) arrived += R.got[R.at[i] + d];
+    if (x->parts > 1 && R.matched[i] && !arrived) continue;
+    for (d = 0; d < want && R.got[R.at[i] + d]; d++) {}
+    if (d < want) {
+      muon__seg s = muon__segs(&to);
+      while (muon__next_seg(&to, &s) && (size_t)(s.off + s.len) <= d) {}
       st = muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s'): no saved piece holds its element (row %lld, col %lld): the checkpoint has no matrix of this name and layout key %lld, or not all of it",
                       fn, i, x->name, s.row, s.col + ((long long)d - s.off), x->layout.key);
       goto done;
@@ -6248,17 +6539,27 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
       goto done;
     }
   }
-  /* NorMuon's v goes to every holder (its owner here may be any of them): room first. */
+  /* NorMuon's v, and a Partial matrix's momentum, go to every holder (its owner here may be any
+     of them): room first. */
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
     int len = R.normuon[i] ? muon__normuon_len(&R.groups[x->group], x->rows, x->cols) : 0;
     if (len && !(x->normuon && x->normuon_len == len)) st = muon__normuon_room(opt, x, len, fn);
+    if (st == MUON_OK && x->parts > 1 && R.got[R.at[i]]) st = muon__partial_room(opt, x, fn);
   }
   if (st != MUON_OK) goto done;
   /* All arrived: now the optimizer changes. */
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
-    st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size, "muon_state_reshard: writing the state (partly loaded)");
+    if (x->parts > 1 && R.got[R.at[i]]) {
+      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->momentum_size, "muon_state_reshard: writing the state (partly loaded)");
+      x->momentum_fresh = 0;
+    } else if (x->parts > 1) {
+      if (x->momentum) muon__partial_drop(opt, x);
+    } else {
+      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size, "muon_state_reshard: writing the state (partly loaded)");
+    }
+    if (x->parts > 1) opt->plan.ready = 0;
     if (st == MUON_OK && R.normuon[i])
       st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i], (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
                             "muon_state_reshard: writing the state (partly loaded)");
@@ -6284,6 +6585,7 @@ done:
   if (st != MUON_OK) muon__normuon_drop_next(opt);
   for (i = 0; R.normuon && i < nm; i++) muon__free(&opt->allocator, R.normuon[i]);
   muon__free(&opt->allocator, R.normuon);
+  muon__free(&opt->allocator, R.matched);
   muon__free(&opt->allocator, R.at); muon__free(&opt->allocator, R.mom);
   muon__free(&opt->allocator, R.m1); muon__free(&opt->allocator, R.m2);
   muon__free(&opt->allocator, R.got); muon__free(&opt->allocator, R.adamw_step);
@@ -6340,7 +6642,7 @@ static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long lo
 static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, int momentum, float *out, const char *op) {
   const void *src = momentum ? (const void *)x->momentum : x->param;
   int bf16 = !momentum && x->param_dtype == MUON_DTYPE_BF16;
-  size_t n = x->size, k;
+  size_t n = momentum ? x->momentum_size : x->size, k;
   muon_status st;
   if (!n) return MUON_OK;
   if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
@@ -6366,14 +6668,14 @@ static size_t muon__largest_piece(const muon__global *x) {
   return b;
 }
 
-/* Every holder's block (a status float, then `width` floats per element of its piece, filled by
-   `fill` on the holders) lands on every rank: *blocks is P blocks of *stride floats. */
+/* Every holder's block (a status float, then `block` floats filled by `fill` on the holders)
+   lands on every rank: *blocks is P blocks of *stride floats. */
 typedef muon_status (*muon__fill_fn)(muon_optimizer *opt, const muon__matrix *x, float *block, void *arg);
 
-static muon_status muon__share_pieces(muon_optimizer *opt, int g, int width, muon__fill_fn fill, void *arg, float **blocks, size_t *stride, const char *op) {
+static muon_status muon__share_pieces(muon_optimizer *opt, int g, size_t block, muon__fill_fn fill, void *arg, float **blocks, size_t *stride, const char *op) {
   const muon__global *x = &opt->plan.globals[g];
   int P = opt->distributed ? opt->comm.size : 1, p;
-  size_t W = 1 + (size_t)width * muon__largest_piece(x);
+  size_t W = 1 + block;
   float *mine = (float *)muon__alloc(&opt->allocator, W * sizeof(float));
   float *all = (float *)muon__alloc(&opt->allocator, (size_t)P * W * sizeof(float));
   muon_status st = MUON_OK, local = MUON_OK;
@@ -6403,7 +6705,8 @@ static muon_status muon__share_pieces(muon_optimizer *opt, int g, int width, muo
   return MUON_OK;
 }
 
-/* Both the parameter and the momentum: the root keeps what it asked for. */
+/* Both the parameter and the momentum (of a Partial matrix: whole, on its owner only): the root
+   keeps what it asked for. */
 static muon_status muon__fill_values(muon_optimizer *opt, const muon__matrix *x, float *block, void *arg) {
   muon_status st = muon__read_piece(opt, x, 0, block, (const char *)arg);
   return st == MUON_OK ? muon__read_piece(opt, x, 1, block + x->size, (const char *)arg) : st;
@@ -6415,8 +6718,12 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
   int me = opt->distributed ? opt->comm.rank : 0, j;
   float *blocks;
   size_t W;
-  muon_status st = muon__share_pieces(opt, g, 2, muon__fill_values, (void *)op, &blocks, &W, op);
+  size_t piece = muon__largest_piece(x), full = (size_t)x->rows * x->cols;
+  muon_status st = muon__share_pieces(opt, g, piece + (x->parts > 1 ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
   if (st != MUON_OK || me != root) { muon__free(&opt->allocator, blocks); return st; }
+  for (j = 0; momentum && x->parts > 1 && j < x->n_holders; j++)
+    if (x->holders[j].rank == x->owner)
+      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__piece_size(&x->holders[j].piece), full * sizeof(float));
   for (j = 0; j < x->n_holders; j++) {   /* one copy of each piece: its U source's */
     const muon__holder *h = &x->holders[j];
     const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
@@ -6426,7 +6733,7 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
     while (muon__next_seg(&h->piece, &s)) {
       size_t at = (size_t)s.row * (size_t)x->cols + (size_t)s.col;
       if (param) memcpy(param + at, b + s.off, (size_t)s.len * sizeof(float));
-      if (momentum) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
+      if (momentum && x->parts == 1) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
     }
   }
   muon__free(&opt->allocator, blocks);
@@ -6574,7 +6881,7 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
     const muon__global *x = &opt->plan.globals[g];
     float *blocks;
     size_t W;
-    if ((st = muon__share_pieces(opt, g, 2, muon__fill_indices, &arg, &blocks, &W, op)) != MUON_OK) return st;
+    if ((st = muon__share_pieces(opt, g, 2 * muon__largest_piece(x), muon__fill_indices, &arg, &blocks, &W, op)) != MUON_OK) return st;
     /* Every rank checks every holder's piece: all reach the same verdict without another exchange. */
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];

@@ -11,14 +11,19 @@
    Options: --steps N, --quiet, --cautious (cautious weight decay), --gram (Gram Newton-Schulz),
    --normuon rows|larger (NorMuon as the paper, or as nanochat keeps it), --late (after the first
    step every rank and the single device register one more matrix, whole on every rank: muon
-   re-plans, owners move, and NorMuon's second moments must move with them), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
+   re-plans, owners move, and NorMuon's second moments must move with them; with --partial no
+   owner moves, as a Partial matrix's momentum stays where it is), --plan (rank 0 prints muon_plan_text), --dump PATH (muon_dump_file
    of the distributed run to PATH and of rank 0's single-device run to PATH.ref, for
    tools/muoncmp), --wrong-dim (muon is told the other TP dim than the one the pieces are cut
    by: the mistake muon_check_layouts and muoncmp are there to find), --bf16 (Newton-Schulz in
    bf16, as torch runs it: the exchange then carries bf16 by default, changing no bit), --wire
    fp32|bf16 (muon_dist_config.wire; either prints the exchange's payload bytes too), --prefetch N
    and --async (muon_dist_config.prefetch / .async: exchanges overlapped with Newton-Schulz),
-   --round-bytes N (muon_dist_config.round_bytes: small values give many rounds to overlap).
+   --round-bytes N (muon_dist_config.round_bytes: small values give many rounds to overlap),
+   --partial sum|mean (muon_auto_desc.partial: every rank's gradient over ddp, cp and HSDP's
+   replicate group is only its part, as before a DDP all-reduce; the single device gets their
+   sum, part 0 first, or its mean; rank 0 prints the exchange's bytes per rank against
+   2(P-1)/P S, and they must match exactly where every rank holds every matrix whole).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -62,6 +67,8 @@ typedef struct ex_world {
   int wire;           /* --wire fp32|bf16: muon_dist_config.wire (0: AUTO) */
   int prefetch, async; /* --prefetch N, --async: muon_dist_config.prefetch / .async */
   long round_bytes;   /* --round-bytes N: muon_dist_config.round_bytes (small: many rounds) */
+  int partial;        /* --partial sum|mean: muon_auto_desc.partial */
+  muon_reduce reduce;
   const char *dump;   /* --dump PATH */
 } ex_world;
 
@@ -104,6 +111,7 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--wire") && i + 1 < argc) { i++; w.wire = !strcmp(argv[i], "bf16") ? MUON_WIRE_BF16 : MUON_WIRE_FP32; }
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
+    else if (!strcmp(argv[i], "--partial") && i + 1 < argc) { i++; w.partial = 1; w.reduce = !strcmp(argv[i], "mean") ? MUON_REDUCE_MEAN : MUON_REDUCE_SUM; }
   }
 #ifdef EX_NCCL
   {   /* exchanges and compute on one stream: the CUDA backend's */
@@ -201,7 +209,7 @@ static size_t ex_piece(const muon_layout *l, int rows, int cols, long long *idx)
   for (k = 0; k < n; k++) idx[k] = k;
   for (i = 0; l && i < l->n_levels; i++) {
     const muon_level *v = &l->levels[i];
-    if (v->placement == MUON_REPLICATE) continue;
+    if (v->placement == MUON_REPLICATE || v->placement == MUON_PARTIAL) continue;
     if (v->placement == MUON_FLAT || flat) {
       long long len = v->placement == MUON_FLAT && v->length >= 0 ? v->length : ex_chunk(n, v->size, v->index, &lo);
       if (v->placement == MUON_FLAT && v->length >= 0) lo = v->offset;
@@ -228,9 +236,28 @@ static size_t ex_piece(const muon_layout *l, int rows, int cols, long long *idx)
 static int ex_replication(const muon_layout *l) {
   int i, n = 1;
   for (i = 0; l && i < l->n_levels; i++)
-    if (l->levels[i].placement == MUON_REPLICATE) n *= l->levels[i].size;
+    if (l->levels[i].placement == MUON_REPLICATE || l->levels[i].placement == MUON_PARTIAL) n *= l->levels[i].size;
   return n;
 }
+
+/* PARTIAL levels: how many parts a gradient has, this rank's (the first level's index most
+   significant) and MEAN's factor. */
+static int ex_parts(const muon_layout *l, int *part, float *scale) {
+  int i, n = 1, mean = 1;
+  *part = 0;
+  for (i = 0; l && i < l->n_levels; i++) {
+    const muon_level *v = &l->levels[i];
+    if (v->placement != MUON_PARTIAL) continue;
+    n *= v->size;
+    *part = *part * v->size + v->index;
+    if (v->reduce == MUON_REDUCE_MEAN) mean *= v->size;
+  }
+  *scale = 1.0f / (float)mean;
+  return n;
+}
+
+/* Part p > 0 of a Partial gradient (part 0 is the loss's gradient itself). */
+static float ex_part_noise(unsigned seed, int p, long long e) { return 0.1f * ex_value(seed ^ (0x9e3779b9u * (unsigned)p), e); }
 
 typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank */
   const ex_spec *spec;
@@ -241,6 +268,8 @@ typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank 
   float *w, *g;                      /* this rank's piece (inside the stacked buffer) */
   float *dev_full_w, *dev_full_g, *dev_w, *dev_g;  /* their GPU copies (EX_CUDA) */
   int repl;
+  int part, parts;                   /* --partial: this rank's part of the gradient, of how many */
+  float scale;                       /* MEAN's factor */
 } ex_slice;
 
 /* The framework's position of local element k of local matrix `matrix`: what this file's own
@@ -365,6 +394,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
                   const muon_dist_config *cfg_in, int layouts) {
   muon_desc desc = muon_default_desc(), ref_desc;
   muon_dist_config cfg = auto_desc ? muon_auto_config(auto_desc) : *cfg_in;
+  long long step0_sent = 0, whole = 1, pure = 1, full_bytes = 0;
   muon_optimizer *opt, *ref;
   muon_stats st;
   ex_slice *sl;
@@ -407,6 +437,8 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   if (auto_desc) {
     auto_desc->tp_dim_per_matrix = tp_dims;
     auto_desc->expert_of_matrix = experts;
+    auto_desc->partial = w->partial;
+    auto_desc->reduce = w->reduce;
   }
   /* Every rank builds the full matrices of what it holds: the single-device run. */
   for (i = 0, s = 0, local = 0; i < n_specs; i++) {
@@ -439,6 +471,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       }
       x->n = ex_piece(&lay, sp->rows, sp->cols, x->idx);
       x->repl = ex_replication(&lay);
+      x->parts = ex_parts(&lay, &x->part, &x->scale);
+      whole &= x->n == full;
+      pure &= x->repl == x->parts;   /* no REPLICATE level: every holder sends its own part */
+      full_bytes += (long long)full * (long long)sizeof(float);
       piece = x->n;
       r.name = x->name; r.param = x->full_w; r.grad = x->full_g; r.rows = sp->rows; r.cols = sp->cols;
       if (EX_ON_DEVICE) {
@@ -476,7 +512,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     {
       const float *mom;
       size_t n;
-      if (muon_get_momentum(opt, muon_matrix_count(opt) - 1, &mom, &n) != MUON_OK || n != piece)
+      if (muon_get_momentum(opt, muon_matrix_count(opt) - 1, &mom, &n) != MUON_OK || n != (sl[s].parts > 1 ? 0 : piece))
         ex_die(w, sp->name, "muon's piece has another size than the one cut here (--wrong-dim needs even splits)");
     }
     s += count;
@@ -514,10 +550,14 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
         ex_get(w, x->full_w, x->dev_full_w, full);
         ex_get(w, x->w, x->dev_w, x->n);
       }
-      for (e = 0; e < full; e++) x->full_g[e] = (x->full_w[e] - x->full_t[e]) + 0.1f * ex_value(seed, (long long)e);
+      for (e = 0; e < full; e++) {   /* Partial: the parts summed in order, part 0 first */
+        float g = (x->full_w[e] - x->full_t[e]) + 0.1f * ex_value(seed, (long long)e);
+        for (k = 1; k < x->parts; k++) g = g + ex_part_noise(seed, k, (long long)e);
+        x->full_g[e] = x->parts > 1 ? x->scale * g : g;
+      }
       for (e = 0; e < x->n; e++) {
         float d = x->w[e] - x->full_t[x->idx[e]];
-        x->g[e] = d + 0.1f * ex_value(seed, x->idx[e]);
+        x->g[e] = x->part ? ex_part_noise(seed, x->part, x->idx[e]) : d + 0.1f * ex_value(seed, x->idx[e]);
         mine += 0.5 * d * d / x->repl;
       }
       if (EX_ON_DEVICE) {
@@ -538,6 +578,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     }
     if (t == 0) {   /* the first step moves what muon_plan_text announced */
       muon_get_stats(opt, &st);
+      step0_sent = st.bytes_sent - before.bytes_sent;
       if ((announced[0] >= 0 && (st.bytes_sent - before.bytes_sent != announced[0] || st.bytes_received - before.bytes_received != announced[1])) ||
           st.collectives - before.collectives != announced[2]) {
         printf("rank %d: the plan text announced %lld B out, %lld B in, %lld collectives per step; the step made %lld, %lld, %lld\n", w->rank,
@@ -617,8 +658,35 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "late");
     for (k = 0, late_moved = 0; k < w->size; k++) late_moved += all_sums[3 * k];
     if (w->rank == 0) printf("late matrix: %lld local matrices changed owner\n", late_moved);
-    if (w->size > 1 && !late_moved) {   /* --late is there to move owners: else it tested nothing */
+    if (w->partial && late_moved) {   /* a Partial matrix's momentum does not move: nor does its owner */
+      if (w->rank == 0) printf("late matrix: a Partial matrix changed owner\n");
+      bad++;
+    } else if (w->size > 1 && !late_moved && !w->partial) {   /* --late is there to move owners: else it tested nothing */
       if (w->rank == 0) printf("late matrix: no owner moved, so no NorMuon second moment moved either\n");
+      bad++;
+    }
+  }
+  if (w->partial) {
+    /* A Partial step's exchange: every piece but the owner's own goes to the owner, and O comes
+       back to each of them: 2 (held - owned) bytes summed over ranks. Where every rank holds
+       every matrix whole (ddp, cp) that is 2(P-1)/P S per rank, against 2(P-1)/P S for the
+       trainer's all-reduce plus (P-1)/P S for muon's REPLICATE exchange. */
+    long long total = 0, want = 0, ring = 2 * (long long)(w->size - 1) * full_bytes;
+    sums[0] = step0_sent; sums[1] = whole | pure << 1; sums[2] = 0;
+    for (s = 0; s < n_local; s++) {
+      int owner = -1;
+      muon_get_owner(opt, s, &owner);
+      sums[2] += 2 * (long long)sl[s].n * (long long)sizeof(float) * (owner != w->rank);
+    }
+    if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "partial");
+    for (k = 0; k < w->size; k++) { total += all_sums[3 * k]; whole &= all_sums[3 * k + 1] & 1; pure &= all_sums[3 * k + 1] >> 1; want += all_sums[3 * k + 2]; }
+    if (w->rank == 0 && whole)
+      printf("partial: %.1f B per rank per step (mean over ranks) = 2(P-1)/P S = %.1f B (S = %lld B of matrices); the all-reduce-then-muon path: 3(P-1)/P S = %.1f B\n",
+             (double)total / w->size, (double)ring / w->size, full_bytes, 1.5 * ring / w->size);
+    else if (w->rank == 0)
+      printf("partial: %.1f B per rank per step (mean over ranks) = 2 x (held - owned) = %.1f B\n", (double)total / w->size, (double)want / w->size);
+    if (pure && !w->late && w->wire != MUON_WIRE_BF16 && (total != want || (whole && total != ring))) {
+      if (w->rank == 0) printf("partial: the exchange moved %lld B over all ranks in step 0, not 2 x (held - owned) = %lld B\n", total, want);
       bad++;
     }
   }

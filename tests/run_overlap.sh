@@ -5,7 +5,8 @@
 # of the debug setting (prefetch 0, async off) with the same round size. The debug setting of every
 # example at every size, with the default rounds, is tests/run_examples.sh.
 # With --some, three settings that still cover each level of each: 0 off, 1 on, 2 off.
-# usage: tests/run_overlap.sh [--some] BUILD_DIR example...
+# EXTRA: more options for every run (e.g. EXTRA='--partial sum' for the Partial variants).
+# usage: [EXTRA=...] tests/run_overlap.sh [--some] BUILD_DIR example...
 settings_all="0:off 0:on 1:off 1:on 2:off 2:on"
 settings=$settings_all
 if [ "$1" = "--some" ]; then settings="0:off 1:on 2:off"; shift; fi
@@ -21,7 +22,7 @@ for ex in "$@"; do
   n=$(size_for "$ex")
   ref=
   for s in $settings; do
-    setting="--prefetch ${s%%:*}"
+    setting="${EXTRA:+$EXTRA }--prefetch ${s%%:*}"
     [ "${s#*:}" = on ] && setting="$setting --async"
     # shellcheck disable=SC2086
     out=$("$build/muonrun" -n "$n" --timeout 120 "$build/$ex" --steps 4 --quiet --round-bytes 8192 $setting 2>&1)
