@@ -382,9 +382,11 @@ $(BUILD)/bench_ns: bench/bench_ns.c bench/bench.h muon.h | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< -o $@ $(BLAS_LIBS) -lm
 $(BUILD)/bench_dist: bench/bench_dist.c bench/bench.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS)
+$(BUILD)/bench_partial: bench/bench_partial.c bench/bench.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
+	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
-bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/muonrun
+bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
@@ -392,6 +394,8 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/muonrun
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --layers 1
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap --small 256 --steps 5
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap
+	$(BENCH_RUN) -n 2 $(BUILD)/bench_partial
+	$(BENCH_RUN) -n 4 $(BUILD)/bench_partial --layers 1
 
 # ---- install --------------------------------------------------------------------------------
 install: $(BUILD)/muoncmp

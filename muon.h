@@ -24,8 +24,8 @@
 
    DISTRIBUTED (see muon_gloo.h for a communicator, examples/ for every parallelism strategy):
    each rank registers the matrices it holds with param/grad pointing at its LOCAL piece, and
-   describes the piece by a layout (muon_shard / muon_flat / muon_replicate levels), directly
-   (muon_layout_config) or from its groups (muon_auto_config):
+   describes the piece by a layout (muon_shard / muon_flat / muon_replicate / muon_partial
+   levels), directly (muon_layout_config) or from its groups (muon_auto_config):
 
        muon_auto_desc ad = {0};
        ad.fsdp = &fsdp_comm; ad.tp = &tp_comm; ad.tp_dim = 0;
@@ -33,7 +33,9 @@
        desc.comm = &world_comm; desc.dist = &cfg;
 
    Every matrix is then orthogonalised once in the world, by one owner rank: per round one
-   alltoallv sends the pieces of U to the owners and one sends the pieces of O back.
+   alltoallv sends the pieces of U to the owners and one sends the pieces of O back. With
+   ad.partial = 1 (DDP/CP gradients not all-reduced) the pieces sent are each rank's part of the
+   gradient, summed by the owner, which alone keeps the momentum.
 
    VERIFYING A SETUP: muon_plan_text (who holds and owns what, bytes per step),
    muon_check_layouts (your layouts against the framework's own element positions),
@@ -1591,6 +1593,8 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
 static int muon__layout_parts(const muon_layout *l, int *part, float *scale) {
   int k;
   long long n = 1, p = 0, mean = 1;
+  if (part) *part = 0;
+  if (scale) *scale = 1.0f;
   for (k = 0; k < l->n_levels && k < MUON_MAX_LEVELS; k++) {
     const muon_level *v = &l->levels[k];
     if (v->placement != MUON_PARTIAL) continue;
@@ -6539,27 +6543,27 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
       goto done;
     }
   }
-  /* NorMuon's v, and a Partial matrix's momentum, go to every holder (its owner here may be any
-     of them): room first. */
+  /* NorMuon's v goes to every holder (its owner here may be any of them), and so does a Partial
+     matrix's momentum unless a current plan names its owner: room first. */
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
     int len = R.normuon[i] ? muon__normuon_len(&R.groups[x->group], x->rows, x->cols) : 0;
     if (len && !(x->normuon && x->normuon_len == len)) st = muon__normuon_room(opt, x, len, fn);
-    if (st == MUON_OK && x->parts > 1 && R.got[R.at[i]]) st = muon__partial_room(opt, x, fn);
+    if (st == MUON_OK && x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) st = muon__partial_room(opt, x, fn);
   }
   if (st != MUON_OK) goto done;
   /* All arrived: now the optimizer changes. */
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
-    if (x->parts > 1 && R.got[R.at[i]]) {
+    if (x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) {
       st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->momentum_size, "muon_state_reshard: writing the state (partly loaded)");
       x->momentum_fresh = 0;
-    } else if (x->parts > 1) {
+    } else if (x->parts > 1) {   /* none saved (planning's zeros then), or not the owner's */
       if (x->momentum) muon__partial_drop(opt, x);
+      if (opt->plan.ready && muon__owns(opt, x)) opt->plan.ready = 0;
     } else {
       st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size, "muon_state_reshard: writing the state (partly loaded)");
     }
-    if (x->parts > 1) opt->plan.ready = 0;
     if (st == MUON_OK && R.normuon[i])
       st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i], (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
                             "muon_state_reshard: writing the state (partly loaded)");

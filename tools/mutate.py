@@ -71,6 +71,8 @@ STEPS = [
      "tests/run_overlap.sh build fsdp tp_fsdp hsdp", GLOO),
     ("wire", ["build/ddp", "build/fsdp", "build/tp_fsdp", "build/hsdp", "build/muonrun"],
      "tests/run_wire.sh build 4 ddp fsdp tp_fsdp hsdp", GLOO),
+    ("partial", ["build/ddp", "build/cp", "build/hsdp", "build/tp_hsdp", "build/muonrun"],
+     "tests/run_partial.sh build ddp cp hsdp tp_hsdp", GLOO),
     ("examples --normuon", ["build/fsdp", "build/tp_fsdp", "build/muonrun"],
      RUN + " -n 4 build/fsdp --normuon larger --cautious --late --quiet && "
      + RUN + " -n 4 build/tp_fsdp --normuon rows --gram --quiet", GLOO),

@@ -95,7 +95,8 @@ static void *xmalloc(size_t n) {
 /* ---- the layout rules, from muon.h's docs -----------------------------------------------------
    The full-matrix indices (row * cols + col) a rank with layout L holds, in local order; returns
    0 if the docs reject L: n_levels in [0, MUON_MAX_LEVELS]; every level's group has size >= 1
-   and index in [0, size); placement REPLICATE, SHARD (dim 0 or 1; after a FLAT level the piece
+   and index in [0, size); placement REPLICATE or PARTIAL (reduce SUM or MEAN; the same piece),
+   SHARD (dim 0 or 1; after a FLAT level the piece
    is 1-D and only SHARD(0) applies, chunking the list) or FLAT (length < 0: chunk `index` of
    ceil(len / size); else the range [offset, offset + length) inside the piece). */
 static void chunk_range(long long length, int parts, int index, long long *lo, long long *hi) {
@@ -114,6 +115,10 @@ static int ref_piece(const muon_layout *L, int rows, int cols, long long *idx, s
     const muon_level *v = &L->levels[j];
     if (v->size < 1 || v->index < 0 || v->index >= v->size) return 0;
     if (v->placement == MUON_REPLICATE) continue;
+    if (v->placement == MUON_PARTIAL) {   /* the piece of REPLICATE; its gradient a part */
+      if (v->reduce != MUON_REDUCE_SUM && v->reduce != MUON_REDUCE_MEAN) return 0;
+      continue;
+    }
     if (v->placement == MUON_SHARD) {
       if (v->dim != 0 && v->dim != 1) return 0;
       if (is_flat && v->dim != 0) return 0;
@@ -275,6 +280,7 @@ static void tensor_set(tensor *t, size_t e, float x) {
   if (t->bf16) { uint32_t u; unsigned short h; memcpy(&u, &x, 4); h = (unsigned short)(u >> 16); memcpy(t->p + 2 * e, &h, 2); }
   else memcpy(t->p + 4 * e, &x, 4);
 }
+static float bf16_cut(float x) { uint32_t u; memcpy(&u, &x, 4); u &= 0xffff0000u; memcpy(&x, &u, 4); return x; }   /* as tensor_set stores it */
 static float tensor_get(const tensor *t, size_t e) {
   float x;
   if (t->bf16) { unsigned short h; uint32_t u; memcpy(&h, t->p + 2 * e, 2); u = (uint32_t)h << 16; memcpy(&x, &u, 4); }
@@ -503,8 +509,22 @@ static void *rank_main(void *arg) {
 typedef struct group {             /* one global matrix: (name, key) and its one-device result  */
   int slot, rows, cols;
   long long key;
+  int parts;                       /* PARTIAL levels: every holder's gradient is one part */
+  float scale;                     /* MEAN's 1 / size */
   tensor param, grad;
 } group;
+
+/* PARTIAL levels, by muon.h's rule: the product of their sizes, and MEAN's factor. */
+static int parts_of(const muon_layout *L, float *scale) {
+  int j, n = 1, mean = 1;
+  for (j = 0; j < L->n_levels && j < MUON_MAX_LEVELS; j++)
+    if (L->levels[j].placement == MUON_PARTIAL) {
+      n *= L->levels[j].size;
+      if (L->levels[j].reduce == MUON_REDUCE_MEAN) mean *= L->levels[j].size;
+    }
+  *scale = 1.0f / (float)mean;
+  return n;
+}
 
 static group *find_group(group *gs, int n, int slot, long long key) {
   int k;
@@ -530,6 +550,7 @@ static void check_world(const spec *s, rank_run *runs) {
       if (!(g = find_group(gs, n_groups, x->slot, x->L.key))) {
         g = &gs[n_groups++];
         g->slot = x->slot; g->key = x->L.key; g->rows = x->rows; g->cols = x->cols;
+        g->parts = parts_of(&x->L, &g->scale);
       } else if (g->rows != x->rows || g->cols != x->cols) {
         fail("planning accepted ranks registering one matrix (name and key) with different shapes", NULL);
       }
@@ -567,7 +588,7 @@ static void check_world(const spec *s, rank_run *runs) {
     char name[8];
     size_t total = (size_t)gs[k].rows * (size_t)gs[k].cols;
     tensor_alloc(&gs[k].param, total, s->lowp, s->lowp);
-    tensor_alloc(&gs[k].grad, total, s->lowp, 0);
+    tensor_alloc(&gs[k].grad, total, s->lowp && gs[k].parts == 1, 0);   /* a sum of parts: fp32 */
     for (e = 0; e < total; e++) tensor_set(&gs[k].param, e, weight0(gs[k].slot, gs[k].rows, gs[k].cols, (long long)e));
     memset(&whole, 0, sizeof whole);
     whole.key = gs[k].key;
@@ -577,6 +598,7 @@ static void check_world(const spec *s, rank_run *runs) {
     m.grad = gs[k].grad.p;
     m.mirror = gs[k].param.mirror;
     m.param_dtype = m.grad_dtype = s->lowp ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
+    if (gs[k].parts > 1) m.grad_dtype = MUON_DTYPE_FP32;
     m.rows = gs[k].rows;
     m.cols = gs[k].cols;
     m.layout = &whole;
@@ -597,7 +619,13 @@ static void check_world(const spec *s, rank_run *runs) {
   }
   for (step = 0; step < s->steps; step++) {
     for (k = 0; k < n_groups; k++)
-      for (e = 0; e < (size_t)gs[k].rows * (size_t)gs[k].cols; e++) tensor_set(&gs[k].grad, e, gradient(gs[k].slot, gs[k].rows, gs[k].cols, (long long)e, step));
+      for (e = 0; e < (size_t)gs[k].rows * (size_t)gs[k].cols; e++) {
+        float part = gradient(gs[k].slot, gs[k].rows, gs[k].cols, (long long)e, step), sum;
+        int p;
+        if (s->lowp) part = bf16_cut(part);   /* what each rank's bf16 part holds */
+        for (p = 1, sum = part; p < gs[k].parts; p++) sum = sum + part;   /* every holder's part is the same */
+        tensor_set(&gs[k].grad, e, gs[k].parts > 1 ? gs[k].scale * sum : sum);
+      }
     for (e = 0; e < ADAMW_SIZE; e++) tensor_set(&adamw_grad, e, gradient(MAX_MATS, 1, ADAMW_SIZE, (long long)e, step));
     if (muon_step(one) != MUON_OK) fail("one device: muon_step failed", muon_error(one));
   }
