@@ -261,6 +261,10 @@ $(BUILD)/test_reshard: tests/test_reshard.c examples/common.h muon.h muon_gloo.h
 	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_agree_san: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
 	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_partial: tests/test_partial.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
+	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+$(BUILD)/test_partial_san: tests/test_partial.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
+	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist_san: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
 	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
 $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
@@ -270,7 +274,7 @@ $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
              test_ns_cblas test_threads test_threads_fast test_threads_san test_threads_tsan \
              test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas \
-             fuzz_state_replay fuzz_layout_replay test_faults test_faults_san test_misuse test_misuse_san test_gloo test_dist test_dist_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
+             fuzz_state_replay fuzz_layout_replay test_faults test_faults_san test_misuse test_misuse_san test_gloo test_dist test_dist_san test_partial test_partial_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
              muonrun $(STRATEGIES)) $(CUDA_BINS)
 RUN := $(BUILD)/muonrun --timeout 120
 
@@ -336,6 +340,7 @@ test: deps check-headers
 	  "tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
 	  "tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
 	  "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
+	  $(foreach n,1 2 3 4,"$(RUN) -n $(n) $(BUILD)/test_partial $(BUILD)/partial") "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
 	  "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
 	  "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
 	  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \

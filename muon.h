@@ -545,6 +545,7 @@ typedef struct muon_matrix_info {
 } muon_matrix_info;
 
 struct muon_matrix;
+struct muon_adamw_param;
 
 /* The number format of the exchange (U to the owners, O back). */
 typedef enum muon_wire {
@@ -571,6 +572,9 @@ typedef struct muon_dist_config {
   /* Optional: the layout of this rank's matrix `index`, called by muon_add_matrix for a matrix
      without its own muon_matrix.layout. NULL: the whole matrix. */
   muon_status (*layout)(void *state, int index, const struct muon_matrix *m, muon_layout *out);
+  /* Optional: the same for AdamW params without their own muon_adamw_param.layout (PARTIAL
+     levels only). NULL: none. */
+  muon_status (*adamw_layout)(void *state, int index, const struct muon_adamw_param *p, muon_layout *out);
   void *state;
   int round_robin;                 /* default owners: round-robin over holders (debugging)      */
   size_t round_bytes;              /* gathered bytes per owner per exchange round; 0 = 64 MiB    */
@@ -608,7 +612,8 @@ typedef struct muon_auto_desc {
   int partial;                     /* 1: the gradients over ddp, cp and replicate are not reduced
                                       (each rank has only its own): PARTIAL levels over them, so
                                       muon sums them on the way to the owners and the trainer
-                                      drops its all-reduce                                      */
+                                      drops its all-reduce; AdamW params registered whole
+                                      (offset and full_size 0) get them too, a ZeRO piece not  */
   muon_reduce reduce;              /* with partial: the gradient is their sum or their mean     */
   const muon_comm *shard, *replicate; /* HSDP                                                   */
   const muon_comm *ep;
@@ -701,6 +706,14 @@ typedef struct muon_adamw_param {
      full_size elements (flattened). 0: the whole parameter (full_size = size). Checkpoints
      record it, so muon_state_reshard can place each piece at another world size. */
   size_t offset, full_size;
+  /* Optional, distributed only: PARTIAL and REPLICATE levels (NULL: none, or what
+     muon_dist_config.adamw_layout says). Every rank of the PARTIAL groups registers the same
+     piece, its gradient only its part: muon sums the parts in the groups' order (as for a
+     Partial matrix), each rank keeps AdamW's moments of one chunk of the piece (torch.chunk by
+     part: ZeRO-1), updates that chunk, and the chunks are all-gathered before anything is
+     applied. REPLICATE levels say which ranks hold other, independent sets of the same parts.
+     Not with MUON_ROUND_STOCHASTIC (its bits would depend on the chunking). */
+  const struct muon_layout *layout;
 } muon_adamw_param;
 
 MUON_API muon_adamw_param muon_default_adamw_param(void);
@@ -1254,6 +1267,7 @@ typedef struct muon__global {
 typedef struct muon__xfer {
   float *send, *recv, *wire_send, *wire_recv, *host_send, *host_recv;
   int owns;                       /* these buffers are this exchange's own (freed with it) */
+  int bf16;                       /* its messages are bf16 (muon_dist_config.wire) */
   size_t *cnt, *wire;
   int any;                        /* something moves: the collective is issued */
   int queued, done;               /* handed to the communication thread; it finished */
@@ -1295,6 +1309,17 @@ typedef struct muon__plan {
   size_t *counts;       /* 9 x size: a NorMuon move's counts (4 x size), cursors (at 8 x size) */
   unsigned char *flags; /* (size + 1) x (max_local + 1) step flags: everyone's, then mine */
   int any_skip;         /* this step: some rank skips a matrix */
+  /* Partial AdamW params (ZeRO-1). adamw_members: per local one, at its `members`, the rank of
+     each part; aw_order: them in (name, offset) order, the same on every rank; aw: their
+     exchange (its own buffers, always fp32); per local one, at its roff (chunk floats): the
+     summed chunk, the chunk's new values and moments, kept for the commit; at its foff: the
+     whole new parameter. any_adamw_partial: some rank has one, so every rank joins. */
+  int any_adamw_partial, n_aw;
+  int *adamw_members, *aw_order;
+  muon__xfer aw;
+  float *aw_reduced, *aw_param, *aw_m, *aw_v, *aw_full;
+  int *aw_flags, *aw_host_flags;
+  size_t aw_floats, aw_chunks, aw_total;
   int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
   int *host_out;
   unsigned char *out_skips; /* (size + 1) x globals: which non-finite outputs each rank skips */
@@ -1313,6 +1338,15 @@ typedef struct muon__adamw {
   float *exp_avg, *exp_avg_sq;  /* backend memory */
   long long step;
   int skip;
+  /* Partial: its gradient is one of `parts` parts; its moments cover chunk `part` of the piece,
+     [lo, hi); members: where each part's rank is in the plan's adamw_members (planning). */
+  int parts, part;
+  float part_scale;
+  size_t lo, hi;
+  int members;
+  long long replica;                 /* REPLICATE levels: which set of parts it belongs to */
+  size_t state_offset, state_size;   /* the range of the flattened parameter its moments cover */
+  size_t roff, foff;                 /* Partial: its chunk and its whole in the plan's buffers */
 } muon__adamw;
 
 typedef struct muon__comm_thread muon__comm_thread;
@@ -1677,10 +1711,28 @@ static muon_status muon__auto_layout(void *state, int index, const struct muon_m
   return MUON_OK;
 }
 
+/* With `partial`, a whole AdamW param's gradient is a part over the same groups as a matrix's. */
+static muon_status muon__auto_adamw_layout(void *state, int index, const struct muon_adamw_param *p, muon_layout *out) {
+  const muon_auto_desc *d = (const muon_auto_desc *)state;
+  (void)index;
+  memset(out, 0, sizeof *out);
+  if (!d || !d->partial || p->offset || p->full_size) return MUON_OK;
+  if (d->ddp) muon__push(out, muon_partial(d->ddp, d->reduce));
+  if (d->cp) muon__push(out, muon_partial(d->cp, d->reduce));
+  if (d->replicate) muon__push(out, muon_partial(d->replicate, d->reduce));
+  if (d->ep) muon__push(out, muon_replicate(d->ep));   /* whole on every rank of the others */
+  if (d->tp) muon__push(out, muon_replicate(d->tp));
+  if (d->fsdp) muon__push(out, muon_replicate(d->fsdp));
+  if (d->shard) muon__push(out, muon_replicate(d->shard));
+  if (d->pp) muon__push(out, muon_replicate(d->pp));
+  return MUON_OK;
+}
+
 MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc) {
   muon_dist_config c;
   memset(&c, 0, sizeof c);
   c.layout = muon__auto_layout;
+  c.adamw_layout = muon__auto_adamw_layout;
   c.state = (void *)desc;
   if (desc) {
     c.round_robin = desc->round_robin;
@@ -2119,7 +2171,13 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
 MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out) {
   muon__adamw *grown, *x;
   float *m1, *m2;
-  int i;
+  int i, k, parts, part;
+  float part_scale;
+  size_t lo, hi;
+  long long replica;
+  muon_layout layout;
+  muon__piece unused;
+  char why[240];
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
@@ -2135,9 +2193,35 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   if (p->full_size ? (p->full_size > MUON__MAX_FLOATS || p->offset > p->full_size || p->size > p->full_size - p->offset) : p->offset != 0)
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
                       p->offset, p->size, p->full_size, i, p->name ? p->name : "");
+  memset(&layout, 0, sizeof layout);
+  if (p->layout) {
+    if (!opt->distributed) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i, p->name ? p->name : "");
+    layout = *p->layout;
+  } else if (opt->distributed && opt->dist.adamw_layout && (st = opt->dist.adamw_layout(opt->dist.state, i, p, &layout)) != MUON_OK) {
+    return muon__fail(opt, st, "muon_add_adamw_param: muon_dist_config.adamw_layout returned %s (param %d, '%s')", muon_status_string(st), i, p->name ? p->name : "");
+  }
+  if (muon__layout_piece(&layout, 1, 1, &unused, why, sizeof why) != MUON_OK)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.layout: %s (param %d, '%s')", why, i, p->name ? p->name : "");
+  for (k = 0, replica = 0; k < layout.n_levels; k++) {
+    const muon_level *v = &layout.levels[k];
+    if (v->placement != MUON_PARTIAL && v->placement != MUON_REPLICATE)
+      return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout levels[%d] is neither PARTIAL nor REPLICATE: an AdamW param's layout says over which groups its gradient is a part and over which it is replicated (shards: offset and full_size) (param %d, '%s')",
+                        k, i, p->name ? p->name : "");
+    if (v->placement == MUON_REPLICATE) replica = replica * v->size + v->index;   /* which set of parts this rank is in */
+  }
+  parts = muon__layout_parts(&layout, &part, &part_scale);
+  if (parts < 1) return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.layout has more than %d parts (param %d, '%s')", INT_MAX, i, p->name ? p->name : "");
+  if (parts > 1 && opt->rounding == MUON_ROUND_STOCHASTIC)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: a Partial AdamW param cannot use MUON_ROUND_STOCHASTIC (its random bits would depend on the chunking) (param %d, '%s')", i, p->name ? p->name : "");
+  {   /* this rank's chunk of the moments: torch.chunk */
+    long long a, b;
+    muon__chunk((long long)p->size, parts, part, &a, &b);
+    lo = (size_t)a;
+    hi = (size_t)b;
+  }
   if ((st = muon__reserve_verdicts(opt, opt->n_matrices + i + 1, "muon_add_adamw_param")) != MUON_OK) return st;
-  m1 = (float *)muon__dev_alloc(opt, p->size * sizeof(float));
-  m2 = m1 ? (float *)muon__dev_alloc(opt, p->size * sizeof(float)) : NULL;
+  m1 = (float *)muon__dev_alloc(opt, (hi - lo) * sizeof(float));
+  m2 = m1 ? (float *)muon__dev_alloc(opt, (hi - lo) * sizeof(float)) : NULL;
   grown = m2 ? (muon__adamw *)muon__grow(&opt->allocator, opt->adamw, i, sizeof *grown) : NULL;
   if (!grown) {
     muon__dev_free(opt, m1);
@@ -2145,8 +2229,8 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i, p->name ? p->name : "");
   }
   opt->adamw = grown;
-  if ((st = muon__dev_zero(opt, m1, p->size * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
-      (st = muon__dev_zero(opt, m2, p->size * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
+  if ((st = muon__dev_zero(opt, m1, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
+      (st = muon__dev_zero(opt, m2, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
     muon__dev_free(opt, m1);
     muon__dev_free(opt, m2);
     return st;
@@ -2167,9 +2251,18 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   x->group = p->group;
   x->exp_avg = m1;
   x->exp_avg_sq = m2;
+  x->parts = parts;
+  x->part = part;
+  x->part_scale = part_scale;
+  x->lo = lo;
+  x->hi = hi;
+  x->members = -1;
+  x->state_offset = x->offset + lo;
+  x->state_size = hi - lo;
+  x->replica = replica;
   opt->n_adamw = i + 1;
   opt->plan.ready = 0;   /* distributed: the skip list is sized by every rank's count at planning */
-  opt->stats.state_bytes += 2 * p->size * sizeof(float);
+  opt->stats.state_bytes += 2 * (hi - lo) * sizeof(float);
   if (index_out) *index_out = i;
   return MUON_OK;
 }
@@ -3543,6 +3636,20 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->host_out);
   muon__free(a, pl->out_skips);
   muon__free(a, pl->adamw_names);
+  muon__free(a, pl->adamw_members);
+  muon__free(a, pl->aw_order);
+  muon__free(a, pl->aw.cnt);
+  muon__dev_free(opt, pl->aw.send);
+  muon__dev_free(opt, pl->aw.recv);
+  muon__host_free(opt, pl->aw.host_send);
+  muon__host_free(opt, pl->aw.host_recv);
+  muon__dev_free(opt, pl->aw_reduced);
+  muon__dev_free(opt, pl->aw_param);
+  muon__dev_free(opt, pl->aw_m);
+  muon__dev_free(opt, pl->aw_v);
+  muon__dev_free(opt, pl->aw_full);
+  muon__dev_free(opt, pl->aw_flags);
+  muon__free(a, pl->aw_host_flags);
   memset(pl, 0, sizeof *pl);
 }
 
@@ -3856,6 +3963,7 @@ static muon_status muon__alloc_xfers(muon_optimizer *opt) {
     muon__xfer *x = &pl->xfers[i];
     x->cnt = cnt + (size_t)i * 8 * P;
     x->wire = x->cnt + 4 * P;
+    x->bf16 = pl->wire_bf16;
     if (i >= muon__xfer_sets(pl)) {   /* the debug setting: a round's two exchanges share a set */
       x->send = pl->xfers[0].send; x->recv = pl->xfers[0].recv;
       x->wire_send = pl->xfers[0].wire_send; x->wire_recv = pl->xfers[0].wire_recv;
@@ -4351,6 +4459,105 @@ static void muon__partial_finish(muon_optimizer *opt) {
     if (opt->matrices[i].parts > 1 && opt->matrices[i].momentum && !muon__owns(opt, &opt->matrices[i])) muon__partial_drop(opt, &opt->matrices[i]);
 }
 
+/* ---- Partial AdamW params (ZeRO-1) ---------------------------------------------------------
+   Each rank of a Partial AdamW param's groups holds the same piece and its own part of the
+   gradient. Per step: a reduce-scatter (chunk k of every part to part k's rank, summed there in
+   part order), AdamW on each rank's chunk into scratch, an all-gather of the new chunks; the
+   commit then writes parameters and moments. Every rank joins both collectives. */
+typedef struct muon__adamw_entry {   /* a registered AdamW param on the wire: which part of what */
+  uint64_t name_hash, offset, size, full_size;
+  int64_t replica;
+  int32_t parts, part;
+  float part_scale;
+  int32_t unused;
+} muon__adamw_entry;
+
+static int muon__adamw_partials(const muon_optimizer *opt) {
+  int i, n = 0;
+  for (i = 0; i < opt->n_adamw; i++) n += opt->adamw[i].parts > 1;
+  return n;
+}
+
+static void muon__adamw_entries(const muon_optimizer *opt, muon__adamw_entry *e, int stride) {
+  int i;
+  memset(e, 0, (size_t)stride * sizeof *e);
+  for (i = 0; i < opt->n_adamw; i++) {
+    const muon__adamw *a = &opt->adamw[i];
+    e[i].name_hash = a->name_hash; e[i].offset = a->offset; e[i].size = a->size; e[i].full_size = a->full_size;
+    e[i].replica = a->replica; e[i].parts = a->parts; e[i].part = a->part; e[i].part_scale = a->part_scale;
+  }
+}
+
+static int muon__aw_before(const muon__adamw *a, const muon__adamw *b) {
+  return a->name_hash != b->name_hash ? a->name_hash < b->name_hash : a->offset < b->offset;
+}
+
+/* Who holds each part of every local Partial AdamW param (every part exactly once), and the
+   step's buffers. */
+static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry *all, int stride) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, i, r, j, k, at = 0, n = 0;
+  size_t need = 0;
+  for (i = 0; i < opt->n_adamw; i++) at += opt->adamw[i].parts > 1 ? opt->adamw[i].parts : 0;
+  pl->n_aw = muon__adamw_partials(opt);
+  pl->adamw_members = (int *)muon__alloc(&opt->allocator, (size_t)at * sizeof(int) + 1);
+  pl->aw_order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_aw * sizeof(int) + 1);
+  pl->aw.cnt = (size_t *)muon__alloc(&opt->allocator, 8 * (size_t)P * sizeof(size_t));
+  if (!pl->adamw_members || !pl->aw_order || !pl->aw.cnt) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the Partial AdamW lists failed");
+  pl->aw.wire = pl->aw.cnt + 4 * (size_t)P;
+  for (i = 0, at = 0; i < opt->n_adamw; i++) {
+    muon__adamw *a = &opt->adamw[i];
+    int *m = pl->adamw_members + at;
+    size_t c = a->hi - a->lo;
+    if (a->parts == 1) continue;
+    pl->aw_order[n++] = i;
+    a->members = at;
+    at += a->parts;
+    for (k = 0; k < a->parts; k++) m[k] = -1;
+    for (r = 0; r < P; r++)
+      for (j = 0; j < stride; j++) {
+        const muon__adamw_entry *e = &all[(size_t)r * stride + j];
+        if (e->name_hash != a->name_hash || e->offset != a->offset || e->size != a->size || e->full_size != a->full_size || e->replica != a->replica) continue;
+        if (e->parts != a->parts || e->part_scale != a->part_scale)
+          return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: AdamW param '%s': rank %d registers it with %d Partial parts (%s), rank %d with %d (%s): every holder must describe the same PARTIAL levels",
+                            a->name, pl->me, a->parts, a->part_scale == 1.0f ? "sum" : "mean", r, e->parts, e->part_scale == 1.0f ? "sum" : "mean");
+        if (m[e->part] >= 0)
+          return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: AdamW param '%s': ranks %d and %d both hold its part %d (one rank per part; replicas of the parts need REPLICATE levels that tell them apart)", a->name, m[e->part], r, e->part);
+        m[e->part] = r;
+      }
+    for (k = 0; k < a->parts; k++)
+      if (m[k] < 0) return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: AdamW param '%s': no rank holds its part %d of %d", a->name, k, a->parts);
+    a->roff = pl->aw_chunks;
+    a->foff = pl->aw_total;
+    pl->aw_chunks += c;
+    pl->aw_total += a->size;
+    need += a->size - c > (size_t)(a->parts - 1) * c ? a->size - c : (size_t)(a->parts - 1) * c;
+  }
+  for (i = 1; i < pl->n_aw; i++)   /* (name, offset) order: the same on every rank */
+    for (k = i; k > 0 && muon__aw_before(&opt->adamw[pl->aw_order[k]], &opt->adamw[pl->aw_order[k - 1]]); k--) {
+      int t = pl->aw_order[k]; pl->aw_order[k] = pl->aw_order[k - 1]; pl->aw_order[k - 1] = t;
+    }
+  pl->aw_floats = need;
+  if (opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST)) pl->stage = 1;
+  pl->aw.send = (float *)muon__dev_alloc(opt, need * sizeof(float));
+  pl->aw.recv = (float *)muon__dev_alloc(opt, need * sizeof(float));
+  pl->aw_reduced = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_param = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_m = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_v = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_full = (float *)muon__dev_alloc(opt, pl->aw_total * sizeof(float));
+  pl->aw_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_aw * sizeof(int));
+  pl->aw_host_flags = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_aw * sizeof(int) + 1);
+  if (pl->stage) {
+    pl->aw.host_send = (float *)muon__host_alloc(opt, need * sizeof(float));
+    pl->aw.host_recv = (float *)muon__host_alloc(opt, need * sizeof(float));
+  }
+  if (!pl->aw.send || !pl->aw.recv || !pl->aw_reduced || !pl->aw_param || !pl->aw_m || !pl->aw_v || !pl->aw_full ||
+      !pl->aw_flags || !pl->aw_host_flags || (pl->stage && (!pl->aw.host_send || !pl->aw.host_recv)))
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes for the Partial AdamW params failed", (2 * need + 4 * pl->aw_chunks + pl->aw_total) * sizeof(float));
+  return MUON_OK;
+}
+
 /* Without a dist config each rank is a world of its own: every matrix it holds is a global
    one that it owns, and the step runs the same rounds with nothing to exchange. */
 static muon_status muon__plan_local(muon_optimizer *opt) {
@@ -4393,6 +4600,8 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   unsigned char *moved = NULL;
   const long long *three;   /* every rank's three numbers (muon__exchange3) */
   muon__entry *pad = NULL;
+  muon__adamw_entry *aw_all = NULL, *aw_pad = NULL;   /* Partial AdamW params: who holds which part */
+  int any_aw = 0;
   muon_status st = MUON_OK, got;
   muon__plan_free(opt);
   P = opt->plan.P = opt->comm.size;
@@ -4400,20 +4609,25 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   opt->error[0] = '\0';
   /* The small exchanges below go through the buffer allocated at creation, so that a rank short
      of memory still joins every one of them and its failure becomes everyone's. */
-  /* Round 1: how many matrices and AdamW params each rank has. */
-  if ((st = muon__exchange3(opt, opt->n_matrices, opt->n_adamw, 0, &three, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
+  /* Round 1: how many matrices, AdamW params and Partial ones each rank has. */
+  if ((st = muon__exchange3(opt, opt->n_matrices, opt->n_adamw, muon__adamw_partials(opt), &three, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
   opt->plan.max_adamw = 0;
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
   for (r = 0; r < P; r++) {
     if (count) count[r] = (int)three[3 * r];
     if (three[3 * r] > max_local) max_local = (int)three[3 * r];
     if (three[3 * r + 1] > opt->plan.max_adamw) opt->plan.max_adamw = (int)three[3 * r + 1];
+    any_aw |= three[3 * r + 2] > 0;
   }
   /* Round 1b: whether each rank could allocate what round 2 and the plan's lists need. */
   opt->plan.adamw_names = (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
   all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all + 1);
   pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad + 1);
-  got = count && opt->plan.adamw_names && all && pad ? MUON_OK : MUON_ERR_NOMEM;
+  if (any_aw) {
+    aw_all = (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)opt->plan.max_adamw * sizeof *aw_all + 1);
+    aw_pad = (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)opt->plan.max_adamw * sizeof *aw_pad + 1);
+  }
+  got = count && opt->plan.adamw_names && all && pad && (!any_aw || (aw_all && aw_pad)) ? MUON_OK : MUON_ERR_NOMEM;
   if ((st = muon__exchange3(opt, got, 0, 0, &three, "muon_plan: exchanging allocation verdicts")) != MUON_OK) goto done;
   for (r = 0; r < P; r++)
     if (three[3 * r] != MUON_OK) {
@@ -4444,10 +4658,20 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
     if (st != MUON_OK) goto done;
   }
+  /* Round 2b, only where some rank has a Partial AdamW param: every rank's AdamW params. */
+  if (any_aw) {
+    muon__adamw_entries(opt, aw_pad, opt->plan.max_adamw);
+    st = muon__allgather(opt, aw_pad, aw_all, (size_t)opt->plan.max_adamw * sizeof *aw_pad, "muon_plan: exchanging AdamW param lists");
+    if (st != MUON_OK) goto done;
+  }
   opt->plan.max_local = max_local;
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
   got = muon__build_plan(opt, all, count, max_local);
+  if (got == MUON_OK && any_aw) {
+    opt->plan.any_adamw_partial = 1;
+    got = muon__plan_adamw(opt, aw_all, opt->plan.max_adamw);
+  }
   if (got == MUON_OK) got = muon__partial_prepare(opt);
   if (got == MUON_OK) got = muon__normuon_prepare(opt);
   if (got == MUON_OK && (moving = muon__normuon_counts(opt, all, max_local)) != 0) {
@@ -4480,6 +4704,8 @@ done:
   muon__free(&opt->allocator, moved);
   muon__free(&opt->allocator, pad);
   muon__free(&opt->allocator, all);
+  muon__free(&opt->allocator, aw_pad);
+  muon__free(&opt->allocator, aw_all);
   muon__free(&opt->allocator, count);
   return st;
 }
@@ -4607,10 +4833,19 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
               p, owns, flops / 1e9, e * (out_send + back_send), e * (out_recv + back_recv),
               e * out_send, e * out_recv, opt->distributed ? e * least : 0, e * back_send, e * back_recv, 4 * gathered);
   }
+  if (pl->any_adamw_partial) {   /* this rank's: the others' AdamW params are theirs to say */
+    size_t aw = 0;
+    for (j = 0; j < pl->n_aw; j++) {
+      const muon__adamw *a = &opt->adamw[pl->aw_order[j]];
+      aw += a->size - (a->hi - a->lo) + (size_t)(a->parts - 1) * (a->hi - a->lo);
+    }
+    muon__say(&t, "rank %d: Partial AdamW params %d; per step %zu B out, %zu B in (a reduce-scatter of their gradients, an all-gather of their new values)\n",
+              pl->me, pl->n_aw, 4 * aw, 4 * aw);
+  }
   if (opt->distributed)
-    muon__say(&t, "collectives per step without skips: %d (the agreement 1, the commit vote %d, exchanges %d)%s\n",
-              1 + !opt->dist.unchecked_commit + exchanges, !opt->dist.unchecked_commit, exchanges,
-              opt->dist.gather ? ", plus the config's own gather / redistribute calls" : "");
+    muon__say(&t, "collectives per step without skips: %d (the agreement 1, the commit vote %d, exchanges %d%s)%s\n",
+              1 + !opt->dist.unchecked_commit + exchanges + 2 * pl->any_adamw_partial, !opt->dist.unchecked_commit, exchanges,
+              pl->any_adamw_partial ? ", Partial AdamW 2" : "", opt->dist.gather ? ", plus the config's own gather / redistribute calls" : "");
   if (opt->distributed && opt->stats.steps)
     muon__say(&t, "measured on rank %d over %lld steps (planning included): %lld B sent, %lld B received, %lld collectives\n",
               pl->me, opt->stats.steps, opt->stats.bytes_sent, opt->stats.bytes_received, opt->stats.collectives);
@@ -5002,8 +5237,8 @@ static void muon__wire_cast(muon_optimizer *opt, muon__xfer *x, int to_wire) {
 
 /* What the collective sends from and receives into: host copies when staged, else the bf16
    messages or the fp32 payload. */
-static float *muon__xfer_src(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_send : pl->wire_bf16 ? x->wire_send : x->send; }
-static float *muon__xfer_dst(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_recv : pl->wire_bf16 ? x->wire_recv : x->recv; }
+static float *muon__xfer_src(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_send : x->bf16 ? x->wire_send : x->send; }
+static float *muon__xfer_dst(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_recv : x->bf16 ? x->wire_recv : x->recv; }
 
 /* Before the collective, on the step's thread: the counts on the wire (per peer ceil(n / 2)
    float slots in bf16), the casts and the staging copy. A failure here goes to muon__local: the
@@ -5015,7 +5250,7 @@ static void muon__xfer_begin(muon_optimizer *opt, muon__xfer *x, const char *op)
   x->st = MUON_OK;
   x->error[0] = '\0';
   x->done = 0;
-  if (pl->wire_bf16) {
+  if (x->bf16) {
     for (p = 0; p < P; p++) {
       x->wire[p] = (x->cnt[p] + 1) / 2;
       x->wire[2 * P + p] = (x->cnt[2 * P + p] + 1) / 2;
@@ -5028,7 +5263,7 @@ static void muon__xfer_begin(muon_optimizer *opt, muon__xfer *x, const char *op)
   }
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t sent = x->wire[2 * P - 1] + x->wire[P - 1];   /* last displacement + count */
-    muon_status st = opt->compute.vt->copy(opt->compute.ctx, x->host_send, pl->wire_bf16 ? x->wire_send : x->send,
+    muon_status st = opt->compute.vt->copy(opt->compute.ctx, x->host_send, x->bf16 ? x->wire_send : x->send,
                                            sent * sizeof(float), 1, 0);
     opt->stats.backend_calls++;
     muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
@@ -5057,12 +5292,12 @@ static muon_status muon__xfer_end(muon_optimizer *opt, muon__xfer *x) {
   if (x->st != MUON_OK) return muon__comm_fail_text(opt, x->st, x->op, x->error);
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t got = x->wire[4 * P - 1] + x->wire[3 * P - 1];
-    muon_status st = opt->compute.vt->copy(opt->compute.ctx, pl->wire_bf16 ? x->wire_recv : x->recv, x->host_recv,
+    muon_status st = opt->compute.vt->copy(opt->compute.ctx, x->bf16 ? x->wire_recv : x->recv, x->host_recv,
                                            got * sizeof(float), 0, 1);
     opt->stats.backend_calls++;
     if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, x->op));
   }
-  if (pl->wire_bf16) muon__wire_cast(opt, x, 0);
+  if (x->bf16) muon__wire_cast(opt, x, 0);
   return MUON_OK;
 }
 
@@ -5560,6 +5795,191 @@ static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__a
   return a;
 }
 
+/* Chunk k of a Partial AdamW param's piece: [lo, hi). */
+static void muon__aw_chunk(const muon__adamw *a, int k, size_t *lo, size_t *hi) {
+  long long x, y;
+  muon__chunk((long long)a->size, a->parts, k, &x, &y);
+  *lo = (size_t)x;
+  *hi = (size_t)y;
+}
+
+/* n elements of src (dtype) as fp32 at dst, both backend memory. */
+static muon_status muon__widen(muon_optimizer *opt, float *dst, const void *src, muon_dtype dtype, size_t n, const char *op) {
+  if (!n) return MUON_OK;
+  if (dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * sizeof(float), 0, 0), op);
+  else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, dst, MUON_DTYPE_FP32, src, dtype, n), op);
+  return MUON_OK;
+}
+
+/* Counts of the AdamW exchange: gather 0 (reduce-scatter: chunk k of this rank's part to part
+   k's rank) or 1 (all-gather: this rank's new chunk to every other part's rank). */
+static void muon__aw_counts(muon_optimizer *opt, int all_gather) {
+  muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P, *cnt = pl->aw.cnt, lo, hi, mlo, mhi;
+  int o, k;
+  memset(cnt, 0, 4 * P * sizeof(size_t));
+  for (o = 0; o < pl->n_aw; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    if (a->skip) continue;
+    muon__aw_chunk(a, a->part, &mlo, &mhi);
+    for (k = 0; k < a->parts; k++) {
+      int r = pl->adamw_members[a->members + k];
+      if (k == a->part) continue;
+      muon__aw_chunk(a, k, &lo, &hi);
+      cnt[r] += all_gather ? mhi - mlo : hi - lo;
+      cnt[2 * P + r] += all_gather ? hi - lo : mhi - mlo;
+    }
+  }
+  muon__prefix(cnt + P, cnt, pl->P);
+  muon__prefix(cnt + 3 * P, cnt + 2 * P, pl->P);
+}
+
+static muon_status muon__aw_collective(muon_optimizer *opt, const char *op) {
+  muon__xfer *x = &opt->plan.aw;
+  muon__xfer_begin(opt, x, op);
+  muon__xfer_run(opt, x);
+  return muon__xfer_end(opt, x);
+}
+
+/* This rank's work between the two collectives: its chunk of every part summed, part 0 first
+   (adding is the momentum slot with mu = 1, as for matrices), checked, and AdamW on it into
+   scratch. */
+static muon_status muon__aw_update(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P, *cur = pl->counts + 8 * P, c, es;
+  muon_momentum_args add;
+  int o, k, any = 0;
+  muon_status st;
+  memset(&add, 0, sizeof add);
+  add.mu = 1.0f; add.sgd = 1; add.grad_scale = 1.0f;
+  memcpy(cur, pl->aw.cnt + 3 * P, P * sizeof(size_t));
+  for (o = 0; o < pl->n_aw; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    float *sum = pl->aw_reduced + a->roff;
+    if (a->skip) continue;
+    c = a->hi - a->lo;
+    for (k = 0; k < a->parts; k++) {
+      int r = pl->adamw_members[a->members + k];
+      const void *part = k == a->part ? (const void *)((const char *)a->grad + a->lo * muon__dtype_size(a->grad_dtype)) : (const void *)(pl->aw.recv + cur[r]);
+      add.grad_dtype = k == a->part ? a->grad_dtype : MUON_DTYPE_FP32;
+      if (k == 0 && (st = muon__widen(opt, sum, part, add.grad_dtype, c, "muon_step: summing Partial AdamW gradients")) != MUON_OK) return st;
+      if (k > 0 && c) MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, c, sum, part, &add, 1, NULL), "muon_step: summing Partial AdamW gradients");
+      if (k != a->part) cur[r] += c;
+    }
+    if (c) {
+      MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o]), "muon_step: checking Partial AdamW gradients");
+      any = 1;
+    }
+  }
+  if (any) {
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_host_flags, pl->aw_flags, (size_t)pl->n_aw * sizeof(int), 1, 0), "muon_step: checking Partial AdamW gradients");
+    if ((st = muon__sync(opt, "muon_step: checking Partial AdamW gradients")) != MUON_OK) return st;
+  }
+  for (o = 0; o < pl->n_aw; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    if (!a->skip && a->hi > a->lo && pl->aw_host_flags[o])
+      return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the summed gradient of Partial AdamW param '%s' (elements [%zu, %zu) of its piece) is not finite although its parts are: its sum overflows; nothing was applied",
+                        a->name, a->lo, a->hi);
+  }
+  for (o = 0; o < pl->n_aw; o++) {   /* AdamW on the chunk, into scratch: nothing is applied before the vote */
+    int i = pl->aw_order[o];
+    const muon__adamw *a = &opt->adamw[i];
+    muon_adamw_args args;
+    if (a->skip || a->hi == a->lo) continue;
+    c = a->hi - a->lo;
+    es = muon__dtype_size(a->param_dtype);
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_param + a->roff, (const char *)a->param + a->lo * es, c * es, 0, 0), "muon_step: AdamW of a Partial param");
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_m + a->roff, a->exp_avg, c * sizeof(float), 0, 0), "muon_step: AdamW of a Partial param");
+    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0), "muon_step: AdamW of a Partial param");
+    args = muon__adamw_args(opt, a, i);
+    args.grad_scale *= a->part_scale;
+    args.grad_dtype = MUON_DTYPE_FP32;
+    args.mirror = NULL;
+    MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, c, pl->aw_param + a->roff, pl->aw_reduced + a->roff,
+                                              pl->aw_m + a->roff, pl->aw_v + a->roff, &args), "muon_step: AdamW of a Partial param");
+  }
+  return MUON_OK;
+}
+
+/* Its new chunk, in fp32, to every other part's rank (the all-gather's send buffer). */
+static muon_status muon__aw_fill_gather(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P, *cur = pl->counts + 8 * P, c;
+  int o, k;
+  muon_status st;
+  memcpy(cur, pl->aw.cnt + P, P * sizeof(size_t));
+  for (o = 0; o < pl->n_aw; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    if (a->skip) continue;
+    c = a->hi - a->lo;
+    for (k = 0; k < a->parts; k++) {
+      int r = pl->adamw_members[a->members + k];
+      if (k == a->part) continue;
+      if ((st = muon__widen(opt, pl->aw.send + cur[r], pl->aw_param + a->roff, a->param_dtype, c, "muon_step: sending Partial AdamW updates")) != MUON_OK) return st;
+      cur[r] += c;
+    }
+  }
+  return MUON_OK;
+}
+
+/* Every local Partial AdamW param's new values, whole, at its foff: its own chunk and the
+   received ones. */
+static muon_status muon__aw_assemble(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P, *cur = pl->counts + 8 * P, lo, hi;
+  int o, k;
+  muon_status st;
+  memcpy(cur, pl->aw.cnt + 3 * P, P * sizeof(size_t));
+  for (o = 0; o < pl->n_aw; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    if (a->skip) continue;
+    for (k = 0; k < a->parts; k++) {
+      int r = pl->adamw_members[a->members + k];
+      float *dst;
+      muon__aw_chunk(a, k, &lo, &hi);
+      dst = pl->aw_full + a->foff + lo;
+      if (k == a->part) {
+        if ((st = muon__widen(opt, dst, pl->aw_param + a->roff, a->param_dtype, hi - lo, "muon_step: receiving Partial AdamW updates")) != MUON_OK) return st;
+        continue;
+      }
+      if (hi > lo) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, pl->aw.recv + cur[r], (hi - lo) * sizeof(float), 0, 0), "muon_step: receiving Partial AdamW updates");
+      cur[r] += hi - lo;
+    }
+  }
+  return MUON_OK;
+}
+
+/* The step's AdamW exchange: reduce-scatter, the chunks' update, all-gather. Every rank joins
+   both collectives when some rank has a Partial AdamW param; a local failure still joins them. */
+static muon_status muon__adamw_exchange(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t P = (size_t)pl->P, *cur = pl->counts + 8 * P, lo, hi;
+  int o, k;
+  muon_status st;
+  if (!pl->any_adamw_partial) return MUON_OK;
+  muon__aw_counts(opt, 0);
+  memcpy(cur, pl->aw.cnt + P, P * sizeof(size_t));
+  for (o = 0; o < pl->n_aw && opt->step_status == MUON_OK; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    size_t es = muon__dtype_size(a->grad_dtype);
+    if (a->skip) continue;
+    for (k = 0; k < a->parts && opt->step_status == MUON_OK; k++) {
+      int r = pl->adamw_members[a->members + k];
+      if (k == a->part) continue;
+      muon__aw_chunk(a, k, &lo, &hi);
+      muon__local(opt, muon__widen(opt, pl->aw.send + cur[r], (const char *)a->grad + lo * es, a->grad_dtype, hi - lo, "muon_step: sending Partial AdamW gradients"));
+      cur[r] += hi - lo;
+    }
+  }
+  if ((st = muon__aw_collective(opt, "muon_step: reduce-scatter of Partial AdamW gradients")) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__aw_update(opt));
+  muon__aw_counts(opt, 1);   /* whatever happened here: the peers expect these sizes */
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__aw_fill_gather(opt));
+  if ((st = muon__aw_collective(opt, "muon_step: all-gather of Partial AdamW updates")) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__aw_assemble(opt));
+  return MUON_OK;
+}
+
 /* Apply: momentum and parameters from the stashed O, then AdamW, once everything before has
    succeeded. On a device the work is queued; a failure surfaces at the next step's first sync. */
 static muon_status muon__commit(muon_optimizer *opt) {
@@ -5602,6 +6022,20 @@ static muon_status muon__commit(muon_optimizer *opt) {
     muon__adamw *p = &opt->adamw[i];
     muon_adamw_args a;
     if (p->skip) continue;
+    if (p->parts > 1) {   /* Partial: the chunk's moments and the all-gathered parameter */
+      const float *full = opt->plan.aw_full + p->foff;
+      size_t c = p->hi - p->lo;
+      const char *op = "muon_step: AdamW of a Partial param (the update may be partly applied)";
+      if (c) {
+        MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->exp_avg, opt->plan.aw_m + p->roff, c * sizeof(float), 0, 0), op);
+        MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->exp_avg_sq, opt->plan.aw_v + p->roff, c * sizeof(float), 0, 0), op);
+      }
+      if (p->param_dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->param, full, p->size * sizeof(float), 0, 0), op);
+      else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size), op);
+      if (p->mirror) MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size), op);
+      p->step++;
+      continue;
+    }
     a = muon__adamw_args(opt, p, i);
     MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a),
                   "muon_step: AdamW (the update may be partly applied)");
@@ -5696,6 +6130,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   } else {
     if ((st = muon__exchange_rounds(opt)) != MUON_OK) return st;
   }
+  if ((st = muon__adamw_exchange(opt)) != MUON_OK) return st;
   if (opt->step_status == MUON_OK && opt->plan.n_globals) {
     st = opt->compute.vt->copy(opt->compute.ctx, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int), 1, 0);
     opt->stats.backend_calls++;
@@ -5763,7 +6198,7 @@ static size_t muon__state_bytes(const muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_groups; i++) n += 4 * (16 + 3 * (size_t)opt->groups[i].ns_steps);
   for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (muon__saved_momentum(&opt->matrices[i]) + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
-  for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].size;
+  for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].state_size;
   return n;
 }
 
@@ -5779,7 +6214,7 @@ static size_t muon__largest_state(const muon_optimizer *opt) {
     if (opt->matrices[i].parts > 1 && (size_t)opt->matrices[i].rows * opt->matrices[i].cols > n) n = (size_t)opt->matrices[i].rows * opt->matrices[i].cols;
     if ((size_t)opt->matrices[i].normuon_len > n) n = (size_t)opt->matrices[i].normuon_len;
   }
-  for (i = 0; i < opt->n_adamw; i++) if (opt->adamw[i].size > n) n = opt->adamw[i].size;
+  for (i = 0; i < opt->n_adamw; i++) if (opt->adamw[i].state_size > n) n = opt->adamw[i].state_size;
   return n;
 }
 
@@ -5836,13 +6271,13 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   }
   for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
-    muon__put64(&p, (uint64_t)a->size);
+    muon__put64(&p, (uint64_t)a->state_size);
     muon__put64(&p, (uint64_t)a->step);
     muon__put64(&p, (uint64_t)a->name_hash);
     muon__put64(&p, (uint64_t)a->full_size);
-    muon__put64(&p, (uint64_t)a->offset);
-    if ((st = muon__put_state(opt, &p, a->exp_avg, a->size, tmp)) == MUON_OK)
-      st = muon__put_state(opt, &p, a->exp_avg_sq, a->size, tmp);
+    muon__put64(&p, (uint64_t)a->state_offset);
+    if ((st = muon__put_state(opt, &p, a->exp_avg, a->state_size, tmp)) == MUON_OK)
+      st = muon__put_state(opt, &p, a->exp_avg_sq, a->state_size, tmp);
   }
   muon__free(&opt->allocator, tmp);
   if (st != MUON_OK) return st;
@@ -6090,8 +6525,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       }
       if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols ||
           (x->parts == 1 ? m.size != (uint64_t)x->size : m.size != 0 && m.size != (uint64_t)x->rows * (uint64_t)x->cols)) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats of momentum here%s), the state has %u x %u (%llu floats)",
-                        i, x->name, x->rows, x->cols, x->parts == 1 ? x->size : (size_t)x->rows * x->cols, x->parts == 1 ? "" : " or none: Partial",
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here%s), the state has %u x %u (%llu floats)",
+                        i, x->name, x->rows, x->cols, x->parts == 1 ? x->size : (size_t)x->rows * x->cols, x->parts == 1 ? "" : " on its owner, none elsewhere: Partial",
                         m.rows, m.cols, (unsigned long long)m.size);
         goto done;
       }
@@ -6129,28 +6564,28 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       muon__next_saved_adamw(&b, &p, &s);
       if (pass) {
         a->step = (long long)s.step;
-        if ((st = muon__get_state(opt, s.exp_avg, a->exp_avg, a->size, tmp)) != MUON_OK ||
-            (st = muon__get_state(opt, s.exp_avg_sq, a->exp_avg_sq, a->size, tmp)) != MUON_OK) goto done;
+        if ((st = muon__get_state(opt, s.exp_avg, a->exp_avg, a->state_size, tmp)) != MUON_OK ||
+            (st = muon__get_state(opt, s.exp_avg_sq, a->exp_avg_sq, a->state_size, tmp)) != MUON_OK) goto done;
         continue;
       }
       if (s.step > MUON__STATE_MAX_STEP) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)s.step);
         goto done;
       }
-      if (s.size != (uint64_t)a->size) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->size, (unsigned long long)s.size);
+      if (s.size != (uint64_t)a->state_size) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->state_size, (unsigned long long)s.size);
         goto done;
       }
       if (b.version >= 3 && s.name_hash != (uint64_t)a->name_hash) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d is '%s' here, the state's param %d has another name (another model, or params registered in another order)", i, a->name, i);
         goto done;
       }
-      if (s.full_size != (uint64_t)a->full_size || s.offset != (uint64_t)a->offset) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') is elements [%zu, +%zu) of %zu here, the state's are [%llu, +%llu) of %llu",
-                        i, a->name, a->offset, a->size, a->full_size, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
+      if (s.full_size != (uint64_t)a->full_size || s.offset != (uint64_t)a->state_offset) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') is elements [%zu, +%zu) of %zu here (its moments' range), the state's are [%llu, +%llu) of %llu",
+                        i, a->name, a->state_offset, a->state_size, a->full_size, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
         goto done;
       }
-      if (!muon__blob_finite(s.exp_avg, a->size, 0) || !muon__blob_finite(s.exp_avg_sq, a->size, 1)) {
+      if (!muon__blob_finite(s.exp_avg, a->state_size, 0) || !muon__blob_finite(s.exp_avg_sq, a->state_size, 1)) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the moments of AdamW param %d ('%s') hold NaN, Inf or a negative second moment", i, a->name);
         goto done;
       }
@@ -6442,17 +6877,17 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
       if (s.full_size != (uint64_t)a->full_size || s.offset > s.full_size || s.size > s.full_size - s.offset)
         return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW param %d ('%s') has %zu elements in all here, rank %u saved [%llu, +%llu) of %llu",
                           op, i, a->name, a->full_size, b.rank, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
-      if (s.offset >= a->offset + a->size || a->offset >= s.offset + s.size) continue;
+      if (s.offset >= a->state_offset + a->state_size || a->state_offset >= s.offset + s.size) continue;
       if (s.step > MUON__STATE_MAX_STEP || (R->adamw_step[i] >= 0 && (uint64_t)R->adamw_step[i] != s.step))
         return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's AdamW param '%s' has step count %llu, another piece of it %lld", op, b.rank, a->name, (unsigned long long)s.step, R->adamw_step[i]);
       if (!muon__blob_finite(s.exp_avg, (size_t)s.size, 0) || !muon__blob_finite(s.exp_avg_sq, (size_t)s.size, 1))
         return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' hold NaN, Inf or a negative second moment", op, b.rank, a->name);
       R->adamw_step[i] = (long long)s.step;
       /* Both moments land on the same elements: the second copy marks them arrived. */
-      bad = muon__reshard_range(a->offset, a->size, R->m1 + at, got, 0, s.offset, s.size, s.exp_avg);
-      if (bad < 0) bad = muon__reshard_range(a->offset, a->size, R->m2 + at, got, 1, s.offset, s.size, s.exp_avg_sq);
+      bad = muon__reshard_range(a->state_offset, a->state_size, R->m1 + at, got, 0, s.offset, s.size, s.exp_avg);
+      if (bad < 0) bad = muon__reshard_range(a->state_offset, a->state_size, R->m2 + at, got, 1, s.offset, s.size, s.exp_avg_sq);
       if (bad >= 0)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' differ from another saved replica's (element %llu): they belong to different checkpoints", op, b.rank, a->name, (unsigned long long)(a->offset + (size_t)bad));
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' differ from another saved replica's (element %llu): they belong to different checkpoints", op, b.rank, a->name, (unsigned long long)(a->state_offset + (size_t)bad));
     }
   }
   return MUON_OK;
@@ -6482,7 +6917,7 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   R.at = (size_t *)muon__alloc(&opt->allocator, (size_t)(nm + na + 1) * sizeof(size_t));
   if (R.at) {
     for (i = 0; i < nm; i++) { R.at[i] = total; total += opt->matrices[i].parts > 1 ? (size_t)opt->matrices[i].rows * opt->matrices[i].cols : opt->matrices[i].size; }
-    for (i = 0; i < na; i++) { R.at[nm + i] = total; total += opt->adamw[i].size; }
+    for (i = 0; i < na; i++) { R.at[nm + i] = total; total += opt->adamw[i].state_size; }
     R.at[nm + na] = total;
     R.mom = (float *)muon__alloc(&opt->allocator, R.at[nm] * sizeof(float) + 1);
     R.m1 = (float *)muon__alloc(&opt->allocator, (total - R.at[nm]) * sizeof(float) + 1);
@@ -6536,10 +6971,10 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   }
   for (i = 0; i < na; i++) {
     const muon__adamw *a = &opt->adamw[i];
-    for (d = 0; d < a->size && R.got[R.at[nm + i] + d]; d++) {}
-    if (d < a->size) {
+    for (d = 0; d < a->state_size && R.got[R.at[nm + i] + d]; d++) {}
+    if (d < a->state_size) {
       st = muon__fail(opt, MUON_ERR_STATE, "%s: AdamW param %d ('%s'): no saved piece holds its element %zu (of %zu): the checkpoint has no AdamW param of this name, or not all of it",
-                      fn, i, a->name, a->offset + d, a->full_size);
+                      fn, i, a->name, a->state_offset + d, a->full_size);
       goto done;
     }
   }
@@ -6573,8 +7008,8 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   for (i = 0; i < na && st == MUON_OK; i++) {
     muon__adamw *a = &opt->adamw[i];
     size_t at = R.at[nm + i] - R.at[nm];
-    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->size, "muon_state_reshard: writing the state (partly loaded)")) == MUON_OK)
-      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->size, "muon_state_reshard: writing the state (partly loaded)");
+    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->state_size, "muon_state_reshard: writing the state (partly loaded)")) == MUON_OK)
+      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->state_size, "muon_state_reshard: writing the state (partly loaded)");
     a->step = R.adamw_step[i];
   }
   if (st == MUON_OK && opt->device) st = muon__sync(opt, "muon_state_reshard: writing the state (partly loaded)");

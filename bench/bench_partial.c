@@ -1,6 +1,7 @@
 /* bench_partial.c - DDP with unreduced gradients: muon's Partial placement against the usual
-   all-reduce, then muon. Every rank holds every matrix whole (GPT-2-small layers) and computes
-   its own part of each gradient. Both configurations run in the same launch on the same data:
+   all-reduce, then muon. Every rank holds every parameter whole (GPT-2-small layers' matrices,
+   and for AdamW an embedding of 4096 x 768 and two norms per layer) and computes its own part
+   of each gradient. Both configurations run in the same launch on the same data:
 
      allreduce  what a DDP trainer does today: it all-reduces the gradients itself (here a
                 reduce-scatter by alltoallv, the parts summed in rank order, then an allgather of
@@ -8,12 +9,14 @@
                 over the world (muon_auto_desc.ddp) orthogonalises each matrix once and sends O
                 to the others: (P-1)/P S more.
      partial    muon_auto_desc.partial = 1: the trainer drops its all-reduce; each part goes to
-                the matrix's owner, which sums them in rank order, and O comes back:
-                2(P-1)/P S in all. Momentum lives on the owners only (1/P of it per rank).
+                the matrix's owner, which sums them in rank order, and O comes back; AdamW
+                params are reduce-scattered, updated ZeRO-1 style and all-gathered: 2(P-1)/P S
+                in all. Momentum and AdamW moments are held once (1/P of them per rank).
 
    Per configuration: step time (median over --steps of the slowest rank, the all-reduce
    included where there is one), bytes sent per rank per step (the all-reduce's counted here as
-   the data each rank must deliver, muon's from muon_stats), momentum held per rank. Bytes are checked against the formulas and
+   the data each rank must deliver, muon's from muon_stats), optimizer state held per rank
+   (muon_stats.state_bytes: momentum and AdamW moments). Bytes are checked against the formulas and
    the two runs' parameters must be bitwise equal (the same sums in the same order).
 
    usage: bench_partial [--layers N] [--steps N] [--warmup N]   (under muonrun -n P) */
@@ -33,7 +36,10 @@ typedef struct bench {
   muon_comm world;
   int rank, P, n, steps, warmup;
   int *rows, *cols;
-  size_t total;                 /* elements of all matrices */
+  size_t total;                 /* elements of all matrices, then of the AdamW params */
+  size_t matrices;              /* of which matrices */
+  int n_aw;
+  size_t *aw_size;
   float *w, *g, *sum;           /* params, this rank's gradient part, the all-reduced sum */
   float *send, *recv;           /* the all-reduce's buffers */
   size_t *counts;
@@ -120,6 +126,16 @@ static double run(bench *b, int partial, double *bytes, double *momentum, unsign
     if (muon_add_matrix(opt, &m, NULL) != MUON_OK) die(b, "muon_add_matrix", muon_error(opt));
     off += (size_t)b->rows[k] * b->cols[k];
   }
+  for (k = 0; k < b->n_aw; k++) {
+    muon_adamw_param p = muon_default_adamw_param();
+    char name[32];
+    snprintf(name, sizeof name, "a%d", k);
+    p.name = name; p.size = b->aw_size[k];
+    p.param = b->w + off;
+    p.grad = (partial ? b->g : b->sum) + off;
+    if (muon_add_adamw_param(opt, &p, NULL) != MUON_OK) die(b, "muon_add_adamw_param", muon_error(opt));
+    off += b->aw_size[k];
+  }
   if (muon_plan(opt) != MUON_OK) die(b, "muon_plan", muon_error(opt));
   for (s = 0; s < b->warmup + b->steps; s++) {
     double t0;
@@ -169,6 +185,10 @@ int main(int argc, char **argv) {
     b.cols[k] = k % 6 == 5 ? 3072 : 768;
     b.total += (size_t)b.rows[k] * b.cols[k];
   }
+  b.matrices = b.total;
+  b.n_aw = 1 + 2 * layers;      /* an embedding, then ln_1 and ln_2 of each layer */
+  b.aw_size = (size_t *)malloc((size_t)b.n_aw * sizeof(size_t));
+  for (k = 0; k < b.n_aw; k++) { b.aw_size[k] = k ? 768 : 4096 * 768; b.total += b.aw_size[k]; }
   b.w = (float *)malloc(b.total * sizeof(float));
   b.g = (float *)malloc(b.total * sizeof(float));
   b.sum = (float *)malloc((b.total + (size_t)b.P) * sizeof(float));
@@ -186,14 +206,14 @@ int main(int argc, char **argv) {
   if (b.rank == 0) {
     S = 4.0 * (double)b.total;
     want_p = 2.0 * (b.P - 1) / b.P * S;
-    want_ar = 3.0 * (b.P - 1) / b.P * S;
-    printf("bench_partial: DDP, %d ranks, %d matrices (%d GPT-2-small layers), S = %.1f MiB; load average (1 min) %.2f\n",
-           b.P, b.n, layers, S / 1048576.0, load_average());
-    printf("  allreduce  step %8.1f ms  sent %7.2f MiB/rank/step (3(P-1)/P S = %7.2f)  momentum %7.2f MiB/rank\n",
+    printf("bench_partial: DDP, %d ranks, %d matrices (%d GPT-2-small layers) and %d AdamW params, S = %.1f MiB (%.1f MiB of matrices); load average (1 min) %.2f\n",
+           b.P, b.n, layers, b.n_aw, S / 1048576.0, 4.0 * (double)b.matrices / 1048576.0, load_average());
+    want_ar = 2.0 * (b.P - 1) / b.P * S + (b.P - 1.0) / b.P * 4.0 * (double)b.matrices;
+    printf("  allreduce  step %8.1f ms  sent %7.2f MiB/rank/step (2(P-1)/P S + (P-1)/P S_matrices = %7.2f)  state %7.2f MiB/rank\n",
            1e3 * t_ar, by_ar / 1048576.0, want_ar / 1048576.0, mo_ar / 1048576.0);
-    printf("  partial    step %8.1f ms  sent %7.2f MiB/rank/step (2(P-1)/P S = %7.2f)  momentum %7.2f MiB/rank\n",
+    printf("  partial    step %8.1f ms  sent %7.2f MiB/rank/step (2(P-1)/P S = %7.2f)  state %7.2f MiB/rank\n",
            1e3 * t_p, by_p / 1048576.0, want_p / 1048576.0, mo_p / 1048576.0);
-    printf("  partial / allreduce: time %.2fx, bytes %.4fx, momentum %.4fx\n", t_p / t_ar, by_p / by_ar, mo_p / mo_ar);
+    printf("  partial / allreduce: time %.2fx, bytes %.4fx, optimizer state %.4fx\n", t_p / t_ar, by_p / by_ar, mo_p / mo_ar);
   }
   {
     unsigned long long allh[2 * 64];
@@ -208,7 +228,7 @@ int main(int argc, char **argv) {
       if (!ok || !bytes_ok) return 1;
     }
   }
-  free(all); free(b.rows); free(b.cols); free(b.w); free(b.g); free(b.sum); free(b.recv); free(b.send); free(b.counts);
+  free(all); free(b.rows); free(b.cols); free(b.aw_size); free(b.w); free(b.g); free(b.sum); free(b.recv); free(b.send); free(b.counts);
   muon_comm_destroy(&b.world);
   return 0;
 }

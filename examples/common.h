@@ -277,7 +277,9 @@ typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank 
 static long long ex_index(void *user, int matrix, size_t k) { return ((const ex_slice *)user)[matrix].idx[k]; }
 
 /* The AdamW half, as trainers keep it: an embedding ("wte") sharded ZeRO-style over the world
-   (muon_adamw_param.offset / full_size) and a norm ("ln") replicated on every rank. */
+   (muon_adamw_param.offset / full_size) and a norm ("ln") replicated on every rank; with
+   --partial the norm's gradient is a part too (muon_dist_config.adamw_layout says over which
+   groups), so muon sums it, keeps its moments ZeRO-1 style and all-gathers the update. */
 #define EX_AW 2
 static const char *const ex_aw_name[EX_AW] = { "wte", "ln" };
 static const int ex_aw_size[EX_AW] = { 96, 24 };
@@ -285,14 +287,17 @@ typedef struct ex_adamw {
   float full[EX_AW][96], full_g[EX_AW][96], t[EX_AW][96];   /* the single-device run, targets */
   float mine[EX_AW][96], mine_g[EX_AW][96];                  /* this rank's piece */
   size_t lo[EX_AW], n[EX_AW];
+  int part[EX_AW], parts[EX_AW];     /* --partial: this rank's part of the gradient, of how many */
+  float scale[EX_AW];
   float *dev_full[EX_AW], *dev_full_g[EX_AW], *dev_mine[EX_AW], *dev_mine_g[EX_AW];
 } ex_adamw;
 
-static void ex_adamw_add(const ex_world *w, ex_adamw *a, muon_optimizer *opt, muon_optimizer *ref) {
+static void ex_adamw_add(const ex_world *w, ex_adamw *a, muon_optimizer *opt, muon_optimizer *ref, const muon_dist_config *cfg) {
   int k;
   size_t e;
   for (k = 0; k < EX_AW; k++) {
     muon_adamw_param p = muon_default_adamw_param(), r = muon_default_adamw_param();
+    muon_layout lay;
     long long lo = 0, n = ex_aw_size[k];
     if (k == 0) n = ex_chunk(ex_aw_size[k], w->size, w->rank, &lo);
     a->lo[k] = (size_t)lo;
@@ -306,6 +311,9 @@ static void ex_adamw_add(const ex_world *w, ex_adamw *a, muon_optimizer *opt, mu
     r.param = a->full[k]; r.grad = a->full_g[k]; r.size = (size_t)ex_aw_size[k];
     p.param = a->mine[k]; p.grad = a->mine_g[k]; p.size = (size_t)n;
     if (k == 0) { p.offset = (size_t)lo; p.full_size = (size_t)ex_aw_size[k]; }
+    memset(&lay, 0, sizeof lay);   /* the parts are cut the way muon is told */
+    if (cfg && cfg->adamw_layout) cfg->adamw_layout(cfg->state, k, &p, &lay);
+    a->parts[k] = ex_parts(&lay, &a->part[k], &a->scale[k]);
     if (EX_ON_DEVICE) {
       a->dev_full[k] = ex_device(w, (size_t)ex_aw_size[k]); a->dev_full_g[k] = ex_device(w, (size_t)ex_aw_size[k]);
       a->dev_mine[k] = ex_device(w, (size_t)n); a->dev_mine_g[k] = ex_device(w, (size_t)n);
@@ -329,8 +337,15 @@ static void ex_adamw_grads(const ex_world *w, ex_adamw *a, int t) {
       ex_get(w, a->full[k], a->dev_full[k], (size_t)ex_aw_size[k]);
       ex_get(w, a->mine[k], a->dev_mine[k], a->n[k]);
     }
-    for (e = 0; e < (size_t)ex_aw_size[k]; e++) a->full_g[k][e] = (a->full[k][e] - a->t[k][e]) + 0.1f * ex_value(seed, (long long)e);
-    for (e = 0; e < a->n[k]; e++) a->mine_g[k][e] = (a->mine[k][e] - a->t[k][a->lo[k] + e]) + 0.1f * ex_value(seed, (long long)(a->lo[k] + e));
+    for (e = 0; e < (size_t)ex_aw_size[k]; e++) {   /* Partial: the parts summed in order, part 0 first */
+      float g = (a->full[k][e] - a->t[k][e]) + 0.1f * ex_value(seed, (long long)e);
+      int q;
+      for (q = 1; q < a->parts[k]; q++) g = g + ex_part_noise(seed, q, (long long)e);
+      a->full_g[k][e] = a->parts[k] > 1 ? a->scale[k] * g : g;
+    }
+    for (e = 0; e < a->n[k]; e++)
+      a->mine_g[k][e] = a->part[k] ? ex_part_noise(seed, a->part[k], (long long)(a->lo[k] + e))
+                                   : (a->mine[k][e] - a->t[k][a->lo[k] + e]) + 0.1f * ex_value(seed, (long long)(a->lo[k] + e));
     if (EX_ON_DEVICE) {
       ex_put(w, a->dev_full_g[k], a->full_g[k], (size_t)ex_aw_size[k]);
       ex_put(w, a->dev_mine_g[k], a->mine_g[k], a->n[k]);
@@ -394,7 +409,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
                   const muon_dist_config *cfg_in, int layouts) {
   muon_desc desc = muon_default_desc(), ref_desc;
   muon_dist_config cfg = auto_desc ? muon_auto_config(auto_desc) : *cfg_in;
-  long long step0_sent = 0, whole = 1, pure = 1, full_bytes = 0;
+  long long step0_sent = 0, whole = 1, pure = 1, full_bytes = 0, aw_bytes = 0;
   muon_optimizer *opt, *ref;
   muon_stats st;
   ex_slice *sl;
@@ -519,7 +534,14 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     local += count;
   }
   n_local = s;
-  ex_adamw_add(w, &aw, opt, ref);
+  ex_adamw_add(w, &aw, opt, ref, &cfg);
+  for (k = 0; k < EX_AW; k++)   /* a Partial AdamW param's exchange moves 2 (size - chunk) B in all */
+    if (aw.parts[k] > 1) {
+      size_t c = ((size_t)ex_aw_size[k] + (size_t)aw.parts[k] - 1) / (size_t)aw.parts[k], lo = (size_t)aw.part[k] * c;
+      c = lo >= (size_t)ex_aw_size[k] ? 0 : lo + c > (size_t)ex_aw_size[k] ? (size_t)ex_aw_size[k] - lo : c;
+      aw_bytes += 4 * ((long long)ex_aw_size[k] - (long long)c + (long long)(aw.parts[k] - 1) * (long long)c);
+      full_bytes += 4 * (long long)ex_aw_size[k];
+    }
   if (muon_check_layouts(opt, ex_index, sl) != MUON_OK) {
     if (!w->wrong_dim) ex_die(w, "muon_check_layouts", muon_error(opt));
     if (w->rank == 0) printf("layout check FAILED: %s\n", muon_error(opt));
@@ -536,6 +558,13 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (!strstr(text, "the config's own gather") && (at = strstr(text, line)) && (at = strstr(at, "per step ")))
       sscanf(at, "per step %lld B out, %lld B in", &announced[0], &announced[1]);
     if ((at = strstr(text, "collectives per step without skips: "))) sscanf(at, "collectives per step without skips: %lld", &announced[2]);
+    snprintf(line, sizeof line, "\nrank %d: Partial AdamW params ", w->rank);
+    if (announced[0] >= 0 && (at = strstr(text, line)) && (at = strstr(at, "per step "))) {
+      long long aw_out = 0, aw_in = 0;
+      sscanf(at, "per step %lld B out, %lld B in", &aw_out, &aw_in);
+      announced[0] += aw_out;
+      announced[1] += aw_in;
+    }
     free(text);
   }
   if (!w->quiet && w->rank == 0) printf("%s: %d ranks, %d global matrices, %d exchange rounds\n", title, w->size, muon_global_count(opt), (muon_get_stats(opt, &st), st.rounds));
@@ -678,10 +707,11 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       muon_get_owner(opt, s, &owner);
       sums[2] += 2 * (long long)sl[s].n * (long long)sizeof(float) * (owner != w->rank);
     }
+    sums[2] += aw_bytes;
     if (w->world.vt->allgather(w->world.ctx, sums, all_sums, sizeof sums) != MUON_OK) ex_die(w, "allgather", "partial");
     for (k = 0; k < w->size; k++) { total += all_sums[3 * k]; whole &= all_sums[3 * k + 1] & 1; pure &= all_sums[3 * k + 1] >> 1; want += all_sums[3 * k + 2]; }
     if (w->rank == 0 && whole)
-      printf("partial: %.1f B per rank per step (mean over ranks) = 2(P-1)/P S = %.1f B (S = %lld B of matrices); the all-reduce-then-muon path: 3(P-1)/P S = %.1f B\n",
+      printf("partial: %.1f B per rank per step (mean over ranks) = 2(P-1)/P S = %.1f B (S = %lld B of Partial gradients); the all-reduce-then-muon path: 3(P-1)/P S = %.1f B\n",
              (double)total / w->size, (double)ring / w->size, full_bytes, 1.5 * ring / w->size);
     else if (w->rank == 0)
       printf("partial: %.1f B per rank per step (mean over ranks) = 2 x (held - owned) = %.1f B\n", (double)total / w->size, (double)want / w->size);

@@ -4,8 +4,11 @@
 # summed (--partial sum) and averaged (--partial mean). Each run must be bitwise equal to one
 # device given the parts summed in order, and print its exchange's bytes per rank; where every
 # rank's piece is its own part (no REPLICATE level) the example itself fails unless they are
-# exactly 2 x (held - owned), which is 2(P-1)/P S where every rank holds every matrix whole. Then --late (owners of Partial matrices stay with their momentum) and bf16
-# Newton-Schulz (the automatic wire stays fp32: the parts are summed before any rounding).
+# exactly 2 x (held - owned), which is 2(P-1)/P S where every rank holds every matrix whole.
+# Then --late (owners of Partial matrices stay with their momentum) and bf16 Newton-Schulz (the
+# automatic wire stays fp32: the parts are summed before any rounding), and
+# with hsdp given, full_4d on 16 ranks (replicate groups of 2 inside pipeline stages). The
+# examples' norm is a Partial AdamW param too, summed and updated ZeRO-1 style.
 # usage: tests/run_partial.sh BUILD_DIR example...
 build=$1; shift
 passed=0; failed=0
@@ -29,5 +32,6 @@ for ex in "$@"; do
 done
 run "$1" 4 --partial sum --late --normuon larger
 run "$1" 3 --partial mean --bf16
+case " $* " in *" hsdp "*) [ -x "$build/full_4d" ] && run full_4d 16 --partial mean ;; esac
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

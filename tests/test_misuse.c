@@ -1167,7 +1167,7 @@ static void test_blob_records(void) {
     { B_MOM, 0x7fc00000u, 0, "momentum of matrix 0 ('w1') holds NaN" },
     { B_LAYOUT, MUON_MAX_LEVELS + 1, 0, "matrix 0 ('w1') was saved as the piece" },
     { B_LAYOUT + 4, 5, 0, "(their layout keys differ)" },
-    { B_AW + 24, 16, 0, "AdamW param 0 ('b') is elements [0, +8) of 8 here, the state's are [0, +8) of 16" },
+    { B_AW + 24, 16, 0, "AdamW param 0 ('b') is elements [0, +8) of 8 here (its moments' range), the state's are [0, +8) of 16" },
     { B_AW + 40 + 32, 0xbf800000u, 0, "moments of AdamW param 0 ('b') hold NaN, Inf or a negative second moment" },
     { B_AW, 1u << 30, 0, "ends inside AdamW param 0" },
     { 12, 3, 0, "ends inside" },
