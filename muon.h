@@ -560,7 +560,8 @@ typedef enum muon_wire {
 
 typedef struct muon_dist_config {
   /* Optional: owner[i] of each of the n global matrices, identical on every rank and among
-     m[i].holders. NULL: balanced by Newton-Schulz flops, largest first. */
+     m[i].holders. NULL: balanced by Newton-Schulz flops, largest first. Either way a Partial
+     matrix whose momentum a holder already keeps stays with that holder. */
   muon_status (*assign)(void *state, const muon_matrix_info *m, int n, int world_size, int *owner);
   /* Optional pair, the escape hatch for custom frameworks: move one matrix yourself. gather gets
      this rank's local U (local_size floats; NULL if none) and, on the owner only, `full` to fill
@@ -4806,7 +4807,7 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
       muon__say_piece(&t, &h->piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
-      else if (h->source == h->rank) muon__say(&t, "; sends its U\n");
+      else if (h->source == h->rank) muon__say(&t, x->parts > 1 ? "; sends its part of the gradient\n" : "; sends its U\n");
       else muon__say(&t, "; a replica: rank %d sends this U\n", h->source);
     }
   }
