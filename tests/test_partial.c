@@ -722,6 +722,32 @@ static void test_errors(void) {
     smat_free(&a);
     muon_destroy(opt);
 
+    if (P >= 3) {
+      /* Pieces that tile the matrix, but part 1 holds only the first half: ranks 0, 1 the top
+         rows as parts 0, 1; rank 2 (and any further rank) the bottom rows as part 0. */
+      muon_layout lh;
+      int part = W.rank == 1, half = W.rank >= 2;
+      TEST_CASE("error: Partial parts that do not each hold the whole matrix: MUON_ERR_SHAPE on every rank, nothing applied");
+      memset(&lh, 0, sizeof lh);
+      lh.n_levels = 2;
+      lh.levels[0] = muon_partial(NULL, MUON_REDUCE_SUM);
+      lh.levels[0].size = 2; lh.levels[0].index = part;
+      lh.levels[1] = muon_shard(0, NULL);
+      lh.levels[1].size = 2; lh.levels[1].index = half;
+      opt = make_dist(MUON_NONFINITE_ERROR, &cfg);
+      smat_init(&a, 6 * 20, 12u);
+      CHECK(add_with(opt, "halves", &a, 12, 20, &lh, NULL) == MUON_OK, "add: %s", muon_error(opt));
+      st = muon_plan(opt);
+      CHECK(st == MUON_ERR_SHAPE, "rank %d: plan returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
+      CHECK(same_all(st), "plan statuses differ between ranks");
+      CHECK(strstr(muon_error(opt), "do not each hold") != NULL, "rank %d: the message does not say which parts lack pieces: %s", W.rank, muon_error(opt));
+      st2 = muon_step(opt);
+      CHECK(st2 != MUON_OK && same_all(st2), "rank %d: step after a failed plan returned %s (must fail alike everywhere)", W.rank, muon_status_string(st2));
+      CHECK(sum_all(!smat_unchanged(&a)) == 0, "a parameter changed somewhere");
+      smat_free(&a);
+      muon_destroy(opt);
+    }
+
     TEST_CASE("error: a trainer-supplied muon_matrix.momentum for a Partial matrix is MUON_ERR_ARG at muon_add_matrix");
     opt = make_dist(MUON_NONFINITE_ERROR, &cfg);
     smat_init(&a, 12 * 20, 13u);
