@@ -1692,6 +1692,16 @@ static void muon__push(muon_layout *l, muon_level level) {
   if (l->n_levels < MUON_MAX_LEVELS) l->levels[l->n_levels++] = level;
 }
 
+/* The levels over ddp, cp and HSDP's replicate: REPLICATE, or PARTIAL when the gradients are
+   not reduced over them. */
+static void muon__push_replicas(muon_layout *out, const muon_auto_desc *d) {
+  const muon_comm *g[3];
+  int k;
+  g[0] = d->ddp; g[1] = d->cp; g[2] = d->replicate;
+  for (k = 0; k < 3; k++)
+    if (g[k]) muon__push(out, d->partial ? muon_partial(g[k], d->reduce) : muon_replicate(g[k]));
+}
+
 static muon_status muon__auto_layout(void *state, int index, const struct muon_matrix *m, muon_layout *out) {
   const muon_auto_desc *d = (const muon_auto_desc *)state;
   int expert, tp_dim;
@@ -1700,9 +1710,7 @@ static muon_status muon__auto_layout(void *state, int index, const struct muon_m
   tp_dim = d->tp_dim_per_matrix ? d->tp_dim_per_matrix[index] : d->tp_dim;
   (void)m;
   memset(out, 0, sizeof *out);
-  if (d->ddp) muon__push(out, d->partial ? muon_partial(d->ddp, d->reduce) : muon_replicate(d->ddp));
-  if (d->cp) muon__push(out, d->partial ? muon_partial(d->cp, d->reduce) : muon_replicate(d->cp));
-  if (d->replicate) muon__push(out, d->partial ? muon_partial(d->replicate, d->reduce) : muon_replicate(d->replicate));
+  muon__push_replicas(out, d);
   if (d->ep && expert < 0) muon__push(out, muon_replicate(d->ep));
   if (d->tp) muon__push(out, tp_dim == 0 || tp_dim == 1 ? muon_shard(tp_dim, d->tp) : muon_replicate(d->tp));
   if (d->fsdp) muon__push(out, d->fsdp_flat ? muon_flat(d->fsdp) : muon_shard(0, d->fsdp));
@@ -1718,9 +1726,7 @@ static muon_status muon__auto_adamw_layout(void *state, int index, const struct 
   (void)index;
   memset(out, 0, sizeof *out);
   if (!d || !d->partial || p->offset || p->full_size) return MUON_OK;
-  if (d->ddp) muon__push(out, muon_partial(d->ddp, d->reduce));
-  if (d->cp) muon__push(out, muon_partial(d->cp, d->reduce));
-  if (d->replicate) muon__push(out, muon_partial(d->replicate, d->reduce));
+  muon__push_replicas(out, d);
   if (d->ep) muon__push(out, muon_replicate(d->ep));   /* whole on every rank of the others */
   if (d->tp) muon__push(out, muon_replicate(d->tp));
   if (d->fsdp) muon__push(out, muon_replicate(d->fsdp));
@@ -5493,13 +5499,17 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
   return any;
 }
 
+/* n elements of src (dtype) as fp32 at dst, both backend memory. */
+static muon_status muon__widen(muon_optimizer *opt, float *dst, const void *src, muon_dtype dtype, size_t n, const char *op) {
+  if (!n) return MUON_OK;
+  if (dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * sizeof(float), 0, 0), op);
+  else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, dst, MUON_DTYPE_FP32, src, dtype, n), op);
+  return MUON_OK;
+}
+
 /* A Partial matrix's part of the gradient, as it is (in fp32): the owner adds the parts up. */
 static muon_status muon__grad_part(muon_optimizer *opt, const muon__matrix *x, float *dst) {
-  if (x->grad_dtype == MUON_DTYPE_FP32)
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, x->grad, x->size * sizeof(float), 0, 0), "muon_step: copying a gradient part");
-  else
-    MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, dst, MUON_DTYPE_FP32, x->grad, x->grad_dtype, x->size), "muon_step: widening a gradient part");
-  return MUON_OK;
+  return muon__widen(opt, dst, x->grad, x->grad_dtype, x->size, "muon_step: a gradient part to fp32");
 }
 
 /* U of every piece this rank sends to an owner (of a Partial matrix: its part of the gradient),
@@ -5804,14 +5814,6 @@ static void muon__aw_chunk(const muon__adamw *a, int k, size_t *lo, size_t *hi) 
   *hi = (size_t)y;
 }
 
-/* n elements of src (dtype) as fp32 at dst, both backend memory. */
-static muon_status muon__widen(muon_optimizer *opt, float *dst, const void *src, muon_dtype dtype, size_t n, const char *op) {
-  if (!n) return MUON_OK;
-  if (dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * sizeof(float), 0, 0), op);
-  else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, dst, MUON_DTYPE_FP32, src, dtype, n), op);
-  return MUON_OK;
-}
-
 /* Counts of the AdamW exchange: gather 0 (reduce-scatter: chunk k of this rank's part to part
    k's rank) or 1 (all-gather: this rank's new chunk to every other part's rank). */
 static void muon__aw_counts(muon_optimizer *opt, int all_gather) {
@@ -5843,13 +5845,13 @@ static muon_status muon__aw_collective(muon_optimizer *opt, const char *op) {
 }
 
 /* This rank's work between the two collectives: its chunk of every part summed, part 0 first
-   (adding is the momentum slot with mu = 1, as for matrices), checked, and AdamW on it into
-   scratch. */
+   (adding is the momentum slot with mu = 1, as for matrices), its non-finite flag set (read with
+   the step's other checks, muon__aw_verdict), and AdamW on it into scratch. */
 static muon_status muon__aw_update(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   size_t P = (size_t)pl->P, *cur = pl->counts + 8 * P, c, es;
   muon_momentum_args add;
-  int o, k, any = 0;
+  int o, k;
   muon_status st;
   memset(&add, 0, sizeof add);
   add.mu = 1.0f; add.sgd = 1; add.grad_scale = 1.0f;
@@ -5867,20 +5869,7 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
       if (k > 0 && c) MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, c, sum, part, &add, 1, NULL), "muon_step: summing Partial AdamW gradients");
       if (k != a->part) cur[r] += c;
     }
-    if (c) {
-      MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o]), "muon_step: checking Partial AdamW gradients");
-      any = 1;
-    }
-  }
-  if (any) {
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_host_flags, pl->aw_flags, (size_t)pl->n_aw * sizeof(int), 1, 0), "muon_step: checking Partial AdamW gradients");
-    if ((st = muon__sync(opt, "muon_step: checking Partial AdamW gradients")) != MUON_OK) return st;
-  }
-  for (o = 0; o < pl->n_aw; o++) {
-    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
-    if (!a->skip && a->hi > a->lo && pl->aw_host_flags[o])
-      return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the summed gradient of Partial AdamW param '%s' (elements [%zu, %zu) of its piece) is not finite although its parts are: its sum overflows; nothing was applied",
-                        a->name, a->lo, a->hi);
+    if (c) MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o]), "muon_step: checking Partial AdamW gradients");
   }
   for (o = 0; o < pl->n_aw; o++) {   /* AdamW on the chunk, into scratch: nothing is applied before the vote */
     int i = pl->aw_order[o];
@@ -5919,6 +5908,20 @@ static muon_status muon__aw_fill_gather(muon_optimizer *opt) {
       if ((st = muon__widen(opt, pl->aw.send + cur[r], pl->aw_param + a->roff, a->param_dtype, c, "muon_step: sending Partial AdamW updates")) != MUON_OK) return st;
       cur[r] += c;
     }
+  }
+  return MUON_OK;
+}
+
+/* After the step's sync: a summed chunk that is not finite although its parts are (they were
+   checked with the gradients) stops the step on every rank through the vote. */
+static muon_status muon__aw_verdict(muon_optimizer *opt) {
+  const muon__plan *pl = &opt->plan;
+  int o;
+  for (o = 0; o < pl->n_aw; o++) {
+    const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
+    if (!a->skip && a->hi > a->lo && pl->aw_host_flags[o])
+      return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the summed gradient of Partial AdamW param '%s' (elements [%zu, %zu) of its piece) is not finite although its parts are: its sum overflows; nothing was applied",
+                        a->name, a->lo, a->hi);
   }
   return MUON_OK;
 }
@@ -6137,8 +6140,14 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
     opt->stats.backend_calls++;
     if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, "muon_step: reading the output checks"));
   }
+  if (opt->step_status == MUON_OK && opt->plan.n_aw) {
+    st = opt->compute.vt->copy(opt->compute.ctx, opt->plan.aw_host_flags, opt->plan.aw_flags, (size_t)opt->plan.n_aw * sizeof(int), 1, 0);
+    opt->stats.backend_calls++;
+    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, "muon_step: reading the Partial AdamW checks"));
+  }
   if ((st = muon__comm_wait(opt, "muon_step: the exchanges")) != MUON_OK) return st;
   if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
+  if (opt->step_status == MUON_OK && opt->plan.n_aw) muon__local(opt, muon__aw_verdict(opt));
   if ((st = muon__vote(opt)) != MUON_OK) return st;
   if ((st = muon__commit(opt)) != MUON_OK) return st;
   for (r = 0; r < opt->n_matrices; r++) opt->stats.skipped += opt->matrices[r].skip;
