@@ -193,13 +193,13 @@ CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BU
               "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
               $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
               $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
-              "$(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
+              "MUON_STANDIN_AHEAD=1 $(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
               "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
               "tests/run_examples.sh --one-size --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
               "tests/run_wire.sh $(BUILD)/cuda 4 fsdp tp_fsdp" "tests/run_wire.sh $(BUILD)/nccl 4 fsdp tp_hsdp" \
-              "tests/run_overlap.sh $(BUILD)/cuda fsdp" "tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
+              "tests/run_overlap.sh $(BUILD)/cuda fsdp" "MUON_STANDIN_AHEAD=1 tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
               "tests/run_partial.sh $(BUILD)/cuda ddp hsdp" "tests/run_partial.sh $(BUILD)/nccl cp tp_hsdp" \
-              "EXTRA='--partial sum' tests/run_overlap.sh --some $(BUILD)/nccl ddp" \
+              "MUON_STANDIN_AHEAD=1 EXTRA='--partial sum' tests/run_overlap.sh --some $(BUILD)/nccl ddp" \
               $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
               "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
 else

@@ -267,7 +267,7 @@ typedef enum muon_nonfinite {
    (muon_gloo.h, muon_nccl.h, or your framework) fills the vtable; the core never knows which one
    it talks to and calls it only through wrappers that check and count. Every slot takes ctx first
    and returns muon_status; a failing slot should leave its native message for `error`. */
-#define MUON_COMM_VTABLE_VERSION 3
+#define MUON_COMM_VTABLE_VERSION 4
 
 /* Where a buffer lives, from the core's point of view. */
 #define MUON_MEMORY_HOST 0
@@ -302,6 +302,17 @@ typedef struct muon_comm_vtable {
      an alltoallv, so a dead peer is an error, not a hang. NULL: alltoallv is complete when it
      returns (every host communicator). */
   muon_status (*wait)(void *ctx);
+  /* Version 4, optional, both or neither (a device communicator with a queue of its own, e.g.
+     NCCL on its own stream): overlap without a host thread. alltoallv_start queues alltoallv's
+     exchange on the communicator's queue after everything the compute queue holds so far, but
+     does NOT make the compute queue wait for it; it returns a ticket. join(ticket) makes the
+     compute queue wait for that exchange, on the device (the host does not block). Used when
+     muon_dist_config.async is set: the core joins every exchange, in any order, before the
+     compute backend touches its buffers, and keeps at most 16 unjoined. */
+  muon_status (*alltoallv_start)(void *ctx, const float *send, const size_t *send_counts,
+                                 const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                 const size_t *recv_displs, int *ticket);
+  muon_status (*join)(void *ctx, int ticket);
 } muon_comm_vtable;
 
 typedef struct muon_comm {
@@ -588,8 +599,10 @@ typedef struct muon_dist_config {
   muon_wire wire;                  /* the exchange's number format (MUON_WIRE_AUTO)             */
   /* Overlap (the seeds' prefetch_count and async_gpu_parallelism). prefetch: exchange rounds
      whose U is gathered ahead of the round being orthogonalised, 0 to 8. async: 1 runs a host
-     communicator's collectives on a thread of their own, concurrently with Newton-Schulz (a
-     device communicator, which only queues, ignores it). With either, rounds default to a size
+     communicator's collectives on a thread of their own, concurrently with Newton-Schulz; a
+     device communicator with a queue of its own (alltoallv_start / join: NCCL on its own
+     stream) runs them there, and the compute queue waits only where it reads their buffers;
+     any other device communicator ignores it. With either, rounds default to a size
      that gives several per step. Both 0 (the default, the debug setting): every exchange and
      every Newton-Schulz in sequence. No setting changes a bit; ranks must agree on prefetch. */
   int prefetch;
@@ -1171,7 +1184,7 @@ static muon_status muon__self_allgather(void *ctx, const void *send, void *recv,
 }
 
 static const muon_comm_vtable muon__self_vtable = {
-  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL, MUON_MEMORY_HOST, NULL
+  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL
 };
 
 MUON_API muon_comm muon_comm_self(void) {
@@ -1272,6 +1285,8 @@ typedef struct muon__xfer {
   size_t *cnt, *wire;
   int any;                        /* something moves: the collective is issued */
   int queued, done;               /* handed to the communication thread; it finished */
+  int ticket, unjoined;           /* on the communicator's own queue: the compute queue has yet
+                                     to join it (alltoallv_start / join) */
   muon_status st;
   char error[240];
   const char *op;
@@ -1798,7 +1813,8 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     muon__create_fail(desc, msg);
     return MUON_ERR_ARG;
   }
-  if (desc->dist && desc->dist->async && !MUON__POOL) {
+  if (desc->dist && desc->dist->async && !MUON__POOL &&
+      !(desc->comm && desc->comm->vt && desc->comm->vt->version >= 4 && desc->comm->vt->alltoallv_start)) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
     return MUON_ERR_ARG;
   }
@@ -1813,6 +1829,8 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     else if (c->vt->version < 1) bad = "muon_desc.comm->vt->version must be >= 1 (MUON_COMM_VTABLE_VERSION)";
     else if (!c->vt->alltoallv || !c->vt->allgather) bad = "muon_desc.comm->vt needs the alltoallv and allgather slots";
     else if (c->size < 1 || c->rank < 0 || c->rank >= c->size) bad = "muon_desc.comm has rank outside [0, size)";
+    else if (c->vt->version >= 4 && !c->vt->alltoallv_start != !c->vt->join)
+      bad = "muon_desc.comm->vt: set both alltoallv_start and join, or neither";
     if (bad) {
       char full[300];
       snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
@@ -2183,6 +2201,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   size_t lo, hi;
   long long replica;
   muon_layout layout;
+  const char *src = "muon_adamw_param.layout";
   muon__piece unused;
   char why[240];
   muon_status st;
@@ -2201,6 +2220,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
                       p->offset, p->size, p->full_size, i, p->name ? p->name : "");
   memset(&layout, 0, sizeof layout);
+  if (!p->layout) src = "the layout from muon_dist_config.adamw_layout";
   if (p->layout) {
     if (!opt->distributed) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i, p->name ? p->name : "");
     layout = *p->layout;
@@ -2208,7 +2228,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, st, "muon_add_adamw_param: muon_dist_config.adamw_layout returned %s (param %d, '%s')", muon_status_string(st), i, p->name ? p->name : "");
   }
   if (muon__layout_piece(&layout, 1, 1, &unused, why, sizeof why) != MUON_OK)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.layout: %s (param %d, '%s')", why, i, p->name ? p->name : "");
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s: %s (param %d, '%s')", src, why, i, p->name ? p->name : "");
   for (k = 0, replica = 0; k < layout.n_levels; k++) {
     const muon_level *v = &layout.levels[k];
     if (v->placement != MUON_PARTIAL && v->placement != MUON_REPLICATE)
@@ -2217,7 +2237,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     if (v->placement == MUON_REPLICATE) replica = replica * v->size + v->index;   /* which set of parts this rank is in */
   }
   parts = muon__layout_parts(&layout, &part, &part_scale);
-  if (parts < 1) return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.layout has more than %d parts (param %d, '%s')", INT_MAX, i, p->name ? p->name : "");
+  if (parts < 1) return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s has more than %d parts (param %d, '%s')", src, INT_MAX, i, p->name ? p->name : "");
   if (parts > 1 && opt->rounding == MUON_ROUND_STOCHASTIC)
     return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: a Partial AdamW param cannot use MUON_ROUND_STOCHASTIC (its random bits would depend on the chunking) (param %d, '%s')", i, p->name ? p->name : "");
   {   /* this rank's chunk of the moments: torch.chunk */
@@ -3506,8 +3526,13 @@ static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *
 
 /* Collectives a thread of their own can overlap with compute: a host communicator's, which
    block. (A device communicator only queues them on its stream.) */
+/* async's two ways: a communicator with a queue of its own (alltoallv_start / join) runs the
+   exchanges there; a host communicator's blocking calls get the communication thread. */
+static int muon__side_comm(const muon_optimizer *opt) {
+  return opt->comm.size > 1 && opt->comm.vt->version >= 4 && opt->comm.vt->alltoallv_start;
+}
 static int muon__async_comm(const muon_optimizer *opt) {
-  return opt->comm.size > 1 && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST);
+  return opt->comm.size > 1 && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST) && !muon__side_comm(opt);
 }
 
 /* An alltoallv's counters: one collective, the floats to and from the other ranks. */
@@ -4130,7 +4155,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   /* 3. Owners, sources, rounds. */
   pl->prefetch = opt->dist.prefetch;
   pl->pipelined = opt->distributed && !opt->dist.gather && P > 1 &&
-                  (pl->prefetch > 0 || (opt->dist.async && muon__async_comm(opt)));
+                  (pl->prefetch > 0 || (opt->dist.async && (muon__async_comm(opt) || muon__side_comm(opt))));
   if ((st = muon__assign(opt)) != MUON_OK) return st;
   for (g = 0; g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
@@ -5277,17 +5302,36 @@ static void muon__xfer_begin(muon_optimizer *opt, muon__xfer *x, const char *op)
   }
 }
 
-/* The collective alone: all the communication thread runs. It touches x and the communicator
-   only, and keeps the communicator's message, read while no other call can overwrite it. */
+/* x's failure st, with the communicator's message, read while no other call can overwrite it. */
+static void muon__xfer_failed(muon_optimizer *opt, muon__xfer *x, muon_status st) {
+  const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+  x->st = st;
+  snprintf(x->error, sizeof x->error, "%s", native && *native ? native : muon_status_string(st));
+}
+
+/* The collective alone: all the communication thread runs; it touches x and the communicator
+   only. Overlapped on a communicator's own queue, only started: muon__xfer_join ends it. */
 static void muon__xfer_run(muon_optimizer *opt, muon__xfer *x) {
   const muon__plan *pl = &opt->plan;
   size_t P = (size_t)pl->P;
-  x->st = opt->comm.vt->alltoallv(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
-                                  x->wire + 2 * P, x->wire + 3 * P);
-  if (x->st != MUON_OK) {
-    const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
-    snprintf(x->error, sizeof x->error, "%s", native && *native ? native : muon_status_string(x->st));
+  muon_status st;
+  if (pl->pipelined && opt->dist.async && muon__side_comm(opt)) {
+    st = opt->comm.vt->alltoallv_start(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
+                                       x->wire + 2 * P, x->wire + 3 * P, &x->ticket);
+    x->unjoined = st == MUON_OK;
+  } else {
+    st = opt->comm.vt->alltoallv(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
+                                 x->wire + 2 * P, x->wire + 3 * P);
   }
+  if (st != MUON_OK) muon__xfer_failed(opt, x, st);
+}
+
+/* The compute queue waits for x's exchange on the communicator's own queue (on the device). */
+static void muon__xfer_join(muon_optimizer *opt, muon__xfer *x) {
+  muon_status st;
+  if (!x->unjoined) return;
+  x->unjoined = 0;
+  if ((st = opt->comm.vt->join(opt->comm.ctx, x->ticket)) != MUON_OK && x->st == MUON_OK) muon__xfer_failed(opt, x, st);
 }
 
 /* After the collective, on the step's thread: its accounting, its failure, the staging copy
@@ -5427,6 +5471,7 @@ static void muon__comm_drain(muon_optimizer *opt) { (void)opt; }
 /* Waits for x's collective, then finishes it (muon__xfer_end). */
 static muon_status muon__xfer_finish(muon_optimizer *opt, muon__xfer *x) {
   muon__xfer_wait(opt, x);
+  muon__xfer_join(opt, x);
   return muon__xfer_end(opt, x);
 }
 
@@ -5726,6 +5771,7 @@ static muon_status muon__exchange_rounds(muon_optimizer *opt) {
   }
   if (st == MUON_OK && R > 0) st = muon__redistribute_finish(opt, R - 1);
   muon__comm_drain(opt);
+  for (r = 0; r < pl->n_xfers; r++) muon__xfer_join(opt, &pl->xfers[r]);   /* after a failure */
   return st;
 }
 
@@ -5841,7 +5887,7 @@ static muon_status muon__aw_collective(muon_optimizer *opt, const char *op) {
   muon__xfer *x = &opt->plan.aw;
   muon__xfer_begin(opt, x, op);
   muon__xfer_run(opt, x);
-  return muon__xfer_end(opt, x);
+  return muon__xfer_finish(opt, x);
 }
 
 /* This rank's work between the two collectives: its chunk of every part summed, part 0 first

@@ -557,7 +557,7 @@ static void muon_gloo__destroy(void *ctx) {
 
 static const muon_comm_vtable muon_gloo__vtable = {
     MUON_COMM_VTABLE_VERSION, muon_gloo__alltoallv, muon_gloo__allgather, muon_gloo__barrier,
-    muon_gloo__error,         muon_gloo__destroy,  MUON_MEMORY_HOST,   NULL};
+    muon_gloo__error,         muon_gloo__destroy,  MUON_MEMORY_HOST,   NULL, NULL, NULL};
 
 /* ---- creation ----------------------------------------------------------------------------- */
 

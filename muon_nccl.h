@@ -61,6 +61,11 @@
          returns without waiting (no host synchronisation is added). With a separate
          compute_stream, an event makes the exchange wait for the compute queued before it and
          another makes compute wait for the exchange.
+       - Overlap (muon_dist_config.async = 1, with a separate compute_stream): the step's
+         exchange rounds are started with alltoallv_start, which leaves out the second event,
+         and compute waits for each (join: an event per exchange, on the device) only where it
+         reads that exchange's buffers, so the next rounds' exchanges run on `stream` while
+         Newton-Schulz runs on compute_stream. On one stream async changes nothing.
        - wait (muon.h calls it before the host waits for the compute backend) polls an event
          recorded after the last exchange, and ncclCommGetAsyncError, until done, failed, or
          the timeout (MUON_NCCL_TIMEOUT): the only place where the host waits for NCCL.
@@ -71,7 +76,7 @@
          forever on a missing peer. A wrapped communicator keeps whatever mode it was made with.
        - Every slot is a collective: all ranks of the group call it in the same order (muon.h
          does). A communicator is used by one thread at a time, with the rank's GPU current.
-       - Payloads are fp32 (the exchange has no bf16 wire format yet).
+       - Payloads are fp32 slots (muon.h's bf16 wire packs two values into each).
 
    FAILURES
        On a timeout, an NCCL error (ncclCommGetAsyncError) or a failing CUDA call the
@@ -175,6 +180,7 @@ MUON_API void *muon_nccl_handle(const muon_comm *c);
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#define MUON_NCCL__TICKETS 16  /* exchanges started and not yet joined, at most (muon.h: 11) */
 typedef struct muon_nccl__comm {
   ncclComm_t comm;           /* NULL once aborted                                             */
   int owned;                 /* made here: destroyed with the muon_comm                       */
@@ -182,6 +188,9 @@ typedef struct muon_nccl__comm {
   cudaStream_t stream, compute;
   cudaEvent_t before;        /* compute -> exchange (only when compute != stream)             */
   cudaEvent_t done;          /* recorded after each queued exchange                           */
+  cudaEvent_t ticket[MUON_NCCL__TICKETS]; /* alltoallv_start's, joined by the compute stream  */
+  int issued;                /* tickets handed out so far; ticket t uses ticket[t % N]        */
+  unsigned char unjoined[MUON_NCCL__TICKETS];
   int queued;                /* an exchange was queued and not waited for                     */
   double timeout_s;
   muon_status broken;        /* MUON_OK, or the failure every later call repeats              */
@@ -289,10 +298,10 @@ static muon_status muon_nccl__wait_event(muon_nccl__comm *c, cudaEvent_t ev, con
 }
 
 /* ---- the vtable ---------------------------------------------------------------------------- */
-static muon_status muon_nccl__alltoallv(void *ctx, const float *send, const size_t *send_counts,
-                                        const size_t *send_displs, float *recv,
-                                        const size_t *recv_counts, const size_t *recv_displs) {
-  muon_nccl__comm *c = (muon_nccl__comm *)ctx;
+/* The exchange, queued on `stream` after the compute queued so far, `done` recorded after it. */
+static muon_status muon_nccl__exchange(muon_nccl__comm *c, const float *send, const size_t *send_counts,
+                                       const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                       const size_t *recv_displs) {
   ncclResult_t r = ncclSuccess, first = ncclSuccess;
   muon_status st;
   int p, me = c->rank;
@@ -322,11 +331,52 @@ static muon_status muon_nccl__alltoallv(void *ctx, const float *send, const size
     if ((st = muon_nccl__settle(c, r, "the exchange (ncclGroupEnd of ncclSend/ncclRecv)")) != MUON_OK) return st;
   }
   if ((st = muon_nccl__cuda(c, cudaEventRecord(c->done, c->stream), "cudaEventRecord (after the exchange)")) != MUON_OK) return st;
-  if (c->compute != c->stream &&
-      (st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->done, 0), "cudaStreamWaitEvent (compute after the exchange)")) != MUON_OK)
-    return st;
   c->queued = 1;
   return MUON_OK;
+}
+
+/* The exchange, and compute waits for it. */
+static muon_status muon_nccl__alltoallv(void *ctx, const float *send, const size_t *send_counts,
+                                        const size_t *send_displs, float *recv,
+                                        const size_t *recv_counts, const size_t *recv_displs) {
+  muon_nccl__comm *c = (muon_nccl__comm *)ctx;
+  muon_status st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
+  if (st == MUON_OK && c->compute != c->stream)
+    st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->done, 0), "cudaStreamWaitEvent (compute after the exchange)");
+  return st;
+}
+
+/* The exchange, and compute goes on beside it until join(ticket) (muon_dist_config.async). On
+   one stream there is nothing to overlap: the ticket is -1 and join does nothing. */
+static muon_status muon_nccl__alltoallv_start(void *ctx, const float *send, const size_t *send_counts,
+                                              const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                              const size_t *recv_displs, int *ticket) {
+  muon_nccl__comm *c = (muon_nccl__comm *)ctx;
+  int t = c->issued % MUON_NCCL__TICKETS;
+  muon_status st;
+  *ticket = -1;
+  if (c->broken != MUON_OK) return c->broken;
+  if (c->compute != c->stream && c->unjoined[t])
+    return muon_nccl__fail(c, MUON_ERR_ARG, "muon_nccl: alltoallv_start: %d exchanges started and not joined (at most %d)",
+                           MUON_NCCL__TICKETS, MUON_NCCL__TICKETS);
+  if ((st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs)) != MUON_OK) return st;
+  if (c->compute == c->stream) return MUON_OK;
+  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->ticket[t], c->stream), "cudaEventRecord (a started exchange)")) != MUON_OK) return st;
+  c->unjoined[t] = 1;
+  *ticket = c->issued;
+  c->issued = (c->issued + 1) % (MUON_NCCL__TICKETS * 1024);
+  return MUON_OK;
+}
+
+static muon_status muon_nccl__join(void *ctx, int ticket) {
+  muon_nccl__comm *c = (muon_nccl__comm *)ctx;
+  int t = ticket % MUON_NCCL__TICKETS;
+  if (c->broken != MUON_OK) return c->broken;
+  if (ticket < 0) return MUON_OK;
+  if (!c->unjoined[t] || (c->issued - 1 - ticket + MUON_NCCL__TICKETS * 1024) % (MUON_NCCL__TICKETS * 1024) >= MUON_NCCL__TICKETS)
+    return muon_nccl__fail(c, MUON_ERR_ARG, "muon_nccl: join: ticket %d is not an exchange started and not yet joined", ticket);
+  c->unjoined[t] = 0;
+  return muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->ticket[t], 0), "cudaStreamWaitEvent (compute after a started exchange)");
 }
 
 static muon_status muon_nccl__wait(void *ctx) {
@@ -377,6 +427,7 @@ static const char *muon_nccl__error(void *ctx) { return ((muon_nccl__comm *)ctx)
 
 static void muon_nccl__destroy(void *ctx) {
   muon_nccl__comm *c = (muon_nccl__comm *)ctx;
+  int i;
   if (!c) return;
   if (c->comm && c->queued) (void)muon_nccl__wait(c);   /* what is queued ends first (or aborts) */
   if (c->comm && c->owned) {
@@ -387,12 +438,14 @@ static void muon_nccl__destroy(void *ctx) {
   if (c->bounce) (void)cudaFree(c->bounce);
   if (c->before) (void)cudaEventDestroy(c->before);
   if (c->done) (void)cudaEventDestroy(c->done);
+  for (i = 0; i < MUON_NCCL__TICKETS; i++)
+    if (c->ticket[i]) (void)cudaEventDestroy(c->ticket[i]);
   free(c);
 }
 
 static const muon_comm_vtable muon_nccl__vtable = {
   MUON_COMM_VTABLE_VERSION, muon_nccl__alltoallv, muon_nccl__allgather, NULL, muon_nccl__error,
-  muon_nccl__destroy, MUON_MEMORY_DEVICE, muon_nccl__wait
+  muon_nccl__destroy, MUON_MEMORY_DEVICE, muon_nccl__wait, muon_nccl__alltoallv_start, muon_nccl__join
 };
 
 /* ---- creation ------------------------------------------------------------------------------ */
@@ -421,7 +474,7 @@ static muon_status muon_nccl__timeout(double t, double *out, char *err, size_t e
 static muon_status muon_nccl__make(ncclComm_t comm, int owned, cudaStream_t stream, cudaStream_t compute, double timeout_s,
                                    muon_comm *out, char *err, size_t err_size) {
   muon_nccl__comm *c = (muon_nccl__comm *)calloc(1, sizeof *c);
-  int rank = 0, size = 0;
+  int rank = 0, size = 0, i;
   cudaError_t e;
   if (!c) {
     muon_nccl__msg(err, err_size, "muon_nccl: allocating the communicator failed");
@@ -443,6 +496,8 @@ static muon_status muon_nccl__make(ncclComm_t comm, int owned, cudaStream_t stre
   c->broken = MUON_OK;
   e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
   if (e == cudaSuccess && compute != stream) e = cudaEventCreateWithFlags(&c->before, cudaEventDisableTiming);
+  for (i = 0; e == cudaSuccess && compute != stream && i < MUON_NCCL__TICKETS; i++)
+    e = cudaEventCreateWithFlags(&c->ticket[i], cudaEventDisableTiming);
   if (e != cudaSuccess) {
     muon_nccl__msg(err, err_size, "muon_nccl: cudaEventCreateWithFlags failed: %s", cudaGetErrorString(e));
     c->owned = 0;                 /* the caller still owns comm and decides its fate */

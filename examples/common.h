@@ -89,6 +89,9 @@ static inline void ex_die(const ex_world *w, const char *what, const char *why) 
 }
 
 static const muon_compute *ex_compute(const ex_world *w);
+#ifdef EX_NCCL
+static cudaStream_t ex__nccl_stream;   /* --async: the exchanges' own stream */
+#endif
 
 static inline ex_world ex_init(int argc, char **argv) {
   ex_world w;
@@ -114,9 +117,15 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--partial") && i + 1 < argc) { i++; w.partial = 1; w.reduce = !strcmp(argv[i], "mean") ? MUON_REDUCE_MEAN : MUON_REDUCE_SUM; }
   }
 #ifdef EX_NCCL
-  {   /* exchanges and compute on one stream: the CUDA backend's */
+  {   /* exchanges and compute on one stream, the CUDA backend's; with --async on a stream of
+         their own, as llm.c keeps its nccl_stream, so that they overlap Newton-Schulz */
     muon_nccl_desc nd = muon_nccl_default_desc();
     nd.stream = muon_cuda_stream(ex_compute(NULL));
+    if (w.async) {
+      if (cudaStreamCreateWithFlags(&ex__nccl_stream, cudaStreamNonBlocking) != cudaSuccess) ex_die(NULL, "cudaStreamCreate", "failed");
+      nd.compute_stream = nd.stream;
+      nd.stream = ex__nccl_stream;
+    }
     if (muon_nccl_create(&nd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_nccl_create", err);
   }
 #else
@@ -761,6 +770,9 @@ static inline int ex_finish(ex_world *w, muon_comm *groups, int n, int rc) {
   int i;
   for (i = 0; i < n; i++) muon_comm_destroy(&groups[i]);
   muon_comm_destroy(&w->world);
+#ifdef EX_NCCL
+  if (ex__nccl_stream) cudaStreamDestroy(ex__nccl_stream);
+#endif
   ex_compute_done();
   return rc;
 }

@@ -370,7 +370,7 @@ static muon_status flaky_allgather(void *ctx, const void *send, void *recv, size
 static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"; }
 
 static void test_comm_faults(void) {
-  static const muon_comm_vtable vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL };
+  static const muon_comm_vtable vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL };
   static model m, before;
   flaky_comm f = { 0, -1, MUON_OK };
   muon_comm comm;

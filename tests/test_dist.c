@@ -683,7 +683,7 @@ static muon_status flaky_allgather(void *ctx, const void *s, void *r, size_t n) 
   return f->inner.vt->allgather(f->inner.ctx, s, r, n);
 }
 static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"; }
-static const muon_comm_vtable flaky_vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL };
+static const muon_comm_vtable flaky_vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL };
 
 static void test_overlap_failure(void) {
   flaky fl;
@@ -754,7 +754,7 @@ static const char *fault_error(void *ctx) {
   fault_comm *f = (fault_comm *)ctx;
   return f->inner.vt->error ? f->inner.vt->error(f->inner.ctx) : "";
 }
-static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST, NULL };
+static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL };
 
 static int fault_overlap;   /* --fault MODE N overlap: prefetch 2, async, a round per matrix */
 

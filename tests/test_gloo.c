@@ -831,6 +831,58 @@ static void run_normal(muon_comm *w) {
         free(old[k]);
       }
     }
+    /* NULL out is named; NULL everything is refused without a crash; an err of size 0 is never
+       written (its first byte keeps its sentinel). */
+    d = muon_gloo_default_desc();
+    d.rank = 0; d.size = 1;
+    st = muon_gloo_create(&d, NULL, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "out is NULL"), "NULL out: %s %s", test_status_name(st), err);
+    st = muon_gloo_create(NULL, NULL, NULL, 0);
+    CHECK(st == MUON_ERR_ARG, "NULL desc, out and err: %s", test_status_name(st));
+    err[0] = '#'; err[1] = 0;
+    d.rank = 3; d.size = 2;
+    x = *w;   /* a live comm's fields: a failed create must clear them */
+    st = muon_gloo_create(&d, &x, err, 0);
+    CHECK(st == MUON_ERR_ARG && err[0] == '#' && err[1] == 0, "err_size 0: %s, err now '%s'",
+          test_status_name(st), err);
+    CHECK(x.vt == NULL && x.ctx == NULL && x.size == 0, "out not cleared on failure");
+  }
+
+  begin("create: the TCP device's host comes from desc.hostname, else MUON_GLOO_HOST, else 127.0.0.1");
+  {
+    /* 192.0.2.1 (TEST-NET-1, RFC 5737) is never a local address: binding to it fails before any
+       rendezvous, so each refused create is local to this rank. */
+    char dir[4096];
+    char *old_host = getenv("MUON_GLOO_HOST") ? strdup(getenv("MUON_GLOO_HOST")) : NULL;
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm x;
+    double t0;
+    CHECK(fresh_dir(dir, sizeof dir), "mkdtemp");
+    d.rank = 0; d.size = 2; d.store_dir = dir; d.timeout_s = 5;
+    d.hostname = "192.0.2.1";
+    setenv("MUON_GLOO_HOST", "", 1);
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_BACKEND && strstr(err, "TCP device on '192.0.2.1'") && strstr(err, "MUON_GLOO_HOST"),
+          "desc.hostname 192.0.2.1: %s %s", test_status_name(st), err);
+    if (st == MUON_OK) test_comm_destroy(&x);
+    d.hostname = "";   /* empty counts as unset: the environment's host is used */
+    setenv("MUON_GLOO_HOST", "192.0.2.1", 1);
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_BACKEND && strstr(err, "TCP device on '192.0.2.1'"),
+          "MUON_GLOO_HOST=192.0.2.1: %s %s", test_status_name(st), err);
+    if (st == MUON_OK) test_comm_destroy(&x);
+    /* both empty: 127.0.0.1, whose device works; alone at the rendezvous it times out (0.1 s) */
+    setenv("MUON_GLOO_HOST", "", 1);
+    d.timeout_s = 0.1;
+    t0 = now_s();
+    st = muon_gloo_create(&d, &x, err, sizeof err);
+    CHECK(st == MUON_ERR_TIMEOUT && strstr(err, "rendezvous of rank 0 of 2") && strstr(err, "timed out"),
+          "MUON_GLOO_HOST empty: %s %s", test_status_name(st), err);
+    CHECK(now_s() - t0 < 2.0, "took %.3f s", now_s() - t0);
+    if (st == MUON_OK) test_comm_destroy(&x);
+    if (old_host) setenv("MUON_GLOO_HOST", old_host, 1); else unsetenv("MUON_GLOO_HOST");
+    free(old_host);
+    remove_dir(dir);
   }
 
   begin("collectives: bad arguments are MUON_ERR_ARG naming what is wrong; the comm still works");
@@ -868,6 +920,35 @@ static void run_normal(muon_comm *w) {
     dims0[0] = n; dims0[1] = 0;
     st = muon_gloo_mesh_subgroup(w, dims0, 2, 0, &g, err, sizeof err);
     CHECK(st == MUON_ERR_ARG && strstr(err, "must be >= 1"), "dims[1] = 0: %s", err);
+    /* each NULL pointer named, in the order checked; a NULL err is only the status */
+    st = muon_gloo_subgroup(w, members, 1, NULL, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "out is NULL"), "subgroup NULL out: %s %s", test_status_name(st), err);
+    g = *w;   /* a live comm's fields: a failed call must clear them */
+    st = muon_gloo_subgroup(w, NULL, 1, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "ranks is NULL"), "subgroup NULL ranks: %s %s", test_status_name(st), err);
+    CHECK(g.vt == NULL && g.ctx == NULL && g.size == 0, "out not cleared on failure");
+    st = muon_gloo_subgroup(w, NULL, 1, &g, NULL, sizeof err);
+    CHECK(st == MUON_ERR_ARG, "subgroup NULL ranks, NULL err: %s", test_status_name(st));
+    st = muon_gloo_subgroup(w, members, n + 1, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "n = ") && strstr(err, "parent size"), "subgroup n = size + 1: %s %s",
+          test_status_name(st), err);
+    dims0[0] = n; dims0[1] = 1;
+    st = muon_gloo_mesh_subgroup(NULL, dims0, 2, 0, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "parent is NULL"), "mesh NULL parent: %s %s", test_status_name(st), err);
+    st = muon_gloo_mesh_subgroup(w, dims0, 2, 0, NULL, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "out is NULL"), "mesh NULL out: %s %s", test_status_name(st), err);
+    st = muon_gloo_mesh_subgroup(NULL, dims0, 2, 0, &g, NULL, 0);
+    CHECK(st == MUON_ERR_ARG, "mesh NULL parent, NULL err: %s", test_status_name(st));
+    st = muon_gloo_mesh_subgroup(w, dims0, 2, 2, &g, err, sizeof err);
+    CHECK(st == MUON_ERR_ARG && strstr(err, "dim 2"), "mesh dim = ndims: %s %s", test_status_name(st), err);
+    /* the vtable's slots with a NULL context: refused, and the error text of no comm is "" */
+    CHECK(strcmp(w->vt->error(NULL), "") == 0, "error(NULL) = '%s'", w->vt->error(NULL));
+    st = w->vt->alltoallv(NULL, &one, sc, sd, &back, rc, rd);
+    CHECK(st == MUON_ERR_ARG, "alltoallv NULL ctx: %s", test_status_name(st));
+    st = w->vt->allgather(NULL, &one, &back, sizeof one);
+    CHECK(st == MUON_ERR_ARG, "allgather NULL ctx: %s", test_status_name(st));
+    st = w->vt->barrier(NULL);
+    CHECK(st == MUON_ERR_ARG, "barrier NULL ctx: %s", test_status_name(st));
     free(cnt);
     CHECK(alltoallv_round(w, members, 7, &st) == 0, "a round after the refused calls: %s", test_comm_error(w));
   }

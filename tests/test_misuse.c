@@ -366,6 +366,8 @@ static void test_bad_arguments(void) {
 
 /* The descriptor's other parts: the communicator and the compute backend (test_api.c and
    test_trainer.c check the rest). */
+static muon_status self_join(void *ctx, int ticket) { (void)ctx; (void)ticket; return MUON_OK; }
+
 static void test_bad_desc(void) {
   muon_comm self = muon_comm_self(), c;
   muon_comm_vtable vt;
@@ -373,7 +375,7 @@ static void test_bad_desc(void) {
   muon_compute_vtable cv;
   int i;
   TEST_CASE("muon_create: a communicator or compute backend that cannot work is MUON_ERR_ARG naming the field; *opt is NULL");
-  for (i = 0; i < 12; i++) {
+  for (i = 0; i < 13; i++) {
     muon_desc d = muon_default_desc();
     muon_optimizer *o = (muon_optimizer *)&d;   /* must become NULL */
     const char *needle = "";
@@ -393,6 +395,7 @@ static void test_bad_desc(void) {
     case 8: d.compute = &k; k.vt = NULL; needle = "muon_desc.compute->vt is NULL"; break;
     case 9: d.compute = &k; cv.alloc_host = cv.alloc; cv.free_host = NULL; needle = "alloc_host and free_host"; break;
     case 10: d.compute = &k; cv.memory = 7; needle = "muon_desc.compute->vt->memory"; break;
+    case 11: vt.join = self_join; needle = "alltoallv_start and join"; break;
     default: d.compute = &k; cv.version = 0; needle = "muon_desc.compute->vt->version"; break;
     }
     d.logger.func = log_errors;

@@ -1584,6 +1584,134 @@ static void test_aw_errors(void) {
   }
 }
 
+/* muon_dist_config.adamw_layout that fails or hands back a broken layout: muon_add_adamw_param
+   names it and registers nothing. Local (no collective), the same on every rank. */
+typedef struct cb_state { int mode, calls, last_index; char last_name[32]; } cb_state;
+enum { CB_FAIL, CB_ZERO_GROUP, CB_TOO_MANY_PARTS, CB_NONE };
+static muon_status cb_adamw_layout(void *state, int index, const struct muon_adamw_param *p, muon_layout *out) {
+  cb_state *c = (cb_state *)state;
+  c->calls++;
+  c->last_index = index;
+  snprintf(c->last_name, sizeof c->last_name, "%s", p && p->name ? p->name : "");
+  switch (c->mode) {
+  case CB_FAIL: return MUON_ERR_ARG;
+  case CB_ZERO_GROUP:            /* a PARTIAL level over a group of 0 ranks */
+    out->n_levels = 1;
+    out->levels[0] = muon_partial(NULL, MUON_REDUCE_SUM);
+    out->levels[0].size = 0;
+    out->levels[0].index = 0;
+    return MUON_OK;
+  case CB_TOO_MANY_PARTS:        /* each level fine, 65536 x 65536 parts do not fit an int */
+    out->n_levels = 2;
+    out->levels[0] = muon_partial(NULL, MUON_REDUCE_SUM);
+    out->levels[0].size = 65536;
+    out->levels[0].index = 0;
+    out->levels[1] = out->levels[0];
+    return MUON_OK;
+  default: return MUON_OK;       /* no levels: a plain param */
+  }
+}
+
+static void test_aw_layout_callback(void) {
+  muon_dist_config cfg = muon_layout_config();
+  cb_state cb;
+  muon_optimizer *opt;
+  awx a;
+  muon_status st;
+  int idx = -7;
+  memset(&cb, 0, sizeof cb);
+  cfg.adamw_layout = cb_adamw_layout;
+  cfg.state = &cb;
+  opt = make_dist(MUON_NONFINITE_ERROR, &cfg);
+  TEST_CASE("Partial AdamW error: muon_dist_config.adamw_layout returning MUON_ERR_ARG is that status at muon_add_adamw_param, naming the callback; nothing registered");
+  if (!opt) { CHECK(0, "create: %s", muon_error(NULL)); return; }
+  aw_init(&a, "cb_param", 12, 0, NULL, 1, 0, 0);
+  cb.mode = CB_FAIL;
+  st = aw_add(&a, opt, NULL);
+  CHECK(st == MUON_ERR_ARG && strstr(muon_error(opt), "muon_dist_config.adamw_layout returned MUON_ERR_ARG") && strstr(muon_error(opt), "'cb_param'"),
+        "rank %d: add returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
+  CHECK(cb.calls == 1 && cb.last_index == 0 && strcmp(cb.last_name, "cb_param") == 0, "callback: %d calls, index %d, name '%s'", cb.calls, cb.last_index, cb.last_name);
+  CHECK(muon_adamw_param_count(opt) == 0, "the rejected param was registered (count %d)", muon_adamw_param_count(opt));
+  CHECK(same_all(st), "statuses differ between ranks");
+
+  TEST_CASE("Partial AdamW error: an adamw_layout callback's level over a group of 0 ranks is MUON_ERR_SHAPE naming the layout the callback returned; nothing registered");
+  cb.mode = CB_ZERO_GROUP;
+  st = aw_add(&a, opt, NULL);
+  CHECK(st == MUON_ERR_SHAPE && strstr(muon_error(opt), "the layout from muon_dist_config.adamw_layout") && strstr(muon_error(opt), "levels[0]") && strstr(muon_error(opt), "group of 0"),
+        "rank %d: add returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
+  CHECK(muon_adamw_param_count(opt) == 0, "the rejected param was registered (count %d)", muon_adamw_param_count(opt));
+  CHECK(same_all(st), "statuses differ between ranks");
+
+  TEST_CASE("Partial AdamW error: an adamw_layout callback's 65536 x 65536 PARTIAL parts (more than INT_MAX) are MUON_ERR_SHAPE; nothing registered");
+  cb.mode = CB_TOO_MANY_PARTS;
+  st = aw_add(&a, opt, NULL);
+  CHECK(st == MUON_ERR_SHAPE && strstr(muon_error(opt), "the layout from muon_dist_config.adamw_layout has more than 2147483647 parts") && strstr(muon_error(opt), "'cb_param'"),
+        "rank %d: add returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
+  CHECK(muon_adamw_param_count(opt) == 0, "the rejected param was registered (count %d)", muon_adamw_param_count(opt));
+  CHECK(same_all(st), "statuses differ between ranks");
+  /* the refusals left no trace: the next param, the callback giving no levels, is param 0 */
+  cb.mode = CB_NONE;
+  {
+    muon_adamw_param p = muon_default_adamw_param();
+    p.name = "cb_param";
+    p.param = a.w;
+    p.grad = a.g;
+    p.size = a.n;
+    st = muon_add_adamw_param(opt, &p, &idx);
+  }
+  CHECK(st == MUON_OK && idx == 0 && muon_adamw_param_count(opt) == 1 && cb.calls == 4 && cb.last_index == 0,
+        "a valid param after the refusals: %s, index %d, count %d, %d calls (last index %d): %s",
+        muon_status_string(st), idx, muon_adamw_param_count(opt), cb.calls, cb.last_index, muon_error(opt));
+  aw_free(&a);
+  muon_destroy(opt);
+}
+
+/* muon_state_load: a state whose AdamW param 0 had another name (same size) is refused, and
+   nothing changes. Single device, every rank alike. */
+static void test_aw_load_name(void) {
+  muon_optimizer *A = make_single(), *B = make_single();
+  awx a, b;
+  void *blob = NULL, *b0 = NULL, *b1 = NULL;
+  size_t size = 0, sb = 0;
+  int t;
+  muon_status st;
+  TEST_CASE("AdamW state: a state whose param 0 had another name (same size) is MUON_ERR_STATE naming 'another name'; the loader's params and state unchanged");
+  if (!A || !B) { CHECK(0, "create: %s", muon_error(NULL)); muon_destroy(A); muon_destroy(B); return; }
+  aw_init(&a, "aw_name_saved", 12, 0, NULL, 1, 0, 0);
+  aw_init(&b, "aw_name_here", 12, 0, NULL, 1, 0, 0);
+  CHECK(aw_add(&a, A, NULL) == MUON_OK && aw_add(&b, B, NULL) == MUON_OK, "add: %s / %s", muon_error(A), muon_error(B));
+  for (t = 0; t < 2; t++) {   /* both step (different gradients: a's and b's names differ) */
+    aw_grads(&a, t);
+    aw_grads(&b, t + 5);
+    CHECK(muon_step(A) == MUON_OK && muon_step(B) == MUON_OK, "step %d: %s / %s", t, muon_error(A), muon_error(B));
+  }
+  CHECK(muon_step(B) == MUON_OK, "a third step of B: %s", muon_error(B));   /* another step count too */
+  size = muon_state_size(A);
+  sb = muon_state_size(B);
+  blob = malloc(size);
+  b0 = malloc(sb);
+  b1 = malloc(sb);
+  CHECK(size == sb, "same shapes, state sizes %zu and %zu", size, sb);
+  CHECK(muon_state_save(A, blob, size) == MUON_OK && muon_state_save(B, b0, sb) == MUON_OK, "save: %s / %s", muon_error(A), muon_error(B));
+  {
+    aw_snap w = aw_take(&b);
+    st = muon_state_load(B, blob, size);
+    CHECK(st == MUON_ERR_STATE && strstr(muon_error(B), "AdamW param 0 is 'aw_name_here' here") && strstr(muon_error(B), "another name"),
+          "load returned %s: %s", muon_status_string(st), muon_error(B));
+    CHECK(aw_same(&b, &w), "the param changed");
+    CHECK(muon_state_save(B, b1, sb) == MUON_OK && memcmp(b0, b1, sb) == 0, "the optimizer's state changed (moments, step count or groups)");
+    aw_drop(&w);
+  }
+  /* the same blob into an optimizer whose param has the saved name loads */
+  st = muon_state_load(A, blob, size);
+  CHECK(st == MUON_OK, "load into the saver: %s: %s", muon_status_string(st), muon_error(A));
+  free(blob); free(b0); free(b1);
+  aw_free(&a);
+  aw_free(&b);
+  muon_destroy(A);
+  muon_destroy(B);
+}
+
 /* 6h. State: save / load, and resharding both ways. */
 static void test_aw_state(void) {
   muon_dist_config cfg = muon_layout_config();
@@ -1769,6 +1897,8 @@ int main(int argc, char **argv) {
   test_aw_auto();
   test_aw_skip_nonfinite();
   test_aw_errors();
+  test_aw_layout_callback();
+  test_aw_load_name();
   test_aw_state();
   test_aw_reshard();
   if (W.rank == 0) rc = test_summary();

@@ -81,6 +81,8 @@ STEPS = [
      EXAMPLES_AT("build/cuda", "fsdp tp_fsdp"), CUDA | {"muon_gloo.h"}),
     ("nccl examples", ["build/nccl/fsdp", "build/nccl/tp_hsdp", "build/nccl/muonrun"],
      EXAMPLES_AT("build/nccl", "fsdp tp_hsdp"), NCCL),
+    ("nccl overlap", ["build/nccl/fsdp", "build/nccl/muonrun"],
+     "MUON_STANDIN_AHEAD=1 tests/run_overlap.sh --some build/nccl fsdp", NCCL),
 ]
 
 CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")

@@ -100,6 +100,8 @@ static cudaError_t g_last_error;   /* call-time error: cudaGetLastError returns 
 static cudaError_t g_sticky;       /* execution-time error: stays until reset                  */
 static int g_tf32_used;
 static double g_hang_s = 30;       /* MUON_STANDIN_HANG_S                                      */
+static int g_ahead;                /* MUON_STANDIN_AHEAD: see run_ahead                        */
+static int g_nopull;               /* a wait blocks instead of running the other stream        */
 
 /* Arena. */
 static unsigned char *g_base;      /* NULL if the reservation failed                          */
@@ -283,6 +285,8 @@ static void init_locked(void) {
   g_verbose = s && *s && strcmp(s, "0") != 0;
   s = getenv("MUON_STANDIN_HANG_S");
   if (s && *s && atof(s) > 0) g_hang_s = atof(s);
+  s = getenv("MUON_STANDIN_AHEAD");
+  g_ahead = s && *s && strcmp(s, "0") != 0;
   s = getenv("MUON_STANDIN_ARENA_MB");
   if (s && *s) {
     char *end;
@@ -624,8 +628,27 @@ static void reclaim(void) {
 
 static void wait_blocked(double *t0, const char *call);
 
+/* MUON_STANDIN_AHEAD=1: before a synchronising call runs what it waits for, every stream runs
+   on its own as far as it can (a wait blocks until the other stream got there, instead of
+   running it), round after round until none moves. Each stream is then as far ahead of the
+   others as its waits allow, as independent GPU queues may be: a consumer stream that lacks a
+   wait for its producer (a stream) reads what the producer has not written yet. Off by default:
+   it also runs streams nobody synchronised, which would hide a missing host sync. */
+static void run_ahead(void) {
+  struct CUstream_st *s;
+  unsigned long long ran;
+  if (!g_ahead) return;
+  g_nopull = 1;
+  do {
+    ran = g_ran;
+    for (s = g_streams; s && g_sticky == cudaSuccess; s = s->next) run_stream(s, ULLONG_MAX);
+    if (g_sticky == cudaSuccess) run_stream(&g_null_stream, ULLONG_MAX);
+  } while (g_ran != ran && g_sticky == cudaSuccess);
+  g_nopull = 0;
+}
+
 /* A flush: run the given work with the arena open, then close it. */
-static void flush_begin(void) { g_ran = 0; }
+static void flush_begin(void) { g_ran = 0; run_ahead(); }
 static void flush_end(void) {
   arena_close();
   if (g_ran) g_calls[K_flush]++;
@@ -909,6 +932,7 @@ static int exec_op(op *o) {
   }
   case OP_WAIT: {
     struct CUstream_st *t = stream_by_id(o->u.wait.stream_id);
+    if (g_nopull) return !(t && t->head && t->head->seq <= o->u.wait.seq);
     return !(t && run_stream(t, o->u.wait.seq));
   }
   default: break;
@@ -2049,6 +2073,13 @@ size_t muon_standin_device_bytes(void) {
   n = g_live_bytes;
   unlock();
   return n;
+}
+
+void muon_standin_ahead(int on) {
+  lock();
+  init_locked();
+  g_ahead = on != 0;
+  unlock();
 }
 
 void muon_standin_reset_errors(void) {

@@ -64,6 +64,11 @@ long long muon_standin_calls(const char *call);
 /* Bytes currently allocated by cudaMalloc (requested sizes of live allocations). */
 size_t muon_standin_device_bytes(void);
 
+/* The schedule of synchronising calls: 0 (default) runs only what the call waits for; 1 first
+   runs every stream on its own as far as its waits allow, so a consumer stream that lacks a wait
+   for its producer runs ahead of it and reads stale data. Also MUON_STANDIN_AHEAD=1. */
+void muon_standin_ahead(int on);
+
 /* Clears the sticky execution error and the last error (tests only). */
 void muon_standin_reset_errors(void);
 

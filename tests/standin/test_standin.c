@@ -535,6 +535,10 @@ static void test_kernels(void) {
 /* =============================================================================================
    6. Events
    ============================================================================================= */
+/* An external operation that completes once *gate is set (another process's part, in NCCL). */
+static int gate_open;
+static int gate_progress(void *arg) { return *(int *)arg != 0; }
+
 static void test_events(void) {
   float src[32], out[32];
   float *d = (float *)dev_alloc(sizeof src);
@@ -572,6 +576,48 @@ static void test_events(void) {
   CU(cudaStreamSynchronize(a));
   CU(cudaMemcpy(out, d, sizeof out, cudaMemcpyDeviceToHost));
   CHECK(out[0] == 100.0f && out[31] == 131.0f, "A's kernel: %g", out[0]);
+
+  TEST_CASE("a consumer without a wait: the default schedule hides it when the producer is synced first; MUON_STANDIN_AHEAD shows it");
+  {
+    int k;
+    for (k = 0; k < 2; k++) {
+      gate_open = 0;
+      fill_f(src, 32, 4.0f + (float)k);
+      fill_f(out, 32, -1.0f);
+      CU(cudaMemset(d, 0, sizeof src));
+      muon_standin_ahead(k);
+      CU(muon_standin_enqueue(a, gate_progress, NULL, &gate_open, "a gate"));   /* the producer waits for a peer */
+      CU(cudaMemcpyAsync(d, src, sizeof src, cudaMemcpyHostToDevice, a));
+      CU(cudaMemcpyAsync(out, d, sizeof out, cudaMemcpyDeviceToHost, b));      /* no wait for a */
+      CHECK(cudaStreamQuery(a) == cudaErrorNotReady, "first query ran something");
+      CHECK(cudaStreamQuery(a) == cudaErrorNotReady, "the gated producer finished");
+      gate_open = 1;
+      CU(cudaStreamSynchronize(a));
+      CU(cudaStreamSynchronize(b));
+      if (k == 0) CHECK(all_f(out, 32, 4.0f), "default schedule: B read %g, expected the producer's 4 (B ran last)", out[0]);
+      else CHECK(all_f(out, 32, 0.0f), "ahead: B read %g, expected the stale 0 (B ran ahead of the gated producer)", out[0]);
+    }
+    muon_standin_ahead(0);
+  }
+
+  TEST_CASE("MUON_STANDIN_AHEAD: a consumer that waits still reads the producer's data");
+  gate_open = 0;
+  fill_f(src, 32, 6.0f);
+  fill_f(out, 32, -1.0f);
+  muon_standin_ahead(1);
+  CU(muon_standin_enqueue(a, gate_progress, NULL, &gate_open, "a gate"));
+  CU(cudaMemcpyAsync(d, src, sizeof src, cudaMemcpyHostToDevice, a));
+  CU(cudaEventRecord(e2, a));
+  CU(cudaStreamWaitEvent(b, e2, 0));
+  CU(cudaMemcpyAsync(out, d, sizeof out, cudaMemcpyDeviceToHost, b));
+  CHECK(cudaStreamQuery(b) == cudaErrorNotReady && cudaStreamQuery(b) == cudaErrorNotReady, "B finished before its producer");
+  CHECK(all_f(out, 32, -1.0f), "B's copy ran before its wait was satisfied: %g", out[0]);
+  gate_open = 1;
+  CU(cudaStreamSynchronize(b));
+  CHECK(all_f(out, 32, 6.0f), "B read %g, expected 6", out[0]);
+  muon_standin_ahead(0);
+  CU(launch_fill(a, d, 100.0f, 32));            /* d as the cases below expect it */
+  CU(cudaStreamSynchronize(a));
 
   TEST_CASE("cudaEventSynchronize runs the stream only up to the event");
   fill_f(out, 32, -1.0f);
