@@ -246,9 +246,11 @@ $(BUILD)/test_parallel_nothreads: tests/test_parallel.c muon.h tests/test.h | $(
 	$(CC) $(CWARN) $(OPT) -DMUON_NO_THREADS $(INC) $< -o $@ -lm -pthread
 $(BUILD)/test_parallel_cblas: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm -pthread
-# The fuzz targets' corpora replayed without libFuzzer (any compiler; counted by make coverage).
+# The fuzz targets' corpora replayed without libFuzzer (any compiler), under the sanitizers; make
+# coverage builds them plain (REPLAY_SAN=-O0), so that their counters merge with the other builds'.
+REPLAY_SAN ?= $(SAN)
 $(BUILD)/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz_models.h tests/fuzz/fuzz_world.h muon.h | $(BUILD)
-	$(CC) $(CWARN) $(SAN) -I. $< tests/fuzz/replay.c -o $@ -lm -pthread
+	$(CC) $(CWARN) $(REPLAY_SAN) -I. $< tests/fuzz/replay.c -o $@ -lm -pthread
 $(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 $(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
@@ -356,15 +358,17 @@ fuzz:
 
 # ---- coverage: the whole `make test` suite built with gcov in its own build directory -------
 # Every compile gets --coverage and MUON_COVERAGE, under which ranks that _exit write their
-# counters first (test.h); OPT and O2 become -O0 so every build has the same line tables. The
-# sanitizer and -Ofast builds run too, but their counters are left out of the report: their line
-# tables differ and UBSan's checks add branches no input takes. gcovr then reports each public
+# counters first (test.h); OPT and O2 become -O0 so every build has the same line tables, and the
+# fuzz corpora's replays are built without sanitizers. The sanitizer and -Ofast builds run too,
+# but their counters are left out of the report: their line tables differ and UBSan's checks add
+# branches no input takes. tools/coverage.sh counts lines over every build, branches over the C
+# builds (see there). gcovr then reports each public
 # header; the HTML is $(COV_BUILD)/html/index.html.
 COV_BUILD := $(BUILD)/cov
 coverage: deps
 	@tools/install-deps.sh gcovr
 	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)
-	@$(MAKE) --no-print-directory BUILD=$(COV_BUILD) OPT="-O0 -march=native" O2=-O0 \
+	@$(MAKE) --no-print-directory BUILD=$(COV_BUILD) OPT="-O0 -march=native" O2=-O0 REPLAY_SAN=-O0 \
 	  CC="$(CC) --coverage -DMUON_COVERAGE" CXX="$(CXX) --coverage -DMUON_COVERAGE" test \
 	  | tee $(COV_BUILD)/test.log; echo "suite: $$(tail -n 1 $(COV_BUILD)/test.log)"
 	@rm -f a-*.gcno   # check-headers' syntax-only compiles leave their notes in the working directory
