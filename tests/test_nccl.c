@@ -23,6 +23,10 @@
 #define NMAT 3
 static int P, me;
 static muon_compute *gpu;
+/* Overlap on NCCL's own stream: models made with async (prefetch 1, small rounds), and worlds
+   made with side_stream for NCCL beside the compute stream. */
+static int g_async;
+static cudaStream_t side_stream;
 
 static double now_s(void) {
   struct timeval tv;
@@ -52,6 +56,11 @@ static muon_status model_make(model *md, muon_comm *c, const muon_compute *compu
   int i;
   memset(md, 0, sizeof *md);
   md->cfg = muon_layout_config();
+  if (g_async) {
+    md->cfg.async = 1;
+    md->cfg.prefetch = 1;
+    md->cfg.round_bytes = 4096;   /* a round per matrix: several exchanges in flight */
+  }
   d.hparams.lr = 0.02f;
   d.comm = c;
   d.dist = &md->cfg;
@@ -148,6 +157,10 @@ static muon_comm make_world(double timeout_s) {
   muon_comm c;
   char err[512];
   nd.stream = muon_cuda_stream(gpu);
+  if (side_stream) {
+    nd.compute_stream = nd.stream;
+    nd.stream = side_stream;
+  }
   nd.timeout_s = timeout_s;
   if (muon_nccl_create(&nd, &c, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_nccl_create", err);
   return c;
@@ -220,6 +233,13 @@ static void test_wrap(float **full) {
   for (t = 0; t < 3; t++) CHECK(muon_step(md.opt) == MUON_OK, "step %d: %s", t, muon_error(md.opt));
   CHECK(model_diff(&md, full) == 0, "%lld elements differ from one device", model_diff(&md, full));
   model_free(&md);
+  TEST_CASE("wrap + async: the exchanges run on the NCCL stream beside compute (alltoallv_start / join), bitwise one device");
+  g_async = 1;
+  CHECK(model_make(&md, &world, &gpu2) == MUON_OK, "model: %s", muon_error(md.opt));
+  g_async = 0;
+  for (t = 0; t < 3; t++) CHECK(muon_step(md.opt) == MUON_OK, "step %d: %s", t, muon_error(md.opt));
+  CHECK(model_diff(&md, full) == 0, "%lld elements differ from one device", model_diff(&md, full));
+  model_free(&md);
   muon_comm_destroy(&world);
   TEST_CASE("wrap: muon_comm_destroy leaves the trainer's communicator alive");
   CHECK(ncclCommCount(mine, &n) == ncclSuccess && n == P, "ncclCommCount after destroy: %d", n);
@@ -283,8 +303,9 @@ static void test_failure(int inject) {
   int victim = P - 1;
   double t0, took;
   muon_status st = MUON_OK;
-  TEST_CASE(inject ? "an NCCL error injected on one rank: an error on every rank, nothing applied"
-                   : "a rank that never joins the step: MUON_ERR_TIMEOUT on the others within the timeout, nothing applied");
+  TEST_CASE(inject && g_async ? "an NCCL error injected on one rank, exchanges overlapped on NCCL's stream: an error on every rank, nothing applied"
+            : inject ? "an NCCL error injected on one rank: an error on every rank, nothing applied"
+                     : "a rank that never joins the step: MUON_ERR_TIMEOUT on the others within the timeout, nothing applied");
   CHECK(model_make(&md, &world, gpu) == MUON_OK, "model: %s", muon_error(md.opt));
   CHECK(muon_step(md.opt) == MUON_OK, "first step: %s", muon_error(md.opt));
   {   /* what the pieces hold now: the failing step must leave exactly this */
@@ -339,6 +360,13 @@ int main(int argc, char **argv) {
     test_failure(0);
 #ifdef MUON_CUDA_STANDIN
     test_failure(1);
+    /* the same with the exchanges on NCCL's own stream, overlapped */
+    CHECK(cudaStreamCreateWithFlags(&side_stream, cudaStreamNonBlocking) == cudaSuccess, "side stream");
+    g_async = 1;
+    test_failure(1);
+    g_async = 0;
+    cudaStreamDestroy(side_stream);
+    side_stream = NULL;
 #endif
   }
   for (i = 0; i < NMAT; i++) free(full[i]);
