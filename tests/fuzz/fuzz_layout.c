@@ -364,6 +364,18 @@ static int slot_of(const char *name) {
   return name && name[0] == 'm' && name[1] >= '0' && name[1] < '0' + MAX_MATS && !name[2] ? name[1] - '0' : -1;
 }
 
+/* PARTIAL levels, by muon.h's rule: the product of their sizes, and MEAN's factor. */
+static int parts_of(const muon_layout *L, float *scale) {
+  int j, n = 1, mean = 1;
+  for (j = 0; j < L->n_levels && j < MUON_MAX_LEVELS; j++)
+    if (L->levels[j].placement == MUON_PARTIAL) {
+      n *= L->levels[j].size;
+      if (L->levels[j].reduce == MUON_REDUCE_MEAN) mean *= L->levels[j].size;
+    }
+  *scale = 1.0f / (float)mean;
+  return n;
+}
+
 /* Between the two steps: every rank saves, then reshards the whole world's checkpoint into its
    own optimizer. That must succeed and change no momentum bit (and, as the final comparison with
    one device shows, no bit of the step after it either). */
@@ -438,8 +450,12 @@ static void *rank_main(void *arg) {
       break;
     }
     if (!me->valid[i]) fail("muon_add_matrix accepted a layout the docs reject", name);
-    if (muon_get_momentum(opt, me->n_local, &mom, &mom_n) != MUON_OK || mom_n != me->n[i])
-      fail("the registered piece holds another number of floats than the layout docs give it", name);
+    {   /* a Partial matrix's momentum is its owner's, whole, from the first plan on: none yet */
+      float unused;
+      size_t want = parts_of(&x->L, &unused) > 1 ? 0 : me->n[i];
+      if (muon_get_momentum(opt, me->n_local, &mom, &mom_n) != MUON_OK || mom_n != want)
+        fail("the registered piece holds another number of floats than the layout docs give it", name);
+    }
     me->local_of[me->n_local++] = i;
   }
   if (me->ok && s->adamw) {
@@ -513,18 +529,6 @@ typedef struct group {             /* one global matrix: (name, key) and its one
   float scale;                     /* MEAN's 1 / size */
   tensor param, grad;
 } group;
-
-/* PARTIAL levels, by muon.h's rule: the product of their sizes, and MEAN's factor. */
-static int parts_of(const muon_layout *L, float *scale) {
-  int j, n = 1, mean = 1;
-  for (j = 0; j < L->n_levels && j < MUON_MAX_LEVELS; j++)
-    if (L->levels[j].placement == MUON_PARTIAL) {
-      n *= L->levels[j].size;
-      if (L->levels[j].reduce == MUON_REDUCE_MEAN) mean *= L->levels[j].size;
-    }
-  *scale = 1.0f / (float)mean;
-  return n;
-}
 
 static group *find_group(group *gs, int n, int slot, long long key) {
   int k;
