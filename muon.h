@@ -6083,12 +6083,11 @@ static muon_status muon__commit(muon_optimizer *opt) {
       if (p->param_dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->param, full, p->size * sizeof(float), 0, 0), op);
       else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size), op);
       if (p->mirror) MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size), op);
-      p->step++;
-      continue;
+    } else {
+      a = muon__adamw_args(opt, p, i);
+      MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a),
+                    "muon_step: AdamW (the update may be partly applied)");
     }
-    a = muon__adamw_args(opt, p, i);
-    MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a),
-                  "muon_step: AdamW (the update may be partly applied)");
     p->step++;
   }
   return MUON_OK;
