@@ -1311,6 +1311,7 @@ typedef struct muon__plan {
   int n_xfers;
   int prefetch;         /* muon_dist_config.prefetch, and whether rounds overlap at all */
   int pipelined;
+  int side;             /* async on the communicator's own queue (alltoallv_start / join) */
   float *gathered;      /* full operands X of the matrices this rank owns in a round */
   float *reduced;       /* the summed gradients of the Partial matrices this rank owns, row-major,
                            kept until the commit moves their momentum */
@@ -1689,6 +1690,7 @@ static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size);
 static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size);
 static void muon__comm_thread_stop(muon_optimizer *opt);
 static int muon__async_comm(const muon_optimizer *opt);
+static int muon__side_vtable(const muon_comm_vtable *vt);
 static void muon__pool_stop(muon__cpu *cpu);
 static void muon__plan_free(muon_optimizer *opt);
 static int muon__wire_bf16(const muon_optimizer *opt);
@@ -1814,7 +1816,7 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     return MUON_ERR_ARG;
   }
   if (desc->dist && desc->dist->async && !MUON__POOL &&
-      !(desc->comm && desc->comm->vt && desc->comm->vt->version >= 4 && desc->comm->vt->alltoallv_start)) {
+      !(desc->comm && desc->comm->vt && muon__side_vtable(desc->comm->vt))) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
     return MUON_ERR_ARG;
   }
@@ -2201,7 +2203,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   size_t lo, hi;
   long long replica;
   muon_layout layout;
-  const char *src = "muon_adamw_param.layout";
+  const char *src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
   muon__piece unused;
   char why[240];
   muon_status st;
@@ -2220,7 +2222,6 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
                       p->offset, p->size, p->full_size, i, p->name ? p->name : "");
   memset(&layout, 0, sizeof layout);
-  if (!p->layout) src = "the layout from muon_dist_config.adamw_layout";
   if (p->layout) {
     if (!opt->distributed) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i, p->name ? p->name : "");
     layout = *p->layout;
@@ -3524,13 +3525,11 @@ static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
-/* Collectives a thread of their own can overlap with compute: a host communicator's, which
-   block. (A device communicator only queues them on its stream.) */
 /* async's two ways: a communicator with a queue of its own (alltoallv_start / join) runs the
-   exchanges there; a host communicator's blocking calls get the communication thread. */
-static int muon__side_comm(const muon_optimizer *opt) {
-  return opt->comm.size > 1 && opt->comm.vt->version >= 4 && opt->comm.vt->alltoallv_start;
-}
+   exchanges there; a host communicator's blocking calls get the communication thread. Any other
+   device communicator only queues them on its stream, which overlaps nothing. */
+static int muon__side_vtable(const muon_comm_vtable *vt) { return vt->version >= 4 && vt->alltoallv_start; }
+static int muon__side_comm(const muon_optimizer *opt) { return opt->comm.size > 1 && muon__side_vtable(opt->comm.vt); }
 static int muon__async_comm(const muon_optimizer *opt) {
   return opt->comm.size > 1 && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST) && !muon__side_comm(opt);
 }
@@ -4156,6 +4155,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->prefetch = opt->dist.prefetch;
   pl->pipelined = opt->distributed && !opt->dist.gather && P > 1 &&
                   (pl->prefetch > 0 || (opt->dist.async && (muon__async_comm(opt) || muon__side_comm(opt))));
+  pl->side = pl->pipelined && opt->dist.async && muon__side_comm(opt);
   if ((st = muon__assign(opt)) != MUON_OK) return st;
   for (g = 0; g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
@@ -5315,7 +5315,7 @@ static void muon__xfer_run(muon_optimizer *opt, muon__xfer *x) {
   const muon__plan *pl = &opt->plan;
   size_t P = (size_t)pl->P;
   muon_status st;
-  if (pl->pipelined && opt->dist.async && muon__side_comm(opt)) {
+  if (pl->side) {
     st = opt->comm.vt->alltoallv_start(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
                                        x->wire + 2 * P, x->wire + 3 * P, &x->ticket);
     x->unjoined = st == MUON_OK;

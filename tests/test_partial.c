@@ -694,6 +694,18 @@ static muon_status copy_redistribute(void *state, const muon_matrix_info *m, con
   return MUON_OK;
 }
 
+/* muon_plan refuses with `want` on every rank (its message naming `needle` where given), the
+   step after it fails alike everywhere, and no rank's parameter changed. */
+static void plan_refused(muon_optimizer *opt, muon_status want, const char *needle, const single_mat *a) {
+  muon_status st = muon_plan(opt), st2;
+  CHECK(st == want, "rank %d: plan returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
+  CHECK(same_all(st), "plan statuses differ between ranks");
+  if (needle) CHECK(strstr(muon_error(opt), needle) != NULL, "rank %d: the message does not say '%s': %s", W.rank, needle, muon_error(opt));
+  st2 = muon_step(opt);
+  CHECK(st2 != MUON_OK && same_all(st2), "rank %d: step after a failed plan returned %s (must fail alike everywhere)", W.rank, muon_status_string(st2));
+  CHECK(sum_all(!smat_unchanged(a)) == 0, "a parameter changed somewhere");
+}
+
 static void test_errors(void) {
   muon_dist_config cfg = muon_layout_config();
   muon_optimizer *opt;
@@ -739,13 +751,7 @@ static void test_errors(void) {
       opt = make_dist(MUON_NONFINITE_ERROR, &cfg);
       smat_init(&a, 6 * 20, 12u);
       CHECK(add_with(opt, "halves", &a, 12, 20, &lh, NULL) == MUON_OK, "add: %s", muon_error(opt));
-      st = muon_plan(opt);
-      CHECK(st == MUON_ERR_SHAPE, "rank %d: plan returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
-      CHECK(same_all(st), "plan statuses differ between ranks");
-      CHECK(strstr(muon_error(opt), "do not each hold") != NULL, "rank %d: the message does not say which parts lack pieces: %s", W.rank, muon_error(opt));
-      st2 = muon_step(opt);
-      CHECK(st2 != MUON_OK && same_all(st2), "rank %d: step after a failed plan returned %s (must fail alike everywhere)", W.rank, muon_status_string(st2));
-      CHECK(sum_all(!smat_unchanged(&a)) == 0, "a parameter changed somewhere");
+      plan_refused(opt, MUON_ERR_SHAPE, "do not each hold", &a);
       smat_free(&a);
       muon_destroy(opt);
     }
@@ -790,12 +796,7 @@ static void test_errors(void) {
     opt = make_dist(MUON_NONFINITE_ERROR, &custom);
     smat_init(&a, 12 * 20, 19u);
     CHECK(add_with(opt, "custom", &a, 12, 20, &lp, NULL) == MUON_OK, "add: %s", muon_error(opt));
-    st = muon_plan(opt);
-    CHECK(st == MUON_ERR_ARG, "rank %d: plan returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
-    CHECK(same_all(st), "plan statuses differ between ranks");
-    st2 = muon_step(opt);
-    CHECK(st2 != MUON_OK && same_all(st2), "rank %d: step returned %s (must fail alike everywhere)", W.rank, muon_status_string(st2));
-    CHECK(sum_all(!smat_unchanged(&a)) == 0, "a parameter changed somewhere");
+    plan_refused(opt, MUON_ERR_ARG, NULL, &a);
     smat_free(&a);
     muon_destroy(opt);
   }
