@@ -2203,7 +2203,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   size_t lo, hi;
   long long replica;
   muon_layout layout;
-  const char *src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
+  const char *src;   /* where the layout came from, for messages */
   muon__piece unused;
   char why[240];
   muon_status st;
@@ -2222,6 +2222,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
                       p->offset, p->size, p->full_size, i, p->name ? p->name : "");
   memset(&layout, 0, sizeof layout);
+  src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
   if (p->layout) {
     if (!opt->distributed) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i, p->name ? p->name : "");
     layout = *p->layout;
