@@ -321,7 +321,7 @@ test: deps check-headers
 	  "$(BUILD)/test_parallel_nothreads" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_parallel_cblas" \
 	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
 	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
-	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
+	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --die-started" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
 	  "tests/run_redis.sh $(BUILD)" \
 	  "$(RUN) -n 1 $(BUILD)/test_dist" "$(RUN) -n 2 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist" \
 	  "$(RUN) -n 4 $(BUILD)/test_dist" "$(RUN) -n 8 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist_san" \
@@ -340,13 +340,14 @@ test: deps check-headers
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  "tests/run_wire.sh $(BUILD) 4 ddp fsdp tp_fsdp hsdp ep_fsdp tp_hsdp" \
 	  "tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
-	  "tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
+	  "MUON_GLOO_BLOCKING=1 tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
 	  "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
 	  $(foreach n,1 2 3 4,"$(RUN) -n $(n) $(BUILD)/test_partial $(BUILD)/partial") "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
 	  "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
 	  "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
 	  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
 	  "$(BUILD)/test_dist --fault kill 3 overlap" "$(BUILD)/test_dist --fault stall 3 overlap" \
+	  "MUON_GLOO_BLOCKING=1 $(BUILD)/test_dist --fault kill 3 overlap" "MUON_GLOO_BLOCKING=1 $(RUN) -n 3 $(BUILD)/test_dist" \
 	  "tests/run_fuzz.sh $(BUILD) replay" \
 	  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout" \
 	  $(CUDA_TESTS)
@@ -401,6 +402,8 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --layers 1
+	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --overlap --small 256 --dim 32 --round-bytes 4096 --steps 3
+	MUON_GLOO_BLOCKING=1 $(BENCH_RUN) -n 4 $(BUILD)/bench_dist --overlap --small 256 --dim 32 --round-bytes 4096 --steps 3
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap --small 256 --steps 5
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_partial

@@ -302,13 +302,15 @@ typedef struct muon_comm_vtable {
      an alltoallv, so a dead peer is an error, not a hang. NULL: alltoallv is complete when it
      returns (every host communicator). */
   muon_status (*wait)(void *ctx);
-  /* Version 4, optional, both or neither (a device communicator with a queue of its own, e.g.
-     NCCL on its own stream): overlap without a host thread. alltoallv_start queues alltoallv's
-     exchange on the communicator's queue after everything the compute queue holds so far, but
-     does NOT make the compute queue wait for it; it returns a ticket. join(ticket) makes the
-     compute queue wait for that exchange, on the device (the host does not block). Used when
-     muon_dist_config.async is set: the core joins every exchange, in any order, before the
-     compute backend touches its buffers, and keeps at most 16 unjoined. */
+  /* Version 4, optional, both or neither (a communicator with a queue of its own: NCCL on its
+     own stream, Gloo's posted sends and receives): overlap without a host thread, several
+     exchanges in flight at once. alltoallv_start queues alltoallv's exchange on the
+     communicator's queue after everything the compute queue holds so far, but does NOT make the
+     compute queue wait for it; it returns a ticket. join(ticket) makes the compute queue wait
+     for that exchange: on the device for a device communicator (the host does not block), by
+     blocking for a host one. Used when muon_dist_config.async is set: the core joins every
+     exchange, in any order, before the compute backend touches its buffers, and keeps at most
+     16 unjoined. */
   muon_status (*alltoallv_start)(void *ctx, const float *send, const size_t *send_counts,
                                  const size_t *send_displs, float *recv, const size_t *recv_counts,
                                  const size_t *recv_displs, int *ticket);
@@ -598,13 +600,14 @@ typedef struct muon_dist_config {
                                       or none does */
   muon_wire wire;                  /* the exchange's number format (MUON_WIRE_AUTO)             */
   /* Overlap (the seeds' prefetch_count and async_gpu_parallelism). prefetch: exchange rounds
-     whose U is gathered ahead of the round being orthogonalised, 0 to 8. async: 1 runs a host
-     communicator's collectives on a thread of their own, concurrently with Newton-Schulz; a
-     device communicator with a queue of its own (alltoallv_start / join: NCCL on its own
-     stream) runs them there, and the compute queue waits only where it reads their buffers;
-     any other device communicator ignores it. With either, rounds default to a size
-     that gives several per step. Both 0 (the default, the debug setting): every exchange and
-     every Newton-Schulz in sequence. No setting changes a bit; ranks must agree on prefetch. */
+     whose U is gathered ahead of the round being orthogonalised, 0 to 8. async: 1 overlaps the
+     collectives with Newton-Schulz. A communicator with a queue of its own (alltoallv_start /
+     join: Gloo's posted exchanges, NCCL on its own stream) runs them there, several in flight
+     at once, each waited for only where its buffers are read; any other host communicator
+     runs them on a thread of their own, one at a time; any other device communicator ignores
+     it. With either, rounds default to a size that gives several per step. Both 0 (the
+     default, the debug setting): every exchange and every Newton-Schulz in sequence. No
+     setting changes a bit; ranks must agree on prefetch. */
   int prefetch;
   int async;
 } muon_dist_config;
@@ -1278,6 +1281,7 @@ typedef struct muon__global {
    wire slots), and, once it ran, the collective's status and native message. With prefetch or
    async several are in flight; in the debug setting the two of a round share one buffer set. */
 #define MUON__MAX_PREFETCH 8
+#define MUON__MAX_UNJOINED 16   /* exchanges started on a communicator's queue and not joined */
 typedef struct muon__xfer {
   float *send, *recv, *wire_send, *wire_recv, *host_send, *host_recv;
   int owns;                       /* these buffers are this exchange's own (freed with it) */
@@ -1312,6 +1316,7 @@ typedef struct muon__plan {
   int prefetch;         /* muon_dist_config.prefetch, and whether rounds overlap at all */
   int pipelined;
   int side;             /* async on the communicator's own queue (alltoallv_start / join) */
+  int backs;            /* redistributions in flight at once when pipelined (muon__back_xfer) */
   float *gathered;      /* full operands X of the matrices this rank owns in a round */
   float *reduced;       /* the summed gradients of the Partial matrices this rank owns, row-major,
                            kept until the commit moves their momentum */
@@ -3963,8 +3968,8 @@ static int muon__same_batch(const muon__global *x, const muon__global *y) {
 }
 
 /* The exchanges' buffers: one set shared by a round's two exchanges in the debug setting; with
-   prefetch or async, one set for each of the prefetch + 1 gathers and the two redistributions
-   that can be in flight at once (muon__pipeline). */
+   prefetch or async, one set for each of the prefetch + 1 gathers and the pl->backs
+   redistributions that can be in flight at once (muon__exchange_rounds). */
 static size_t muon__wire_floats(const muon__plan *pl, size_t n) { return MUON__MIN(n, n / 2 + (size_t)pl->P); }
 
 static int muon__xfer_sets(const muon__plan *pl) { return pl->pipelined ? pl->n_xfers : 1; }
@@ -3981,7 +3986,7 @@ static muon_status muon__alloc_xfers(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   size_t P = (size_t)pl->P, *cnt, ws = muon__wire_floats(pl, pl->send_floats), wr = muon__wire_floats(pl, pl->recv_floats);
   int i;
-  pl->n_xfers = pl->pipelined ? pl->prefetch + 3 : 2;
+  pl->n_xfers = pl->pipelined ? pl->prefetch + 1 + pl->backs : 2;
   pl->xfers = (muon__xfer *)muon__alloc(&opt->allocator, (size_t)pl->n_xfers * sizeof(muon__xfer));
   cnt = (size_t *)muon__alloc(&opt->allocator, (size_t)pl->n_xfers * 8 * P * sizeof(size_t));
   if (!pl->xfers || !cnt) {
@@ -4157,6 +4162,9 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->pipelined = opt->distributed && !opt->dist.gather && P > 1 &&
                   (pl->prefetch > 0 || (opt->dist.async && (muon__async_comm(opt) || muon__side_comm(opt))));
   pl->side = pl->pipelined && opt->dist.async && muon__side_comm(opt);
+  /* Exchanges on the communicator's own queue are in flight together, so a redistribution is
+     left running as long as the gathers are (at most MUON__MAX_UNJOINED unjoined in all). */
+  pl->backs = pl->side ? MUON__MIN(pl->prefetch + 2, MUON__MAX_UNJOINED - 2 - pl->prefetch) : 2;
   if ((st = muon__assign(opt)) != MUON_OK) return st;
   for (g = 0; g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
@@ -5703,12 +5711,12 @@ static muon_status muon__receive(muon_optimizer *opt, int r, const muon__xfer *b
 }
 
 /* Which exchange carries round r: in the debug setting the round's two share one buffer set;
-   overlapped, gathers cycle through prefetch + 1 sets and redistributions through two more. */
+   overlapped, gathers cycle through prefetch + 1 sets and redistributions through pl->backs more. */
 static muon__xfer *muon__out_xfer(const muon__plan *pl, int r) {
   return &pl->xfers[pl->pipelined ? r % (pl->prefetch + 1) : 0];
 }
 static muon__xfer *muon__back_xfer(const muon__plan *pl, int r) {
-  return &pl->xfers[pl->pipelined ? pl->prefetch + 1 + r % 2 : 1];
+  return &pl->xfers[pl->pipelined ? pl->prefetch + 1 + r % pl->backs : 1];
 }
 
 /* Round r's gather: the counts, U into the send buffer, the collective started. */
@@ -5744,13 +5752,15 @@ static muon_status muon__redistribute_finish(muon_optimizer *opt, int r) {
 /* Every round: U pieces to owners (gather) -> Newton-Schulz on the owners -> O back to every
    holder (redistribute). In the debug setting one round after the other, each step of it in
    sequence. Overlapped, the gathers of rounds r + 1 .. r + prefetch are already under way
-   while round r is orthogonalised, and round r's redistribution while round r + 1 is: the
-   collectives still go in one order on every rank, G0 .. G(prefetch), then per round its
-   redistribution and the next gather; async runs them on the communication thread. The first
-   failed collective ends the loop, as it would one at a time; nothing is left queued. */
+   while round r is orthogonalised, and round r's redistribution while round r + 1 is (on a
+   communicator's own queue, where exchanges are in flight together, while rounds up to
+   r + backs - 1 are): the collectives still go in one order on every rank, G0 .. G(prefetch),
+   then per round its redistribution and the next gather; async runs them on the communication
+   thread or the communicator's queue. The first failed collective ends the loop, as it would
+   one at a time; nothing is left queued. */
 static muon_status muon__exchange_rounds(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  int R = pl->n_rounds, D = pl->prefetch, r;
+  int R = pl->n_rounds, D = pl->prefetch, B = pl->backs, r;
   muon_status st = MUON_OK;
   if (!pl->pipelined) {
     for (r = 0; r < R && st == MUON_OK; r++) {
@@ -5768,9 +5778,9 @@ static muon_status muon__exchange_rounds(muon_optimizer *opt) {
     if (out->any && (st = muon__xfer_finish(opt, out)) != MUON_OK) break;
     muon__redistribute_start(opt, r);
     if (r + D + 1 < R) muon__gather_start(opt, r + D + 1);
-    if (r > 0) st = muon__redistribute_finish(opt, r - 1);
+    if (r + 1 >= B) st = muon__redistribute_finish(opt, r + 1 - B);
   }
-  if (st == MUON_OK && R > 0) st = muon__redistribute_finish(opt, R - 1);
+  for (r = R + 1 - B > 0 ? R + 1 - B : 0; st == MUON_OK && r < R; r++) st = muon__redistribute_finish(opt, r);
   muon__comm_drain(opt);
   for (r = 0; r < pl->n_xfers; r++) muon__xfer_join(opt, &pl->xfers[r]);   /* after a failure */
   return st;

@@ -36,6 +36,7 @@
                                      FileStore, this machine's host name with Redis)
        MUON_GLOO_TIMEOUT             seconds for every blocking call (default 300)
        MUON_GLOO_CHECK_COUNTS=1      every alltoallv checks that the counts agree (debugging)
+       MUON_GLOO_BLOCKING=1          no alltoallv_start / join (muon_gloo_desc.blocking)
 
    RENDEZVOUS
        FileStore: a directory every rank can see (local disk for one machine, a shared file
@@ -51,6 +52,14 @@
        the same order. alltoallv counts must agree pairwise (what r sends to p is what p expects
        from r). Each call uses its own Gloo slot, so a message can never be matched by a later
        call. Data to oneself is copied locally. A communicator is used by one thread at a time.
+       alltoallv_start / join (vtable version 4): start posts the exchange's sends and receives
+       and returns a ticket; join waits for it, within the timeout counted from the start. Up to
+       64 are in flight at once, joined in any order, interleaved with the other slots; the
+       caller leaves their buffers alone until join. muon.h uses them for
+       muon_dist_config.async: several exchanges in flight hide each other's latency, which a
+       thread running one collective at a time cannot (desc.blocking = 1 leaves them out, and
+       async then uses muon's communication thread). After a failure every started exchange is
+       released with the connections closed: join returns the failure.
        The world and its subgroups share one TCP device (one Gloo event-loop thread); the tests
        use them from one thread, interleaved.
 
@@ -107,6 +116,9 @@ typedef struct muon_gloo_desc {
   const char *redis;       /* "host:port[/prefix]": RedisStore instead of a directory            */
   const char *hostname;    /* address to bind; NULL: env MUON_GLOO_HOST, else see ENVIRONMENT    */
   double timeout_s;        /* every blocking call; 0: env MUON_GLOO_TIMEOUT, else 300 s          */
+  int blocking;            /* 1: no alltoallv_start / join, so muon_dist_config.async runs the
+                              exchanges on muon's communication thread; 0: unless
+                              env MUON_GLOO_BLOCKING=1 says so                                 */
 } muon_gloo_desc;
 
 /* rank = size = -1, everything else NULL / 0. */
@@ -276,6 +288,17 @@ struct muon_gloo__shared {
   std::string where; /* "FileStore /tmp/x" or "RedisStore host:port", for messages */
 };
 
+/* One exchange in flight: its buffers posted to Gloo, not yet waited for. */
+struct muon_gloo__exchange {
+  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sb, rb;
+  muon_gloo__clock::time_point start;
+  const char *op;
+  unsigned long long call;
+  bool live;
+};
+
+#define MUON_GLOO__TICKETS 64 /* exchanges started and not joined; muon.h keeps at most 16 */
+
 struct muon_gloo__comm {
   std::shared_ptr<muon_gloo__shared> shared;
   std::shared_ptr<gloo::Context> context; /* NULL when size == 1 */
@@ -286,7 +309,9 @@ struct muon_gloo__comm {
   uint64_t seq;             /* collective calls made on this comm: the Gloo slot */
   muon_status broken;       /* MUON_OK while usable */
   bool check_counts;        /* MUON_GLOO_CHECK_COUNTS=1: agree on alltoallv counts first */
+  bool blocking;            /* no alltoallv_start / join (muon_gloo_desc.blocking)          */
   std::string error;
+  muon_gloo__exchange started[MUON_GLOO__TICKETS]; /* alltoallv_start's, by ticket */
 };
 
 static const uint64_t muon_gloo__slot_base = (uint64_t)0x4d << 56; /* 'M'; Gloo's own < 0x10 */
@@ -341,17 +366,44 @@ static muon_status muon_gloo__fail(muon_gloo__comm *c, muon_status st, const std
     } catch (...) {
     }
   }
+  for (muon_gloo__exchange &x : c->started) {
+    x.sb.clear();
+    x.rb.clear();
+    x.live = false;
+  }
   return st;
 }
 
-/* The one exchange every slot is made of: to each peer p != rank, send slen[p] bytes at
-   send + soff[p] and receive rlen[p] bytes at recv + roff[p]; the self part is a memmove.
-   Zero lengths post nothing. All sends and receives are in flight at once; the waits go peer
-   by peer (nearest first) against one deadline, so a failure names its peer. */
-static muon_status muon_gloo__exchange(muon_gloo__comm *c, const char *op, const char *send,
-                                       const size_t *soff, const size_t *slen, char *recv,
-                                       const size_t *roff, const size_t *rlen) {
+/* The failure of exchange x while `doing` with `peer`, from inside its catch handler: the comm
+   is broken with a message naming the operation, this rank and the peer. */
+static muon_status muon_gloo__caught(muon_gloo__comm *c, const muon_gloo__exchange &x,
+                                     const char *doing, int peer) {
+  const std::string what = muon_gloo__what(std::current_exception());
+  const double waited = std::chrono::duration<double>(muon_gloo__clock::now() - x.start).count();
+  const double limit = std::chrono::duration<double>(c->shared->timeout).count();
+  const bool timed_out = muon_gloo__is_timeout(what) || waited >= limit * 0.999;
+  const muon_status st = timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM;
+  const std::string msg = muon_gloo__fmt(
+      "muon_gloo %s (rank %d of %d, call %llu) %s %s peer rank %d after %.3f s (timeout %.1f s): "
+      "%s",
+      x.op, c->rank, c->size, x.call, timed_out ? "timed out" : "failed", doing, peer, waited,
+      limit, what.c_str());
+  return muon_gloo__fail(c, st, msg);
+}
+
+/* The one exchange every slot is made of, posted: to each peer p != rank, send slen[p] bytes at
+   send + soff[p] and receive rlen[p] bytes at recv + roff[p]; the self part is a memmove now.
+   Zero lengths post nothing. Every send and receive is in flight at once, on a Gloo slot of its
+   own, so exchanges posted one after another may be in flight together. */
+static muon_status muon_gloo__post(muon_gloo__comm *c, muon_gloo__exchange &x, const char *op,
+                                   const char *send, const size_t *soff, const size_t *slen,
+                                   char *recv, const size_t *roff, const size_t *rlen) {
   const int me = c->rank, n = c->size;
+  x.op = op;
+  x.call = (unsigned long long)c->seq;
+  x.start = muon_gloo__clock::now();
+  x.sb.clear();
+  x.rb.clear();
   if (c->broken) return c->broken;
   if (slen[me] != rlen[me]) {
     c->error = muon_gloo__fmt("muon_gloo %s (rank %d of %d): sends %zu bytes to itself but "
@@ -362,35 +414,47 @@ static muon_status muon_gloo__exchange(muon_gloo__comm *c, const char *op, const
   if (n == 1) return MUON_OK;
 
   const uint64_t slot = muon_gloo__slot_base | (c->seq++ & (((uint64_t)1 << 48) - 1));
-  const muon_gloo__clock::time_point start = muon_gloo__clock::now();
-  const muon_gloo__clock::time_point deadline = start + c->shared->timeout;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sb, rb;
   int peer = -1;
   const char *doing = "setting up";
   try {
-    sb.resize((size_t)n);
-    rb.resize((size_t)n);
+    x.sb.resize((size_t)n);
+    x.rb.resize((size_t)n);
     for (int i = 1; i < n; i++) {
       const int to = (me + i) % n, from = (me + n - i) % n;
       if (rlen[from]) {
         peer = from;
         doing = "posting the receive from";
-        rb[(size_t)from] = c->context->createUnboundBuffer(recv + roff[from], rlen[from]);
-        rb[(size_t)from]->recv(from, slot);
+        x.rb[(size_t)from] = c->context->createUnboundBuffer(recv + roff[from], rlen[from]);
+        x.rb[(size_t)from]->recv(from, slot);
       }
       if (slen[to]) {
         peer = to;
         doing = "posting the send to";
         /* Gloo only reads a send buffer; the cast is the API's, not a write. */
-        sb[(size_t)to] = c->context->createUnboundBuffer(const_cast<char *>(send) + soff[to],
-                                                         slen[to]);
-        sb[(size_t)to]->send(to, slot);
+        x.sb[(size_t)to] = c->context->createUnboundBuffer(const_cast<char *>(send) + soff[to],
+                                                           slen[to]);
+        x.sb[(size_t)to]->send(to, slot);
       }
     }
-    for (int pass = 0; pass < 2; pass++) {
+    return MUON_OK;
+  } catch (...) {
+    return muon_gloo__caught(c, x, doing, peer);
+  }
+}
+
+/* Waits for posted exchange x to complete: peer by peer (nearest first) against one deadline
+   from its posting, so a failure names its peer. Its buffers are released either way. */
+static muon_status muon_gloo__wait(muon_gloo__comm *c, muon_gloo__exchange &x) {
+  const int me = c->rank, n = c->size;
+  const muon_gloo__clock::time_point deadline = x.start + c->shared->timeout;
+  int peer = -1;
+  const char *doing = "setting up";
+  if (c->broken) return c->broken; /* muon_gloo__fail released x's buffers */
+  try {
+    for (int pass = 0; pass < 2 && !x.rb.empty(); pass++) {
       for (int i = 1; i < n; i++) {
         const int p = pass == 0 ? (me + n - i) % n : (me + i) % n;
-        gloo::transport::UnboundBuffer *b = (pass == 0 ? rb : sb)[(size_t)p].get();
+        gloo::transport::UnboundBuffer *b = (pass == 0 ? x.rb : x.sb)[(size_t)p].get();
         if (!b) continue;
         peer = p;
         doing = pass == 0 ? "receiving from" : "sending to";
@@ -401,29 +465,31 @@ static muon_status muon_gloo__exchange(muon_gloo__comm *c, const char *op, const
         if (!ok) throw std::runtime_error("the operation was aborted");
       }
     }
+    x.sb.clear();
+    x.rb.clear();
     return MUON_OK;
   } catch (...) {
-    const std::string what = muon_gloo__what(std::current_exception());
-    const double waited = std::chrono::duration<double>(muon_gloo__clock::now() - start).count();
-    const double limit = std::chrono::duration<double>(c->shared->timeout).count();
-    const bool timed_out = muon_gloo__is_timeout(what) || waited >= limit * 0.999;
-    const muon_status st = timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM;
-    const std::string msg = muon_gloo__fmt(
-        "muon_gloo %s (rank %d of %d, call %llu) %s %s peer rank %d after %.3f s (timeout %.1f s): "
-        "%s",
-        op, me, n, (unsigned long long)(c->seq - 1), timed_out ? "timed out" : "failed", doing,
-        peer, waited, limit, what.c_str());
-    return muon_gloo__fail(c, st, msg);
+    return muon_gloo__caught(c, x, doing, peer);
   }
+}
+
+/* Posted, then waited for: what every blocking slot does. */
+static muon_status muon_gloo__exchange_now(muon_gloo__comm *c, const char *op, const char *send,
+                                           const size_t *soff, const size_t *slen, char *recv,
+                                           const size_t *roff, const size_t *rlen) {
+  muon_gloo__exchange x;
+  muon_status st = muon_gloo__post(c, x, op, send, soff, slen, recv, roff, rlen);
+  return st != MUON_OK ? st : muon_gloo__wait(c, x);
 }
 
 /* ---- the vtable --------------------------------------------------------------------------- */
 
-static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size_t *send_counts,
-                                        const size_t *send_displs, float *recv,
-                                        const size_t *recv_counts, const size_t *recv_displs) {
-  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
-  if (!c) return MUON_ERR_ARG;
+/* alltoallv's exchange, checked (and with MUON_GLOO_CHECK_COUNTS its counts agreed), posted
+   into x. */
+static muon_status muon_gloo__alltoallv_post(muon_gloo__comm *c, muon_gloo__exchange &x,
+                                             const float *send, const size_t *send_counts,
+                                             const size_t *send_displs, float *recv,
+                                             const size_t *recv_counts, const size_t *recv_displs) {
   if (c->broken) return c->broken;
   if (!send_counts || !send_displs || !recv_counts || !recv_displs) {
     c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d): a count or displacement array is "
@@ -460,9 +526,9 @@ static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size
         mine[p] = send_counts[p];
         off[p] = p * sizeof(uint64_t);
       }
-      muon_status st = muon_gloo__exchange(c, "alltoallv count check", (const char *)mine.data(),
-                                           off.data(), len.data(), (char *)theirs.data(),
-                                           off.data(), len.data());
+      muon_status st = muon_gloo__exchange_now(c, "alltoallv count check",
+                                               (const char *)mine.data(), off.data(), len.data(),
+                                               (char *)theirs.data(), off.data(), len.data());
       if (st != MUON_OK) return st;
       int bad = -1;
       for (size_t p = 0; p < n && bad < 0; p++)
@@ -470,8 +536,8 @@ static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size
       std::vector<char> ok(n, bad < 0 ? 1 : 0), oks(n, 0);
       std::vector<size_t> boff(n), blen(n, 1);
       for (size_t p = 0; p < n; p++) boff[p] = p;
-      st = muon_gloo__exchange(c, "alltoallv count check", ok.data(), boff.data(), blen.data(),
-                               oks.data(), boff.data(), blen.data());
+      st = muon_gloo__exchange_now(c, "alltoallv count check", ok.data(), boff.data(),
+                                   blen.data(), oks.data(), boff.data(), blen.data());
       if (st != MUON_OK) return st;
       int who = -1;
       for (size_t p = 0; p < n && who < 0; p++)
@@ -489,12 +555,63 @@ static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size
         return MUON_ERR_MISMATCH;
       }
     }
-    return muon_gloo__exchange(c, "alltoallv", (const char *)send, so.data(), sl.data(),
-                               (char *)recv, ro.data(), rl.data());
+    return muon_gloo__post(c, x, "alltoallv", (const char *)send, so.data(), sl.data(),
+                           (char *)recv, ro.data(), rl.data());
   } catch (...) {
     return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo alltoallv: " +
                                                   muon_gloo__what(std::current_exception()));
   }
+}
+
+static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size_t *send_counts,
+                                        const size_t *send_displs, float *recv,
+                                        const size_t *recv_counts, const size_t *recv_displs) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  if (!c) return MUON_ERR_ARG;
+  muon_gloo__exchange x;
+  muon_status st = muon_gloo__alltoallv_post(c, x, send, send_counts, send_displs, recv,
+                                             recv_counts, recv_displs);
+  return st != MUON_OK ? st : muon_gloo__wait(c, x);
+}
+
+/* Overlap without a thread (vtable version 4): the exchange is posted and left in flight under a
+   ticket; join waits for it. Host memory: the caller leaves both buffers alone until join. */
+static muon_status muon_gloo__alltoallv_start(void *ctx, const float *send,
+                                              const size_t *send_counts,
+                                              const size_t *send_displs, float *recv,
+                                              const size_t *recv_counts,
+                                              const size_t *recv_displs, int *ticket) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  int t = 0;
+  if (!c || !ticket) return MUON_ERR_ARG;
+  *ticket = -1;
+  if (c->broken) return c->broken;
+  while (t < MUON_GLOO__TICKETS && c->started[t].live) t++;
+  if (t == MUON_GLOO__TICKETS) {
+    c->error = muon_gloo__fmt("muon_gloo alltoallv_start (rank %d): %d exchanges started and "
+                              "not joined", c->rank, MUON_GLOO__TICKETS);
+    return MUON_ERR_ARG;
+  }
+  muon_status st = muon_gloo__alltoallv_post(c, c->started[t], send, send_counts, send_displs,
+                                             recv, recv_counts, recv_displs);
+  if (st == MUON_OK) {
+    c->started[t].live = true;
+    *ticket = t;
+  }
+  return st;
+}
+
+static muon_status muon_gloo__join(void *ctx, int ticket) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  if (!c) return MUON_ERR_ARG;
+  if (ticket < 0 || ticket >= MUON_GLOO__TICKETS || !c->started[ticket].live) {
+    if (c->broken) return c->broken; /* the failure released every started exchange */
+    c->error = muon_gloo__fmt("muon_gloo join (rank %d): ticket %d is not a started exchange",
+                              c->rank, ticket);
+    return MUON_ERR_ARG;
+  }
+  c->started[ticket].live = false;
+  return muon_gloo__wait(c, c->started[ticket]);
 }
 
 static muon_status muon_gloo__allgather(void *ctx, const void *send, void *recv, size_t bytes) {
@@ -516,8 +633,8 @@ static muon_status muon_gloo__allgather(void *ctx, const void *send, void *recv,
     std::vector<size_t> so(n, 0), sl(n, bytes), ro(n), rl(n, bytes);
     for (size_t p = 0; p < n; p++) ro[p] = p * bytes;
     /* The self part goes from send to recv + rank*bytes via so[rank] = 0. */
-    return muon_gloo__exchange(c, "allgather", (const char *)send, so.data(), sl.data(),
-                               (char *)recv, ro.data(), rl.data());
+    return muon_gloo__exchange_now(c, "allgather", (const char *)send, so.data(), sl.data(),
+                                   (char *)recv, ro.data(), rl.data());
   } catch (...) {
     return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo allgather: " +
                                                   muon_gloo__what(std::current_exception()));
@@ -534,8 +651,8 @@ static muon_status muon_gloo__barrier(void *ctx) {
     std::vector<char> out(n, 1), in(n, 0);
     std::vector<size_t> off(n), len(n, 1);
     for (size_t p = 0; p < n; p++) off[p] = p;
-    return muon_gloo__exchange(c, "barrier", out.data(), off.data(), len.data(), in.data(),
-                               off.data(), len.data());
+    return muon_gloo__exchange_now(c, "barrier", out.data(), off.data(), len.data(), in.data(),
+                                   off.data(), len.data());
   } catch (...) {
     return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo barrier: " +
                                                   muon_gloo__what(std::current_exception()));
@@ -556,6 +673,12 @@ static void muon_gloo__destroy(void *ctx) {
 }
 
 static const muon_comm_vtable muon_gloo__vtable = {
+    MUON_COMM_VTABLE_VERSION, muon_gloo__alltoallv, muon_gloo__allgather,        muon_gloo__barrier,
+    muon_gloo__error,         muon_gloo__destroy,   MUON_MEMORY_HOST,            NULL,
+    muon_gloo__alltoallv_start, muon_gloo__join};
+
+/* muon_gloo_desc.blocking: without the start / join pair. */
+static const muon_comm_vtable muon_gloo__vtable_blocking = {
     MUON_COMM_VTABLE_VERSION, muon_gloo__alltoallv, muon_gloo__allgather, muon_gloo__barrier,
     muon_gloo__error,         muon_gloo__destroy,  MUON_MEMORY_HOST,   NULL, NULL, NULL};
 
@@ -624,6 +747,7 @@ MUON_API muon_gloo_desc muon_gloo_default_desc(void) {
   d.redis = NULL;
   d.hostname = NULL;
   d.timeout_s = 0;
+  d.blocking = 0;
   return d;
 }
 
@@ -815,6 +939,8 @@ MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out
     c->seq = 0;
     c->broken = MUON_OK;
     c->check_counts = getenv("MUON_GLOO_CHECK_COUNTS") && atoi(getenv("MUON_GLOO_CHECK_COUNTS"));
+    c->blocking = desc->blocking ||
+                  (getenv("MUON_GLOO_BLOCKING") && atoi(getenv("MUON_GLOO_BLOCKING")));
     muon_status st = muon_gloo__connect(c, "muon_gloo_create", err, err_size);
     if (st != MUON_OK) {
       delete c;
@@ -826,7 +952,7 @@ MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out
     muon_gloo__msg(err, err_size, "muon_gloo_create: %s", text.c_str());
     return MUON_ERR_NOMEM;
   }
-  out->vt = &muon_gloo__vtable;
+  out->vt = c->blocking ? &muon_gloo__vtable_blocking : &muon_gloo__vtable;
   out->ctx = c;
   out->rank = rank;
   out->size = size;
@@ -842,7 +968,8 @@ MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int
                    !parent ? "parent" : !out ? "out" : "ranks");
     return MUON_ERR_ARG;
   }
-  if (parent->vt != &muon_gloo__vtable || !parent->ctx) {
+  if ((parent->vt != &muon_gloo__vtable && parent->vt != &muon_gloo__vtable_blocking) ||
+      !parent->ctx) {
     muon_gloo__msg(err, err_size, "muon_gloo_subgroup: parent is not a Gloo communicator");
     return MUON_ERR_ARG;
   }
@@ -893,6 +1020,7 @@ MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int
     c->broken = MUON_OK;
     c->check_counts = pc->check_counts || (getenv("MUON_GLOO_CHECK_COUNTS") &&
                                             atoi(getenv("MUON_GLOO_CHECK_COUNTS")));
+    c->blocking = pc->blocking;
     muon_status st = muon_gloo__connect(c, "muon_gloo_subgroup", err, err_size);
     if (st != MUON_OK) {
       delete c;
@@ -904,7 +1032,7 @@ MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int
     muon_gloo__msg(err, err_size, "muon_gloo_subgroup: %s", text.c_str());
     return MUON_ERR_NOMEM;
   }
-  out->vt = &muon_gloo__vtable;
+  out->vt = c->blocking ? &muon_gloo__vtable_blocking : &muon_gloo__vtable;
   out->ctx = c;
   out->rank = c->rank;
   out->size = c->size;

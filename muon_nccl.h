@@ -180,7 +180,7 @@ MUON_API void *muon_nccl_handle(const muon_comm *c);
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#define MUON_NCCL__TICKETS 16  /* exchanges started and not yet joined, at most (muon.h: 11) */
+#define MUON_NCCL__TICKETS 16  /* exchanges started and not yet joined, at most (muon.h: 16) */
 typedef struct muon_nccl__comm {
   ncclComm_t comm;           /* NULL once aborted                                             */
   int owned;                 /* made here: destroyed with the muon_comm                       */

@@ -37,9 +37,12 @@
    short on 2 cores).
 
    usage: bench_dist [--layers N] [--steps N] [--warmup N] [--configs a,b,...] [--gemm builtin|cblas] [--overlap] [--small N]
+                     [--dim D] [--round-bytes B]
      --overlap  instead of the configurations: batched under prefetch 0/1/2 x async off/on
                 (muon_dist_config.prefetch / .async), each against the debug setting (0, off)
-     --small N  the model is N matrices of 128 x 128 instead (the latency-bound case)
+     --small N  the model is N matrices of D x D instead (--dim, default 128; the latency-bound case)
+     --round-bytes B  muon_dist_config.round_bytes for batched in every setting (default: muon's
+                own sizing, one round in the debug setting, about 2(prefetch + 1) overlapped)
      --configs  any of single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32 (default all)
      --gemm     default: CBLAS when compiled with -DMUON_USE_CBLAS, else the built-in GEMM
 
@@ -82,6 +85,7 @@ typedef struct bench {
   float *initial_rows;
   double wire16_diff, wire16_update;   /* max over ranks: |wire16 - batched|, |batched - initial| */
   int prefetch, async;    /* batched's muon_dist_config.prefetch / .async (the --overlap grid) */
+  size_t round_bytes;     /* batched's muon_dist_config.round_bytes (0: muon's sizing) */
 } bench;
 
 enum { C_SINGLE, C_BATCHED, C_UNCHECKED, C_PERMATRIX, C_MOONLIGHT, C_WIRE16, C_BF16NS, C_BF16NS32, N_CONFIGS };
@@ -245,7 +249,7 @@ static void run_config(bench *b, int cfg, result *res) {
     ad.fsdp = &b->world;
     ad.unchecked_commit = cfg == C_UNCHECKED;   /* no commit vote: one allgather less per step */
     ad.wire = cfg == C_WIRE16 ? MUON_WIRE_BF16 : cfg == C_BF16NS32 ? MUON_WIRE_FP32 : MUON_WIRE_AUTO;
-    if (cfg == C_BATCHED) { ad.prefetch = b->prefetch; ad.async = b->async; }
+    if (cfg == C_BATCHED) { ad.prefetch = b->prefetch; ad.async = b->async; ad.round_bytes = b->round_bytes; }
     dc = muon_auto_config(&ad);
     desc.comm = &b->world;
     desc.dist = &dc;
@@ -392,7 +396,7 @@ int main(int argc, char **argv) {
   static const char *names[PER_LAYER] = { "attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj" };
   static const int dims[PER_LAYER][2] = { { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 3072, 768 }, { 768, 3072 } };
   result res[N_CONFIGS];
-  int i, k, c, run[N_CONFIGS] = { 0 }, overlap = 0, small = 0;
+  int i, k, c, run[N_CONFIGS] = { 0 }, overlap = 0, small = 0, dim = 128;
   double start = now_s(), flops = 0, formula;
 
   memset(&b, 0, sizeof b);
@@ -407,6 +411,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--configs") && i + 1 < argc) configs = argv[++i];
     else if (!strcmp(argv[i], "--overlap")) overlap = 1;
     else if (!strcmp(argv[i], "--small") && i + 1 < argc) small = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--dim") && i + 1 < argc) dim = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--round-bytes") && i + 1 < argc) b.round_bytes = (size_t)atol(argv[++i]);
     else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) {
       i++;
       if (!strcmp(argv[i], "builtin")) b.gemm = MUON_GEMM_BUILTIN;
@@ -414,11 +420,11 @@ int main(int argc, char **argv) {
       else { fprintf(stderr, "--gemm builtin|cblas\n"); return 2; }
     } else {
       fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32] "
-                      "[--gemm builtin|cblas] [--overlap] [--small N]\n", argv[0]);
+                      "[--gemm builtin|cblas] [--overlap] [--small N] [--dim D] [--round-bytes B]\n", argv[0]);
       return 2;
     }
   }
-  if (b.layers < 1 || b.steps < 1 || b.steps > MAX_STEPS || b.warmup < 0) { fprintf(stderr, "bad --layers/--steps/--warmup\n"); return 2; }
+  if (b.layers < 1 || b.steps < 1 || b.steps > MAX_STEPS || b.warmup < 0 || dim < 1) { fprintf(stderr, "bad --layers/--steps/--warmup/--dim\n"); return 2; }
   for (c = 0; c < N_CONFIGS; c++) {
     const char *p = strstr(configs, config_name[c]);
     size_t l = strlen(config_name[c]);
@@ -441,7 +447,7 @@ int main(int argc, char **argv) {
     double mn, mx;
     if (small > 0) {   /* the latency-bound case: many small matrices */
       snprintf(m->name, sizeof m->name, "small%d", k);
-      m->rows = m->cols = 128;
+      m->rows = m->cols = dim;
     } else {
       snprintf(m->name, sizeof m->name, "h%d.%s", k / PER_LAYER, names[k % PER_LAYER]);
       m->rows = dims[k % PER_LAYER][0];
@@ -511,8 +517,11 @@ int main(int argc, char **argv) {
       free(per);
     }
     if (b.rank == 0)
-      printf("-- overlap: best prefetch %d, async %s: %.2fx the debug setting (prefetch 0, async off); parameters of all six %s --\n",
-             best / 2, best % 2 ? "on" : "off", t[0] / t[best], same ? "bitwise identical (every rank's rows)" : "NOT identical");
+      printf("-- overlap: best prefetch %d, async %s: %.2fx the debug setting (prefetch 0, async off); parameters of all six %s; "
+             "async %s; load average (1 min) %.2f --\n",
+             best / 2, best % 2 ? "on" : "off", t[0] / t[best], same ? "bitwise identical (every rank's rows)" : "NOT identical",
+             b.world.vt->alltoallv_start ? "as Gloo's started exchanges (several in flight at once)" : "on muon's communication thread (MUON_GLOO_BLOCKING)",
+             load_average());
     if (!same) { muon_comm_destroy(&b.world); return 1; }
     b.prefetch = b.async = 0;
     for (c = 0; c < N_CONFIGS; c++) run[c] = 0;

@@ -661,6 +661,7 @@ static void print_header(int runs, int step_runs) {
   strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S %Z", localtime(&now));
   printf("== bench_gpu: muon_cuda.h on one GPU, measured side by side in one run%s ==\n",
          smoke ? " -- SMOKE RUN: tiny shapes, the TIMES ARE MEANINGLESS, no goal is judged" : "");
+  printf("load average (1 min) at start: %.2f (the host's)\n", load_average());
 #ifdef MUON_CUDA_STANDIN
   printf("GPU: stand-in (tests/standin: a CPU emulation of cudart/cuBLAS; event times are host times)\n");
 #else

@@ -82,12 +82,7 @@ static double time_once(void (*fn)(const gemm_args *), const gemm_args *g) {
 }
 
 static void loadavg(const char *when) {
-  FILE *f = fopen("/proc/loadavg", "r");
-  double a = -1;
-  if (f) {
-    if (fscanf(f, "%lf", &a) != 1) a = -1;
-    fclose(f);
-  }
+  double a = load_average();
   if (a >= 0) printf("load average (1 min) %s: %.2f%s\n", when, a,
                      a > 0.5 ? "  (other processes share these cores: trust the side-by-side ratios more than "
                                "the absolute rates)" : "");

@@ -56,13 +56,6 @@ static float value(unsigned seed, size_t i) {
   return (float)(x >> 8) / 16777216.0f - 0.5f;
 }
 
-static double load_average(void) {
-  FILE *f = fopen("/proc/loadavg", "r");
-  double a = -1;
-  if (f) { if (fscanf(f, "%lf", &a) != 1) a = -1; fclose(f); }
-  return a;
-}
-
 static double slowest(bench *b, double t) {
   double *all = (double *)malloc((size_t)b->P * sizeof(double)), m = 0;
   int r;

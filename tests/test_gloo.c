@@ -8,6 +8,8 @@
      build/muonrun -n 4 build/test_gloo            collectives, subgroups, meshes, store traps
      build/muonrun -n 3 build/test_gloo --die      rank 1 exits mid-run; the others must get
                                                    MUON_ERR_COMM quickly, never hang or crash
+     build/muonrun -n 3 build/test_gloo --die-started   the same with exchanges in flight
+                                                   (alltoallv_start) when rank 1 is gone
      build/muonrun -n 3 build/test_gloo --stall    rank 1 sleeps past the 2 s timeout; the others
                                                    must return within the timeout + slack
    Optional: MUON_TEST_REDIS=host:port also rendezvous through Redis (a world, a dead Redis at
@@ -97,56 +99,113 @@ static float value_of(int src, int dst, int it, size_t k) {
 }
 
 /* One alltoallv round over comm c whose members have world ranks members[]. Sender packs peers in
-   reverse order, receiver in a rotated order, both with one-float gaps that must stay untouched.
-   Returns the number of wrong floats (or -1 when the call failed). */
-static long alltoallv_round(muon_comm *c, const int *members, int it, muon_status *st_out) {
-  const int n = c->size, me = c->rank;
-  size_t *sc = (size_t *)calloc((size_t)n, sizeof(size_t)), *sd = (size_t *)calloc((size_t)n, sizeof(size_t));
-  size_t *rc = (size_t *)calloc((size_t)n, sizeof(size_t)), *rd = (size_t *)calloc((size_t)n, sizeof(size_t));
-  size_t stotal = 0, rtotal = 0, k;
+   reverse order, receiver in a rotated order, both with one-float gaps that must stay untouched. */
+typedef struct round_io {
+  muon_comm *c;
+  const int *members;
+  int it;
+  size_t *sc, *sd, *rc, *rd, rtotal;
   float *send, *recv;
-  long bad = 0;
+} round_io;
+
+static void round_make(round_io *r, muon_comm *c, const int *members, int it) {
+  const int n = c->size, me = c->rank;
+  size_t stotal = 0, k;
   int p, j;
-  muon_status st;
+  r->c = c;
+  r->members = members;
+  r->it = it;
+  r->sc = (size_t *)calloc((size_t)n, sizeof(size_t)); r->sd = (size_t *)calloc((size_t)n, sizeof(size_t));
+  r->rc = (size_t *)calloc((size_t)n, sizeof(size_t)); r->rd = (size_t *)calloc((size_t)n, sizeof(size_t));
+  r->rtotal = 0;
   /* counts are a function of world ranks so every group sees fresh patterns */
   for (j = 0; j < n; j++) {
     p = n - 1 - j;
-    sc[p] = count_of(members[me], members[p], it, n);
-    sd[p] = stotal + 1;
-    stotal += sc[p] + 1;
+    r->sc[p] = count_of(members[me], members[p], it, n);
+    r->sd[p] = stotal + 1;
+    stotal += r->sc[p] + 1;
   }
   for (j = 0; j < n; j++) {
     p = (me + j) % n;
-    rc[p] = count_of(members[p], members[me], it, n);
-    rd[p] = rtotal + 1;
-    rtotal += rc[p] + 1;
+    r->rc[p] = count_of(members[p], members[me], it, n);
+    r->rd[p] = r->rtotal + 1;
+    r->rtotal += r->rc[p] + 1;
   }
-  send = (float *)malloc((stotal + 1) * sizeof(float));
-  recv = (float *)malloc((rtotal + 1) * sizeof(float));
-  for (k = 0; k <= stotal; k++) send[k] = -2.0f;
-  for (k = 0; k <= rtotal; k++) recv[k] = -1.0f;
+  r->send = (float *)malloc((stotal + 1) * sizeof(float));
+  r->recv = (float *)malloc((r->rtotal + 1) * sizeof(float));
+  for (k = 0; k <= stotal; k++) r->send[k] = -2.0f;
+  for (k = 0; k <= r->rtotal; k++) r->recv[k] = -1.0f;
   for (p = 0; p < n; p++)
-    for (k = 0; k < sc[p]; k++) send[sd[p] + k] = value_of(members[me], members[p], it, k);
-  st = c->vt->alltoallv(c->ctx, send, sc, sd, recv, rc, rd);
-  if (st_out) *st_out = st;
+    for (k = 0; k < r->sc[p]; k++) r->send[r->sd[p] + k] = value_of(members[me], members[p], it, k);
+}
+
+/* The wrong floats r received (-1 when st, its call's status, is a failure); frees r. */
+static long round_check(round_io *r, muon_status st) {
+  const int n = r->c->size, me = r->c->rank;
+  long bad = 0;
+  size_t k;
+  int p;
   if (st != MUON_OK) {
     bad = -1;
   } else {
-    for (k = 0; k <= rtotal; k++) {
+    for (k = 0; k <= r->rtotal; k++) {
       int owner = -1;
       for (p = 0; p < n; p++)
-        if (k >= rd[p] && k < rd[p] + rc[p]) owner = p;
+        if (k >= r->rd[p] && k < r->rd[p] + r->rc[p]) owner = p;
       if (owner < 0) {
-        if (recv[k] != -1.0f) bad++;
-      } else if (recv[k] != value_of(members[owner], members[me], it, k - rd[owner])) {
+        if (r->recv[k] != -1.0f) bad++;
+      } else if (r->recv[k] != value_of(r->members[owner], r->members[me], r->it, k - r->rd[owner])) {
         if (bad < 3)
-          printf("  alltoallv: recv[%zu] from group rank %d = %g, want %g\n", k, owner,
-                 (double)recv[k], (double)value_of(members[owner], members[me], it, k - rd[owner]));
+          printf("  alltoallv: recv[%zu] from group rank %d = %g, want %g\n", k, owner, (double)r->recv[k],
+                 (double)value_of(r->members[owner], r->members[me], r->it, k - r->rd[owner]));
         bad++;
       }
     }
   }
-  free(sc); free(sd); free(rc); free(rd); free(send); free(recv);
+  free(r->sc); free(r->sd); free(r->rc); free(r->rd); free(r->send); free(r->recv);
+  return bad;
+}
+
+/* Returns the number of wrong floats (or -1 when the call failed). */
+static long alltoallv_round(muon_comm *c, const int *members, int it, muon_status *st_out) {
+  round_io r;
+  muon_status st;
+  round_make(&r, c, members, it);
+  st = c->vt->alltoallv(c->ctx, r.send, r.sc, r.sd, r.recv, r.rc, r.rd);
+  if (st_out) *st_out = st;
+  return round_check(&r, st);
+}
+
+/* k rounds (it0, it0 + 1, ...) started with alltoallv_start, all in flight at once, then joined
+   in reverse order; with `between`, an allgather and a blocking round run between the starts and
+   the joins (their Gloo slots are apart). The wrong floats of all (-1 when a call failed). */
+#define MAX_STARTED 70
+static long started_rounds(muon_comm *c, const int *members, int it0, int k, int between, muon_status *st_out) {
+  round_io r[MAX_STARTED];
+  muon_status st[MAX_STARTED], first = MUON_OK;
+  int ticket[MAX_STARTED], i, got[64];
+  long bad = 0, b;
+  if (!c->vt->alltoallv_start || !c->vt->join || k > MAX_STARTED) {
+    if (st_out) *st_out = MUON_ERR_ARG;
+    return -1;
+  }
+  for (i = 0; i < k; i++) {
+    round_make(&r[i], c, members, it0 + i);
+    st[i] = c->vt->alltoallv_start(c->ctx, r[i].send, r[i].sc, r[i].sd, r[i].recv, r[i].rc, r[i].rd, &ticket[i]);
+    if (st[i] != MUON_OK && first == MUON_OK) first = st[i];
+  }
+  if (between && first == MUON_OK && c->size <= 64) {
+    if (c->vt->allgather(c->ctx, &c->rank, got, sizeof(int)) != MUON_OK) bad = -1;
+    if (alltoallv_round(c, members, it0 + k, NULL) != 0) bad = -1;
+  }
+  for (i = k - 1; i >= 0; i--) {
+    if (st[i] == MUON_OK) st[i] = c->vt->join(c->ctx, ticket[i]);
+    if (st[i] != MUON_OK && first == MUON_OK) first = st[i];
+    b = round_check(&r[i], st[i]);
+    if (b < 0) bad = -1;
+    else if (bad >= 0) bad += b;
+  }
+  if (st_out) *st_out = first;
   return bad;
 }
 
@@ -178,8 +237,10 @@ static void remove_dir(const char *dir) {
 /* ---- fault modes ---------------------------------------------------------------------------- */
 
 /* --die: rank 1 leaves (exit status 0, so muonrun does not stop the others first) after a good
-   round; the survivors' next alltoallv must fail with MUON_ERR_COMM quickly, later calls at once. */
-static int run_die(muon_comm *w) {
+   round; the survivors' next alltoallv must fail with MUON_ERR_COMM quickly, later calls at once.
+   --die-started: the survivors' next exchanges are three started ones (alltoallv_start), in
+   flight when they notice: every join fails, none hangs, and the buffers are released. */
+static int run_die(muon_comm *w, int started) {
   const int me = w->rank;
   int *members = (int *)malloc((size_t)w->size * sizeof(int));
   muon_status st = MUON_OK;
@@ -194,9 +255,9 @@ static int run_die(muon_comm *w) {
     fflush(stdout);
     test_exit(0); /* no destroy: like a crash, the kernel closes the sockets */
   }
-  begin("die: survivors get MUON_ERR_COMM quickly");
+  begin(started ? "die: survivors' three started exchanges get MUON_ERR_COMM quickly" : "die: survivors get MUON_ERR_COMM quickly");
   t0 = now_s();
-  bad = alltoallv_round(w, members, -1, &st);
+  bad = started ? started_rounds(w, members, -1, 3, 0, &st) : alltoallv_round(w, members, -1, &st);
   dt = now_s() - t0;
   CHECK(bad == -1 && st == MUON_ERR_COMM, "alltoallv after rank 1 died: %s (%s)",
         test_status_name(st), test_comm_error(w));
@@ -211,6 +272,14 @@ static int run_die(muon_comm *w) {
   CHECK(st == MUON_ERR_COMM, "allgather on a broken comm: %s", test_status_name(st));
   st = w->vt->barrier(w->ctx);
   CHECK(st == MUON_ERR_COMM, "barrier on a broken comm: %s", test_status_name(st));
+  if (started) {
+    size_t z[64] = {0};
+    int ticket = 7;
+    st = w->vt->alltoallv_start(w->ctx, NULL, z, z, NULL, z, z, &ticket);
+    CHECK(st == MUON_ERR_COMM && ticket == -1, "alltoallv_start on a broken comm: %s, ticket %d", test_status_name(st), ticket);
+    st = w->vt->join(w->ctx, 0);
+    CHECK(st == MUON_ERR_COMM, "join on a broken comm: %s", test_status_name(st));
+  }
   CHECK(now_s() - t0 < 0.05, "a broken comm took %.3f s to answer", now_s() - t0);
   free(members);
   return 0;
@@ -532,6 +601,51 @@ static void run_normal(muon_comm *w) {
     CHECK(n == 1 || dt > 0.25, "left the barrier after %.3f s, before the last rank came", dt);
   }
 
+  begin("world: alltoallv_start / join: 4 exchanges in flight at once, joined in reverse order");
+  CHECK(w->vt->alltoallv_start && w->vt->join, "the start / join pair is missing");
+  if (w->vt->alltoallv_start) {
+    long bad = started_rounds(w, members, 30, 4, 1, &st);
+    CHECK(bad == 0, "%ld wrong floats, status %s: %s", bad, test_status_name(st), test_comm_error(w));
+    bad = started_rounds(w, members, 3, 1, 1, &st);   /* round 3: large messages */
+    CHECK(bad == 0, "large round: %ld wrong floats, status %s: %s", bad, test_status_name(st), test_comm_error(w));
+  }
+
+  begin("world: 64 exchanges in flight; a 65th start is MUON_ERR_ARG; bad tickets are MUON_ERR_ARG; the comm still works");
+  if (w->vt->alltoallv_start) {
+    round_io r[MAX_STARTED];
+    int ticket[MAX_STARTED], k, ok = 1, extra = 7;
+    size_t z = 0;
+    for (k = 0; k < 64; k++) {
+      round_make(&r[k], w, members, 40 + k);
+      if (w->vt->alltoallv_start(w->ctx, r[k].send, r[k].sc, r[k].sd, r[k].recv, r[k].rc, r[k].rd, &ticket[k]) != MUON_OK) ok = 0;
+    }
+    CHECK(ok, "starting 64: %s", test_comm_error(w));
+    round_make(&r[64], w, members, 104);
+    st = w->vt->alltoallv_start(w->ctx, r[64].send, r[64].sc, r[64].sd, r[64].recv, r[64].rc, r[64].rd, &extra);
+    CHECK(st == MUON_ERR_ARG && extra == -1 && strstr(test_comm_error(w), "not joined"), "a 65th start: %s, ticket %d: %s",
+          test_status_name(st), extra, test_comm_error(w));
+    round_check(&r[64], MUON_ERR_ARG);
+    for (k = 0; k < 64; k++) {
+      long bad = round_check(&r[k], ok ? w->vt->join(w->ctx, ticket[k]) : MUON_ERR_ARG);
+      if (bad) ok = 0;
+    }
+    CHECK(ok, "the 64 exchanges: %s", test_comm_error(w));
+    st = w->vt->join(w->ctx, ticket[0]);
+    CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "not a started exchange"), "joining twice: %s: %s",
+          test_status_name(st), test_comm_error(w));
+    st = w->vt->join(w->ctx, -1);
+    CHECK(st == MUON_ERR_ARG, "join(-1): %s", test_status_name(st));
+    st = w->vt->join(w->ctx, 64);
+    CHECK(st == MUON_ERR_ARG, "join(64): %s", test_status_name(st));
+    st = w->vt->alltoallv_start(w->ctx, NULL, &z, &z, NULL, &z, &z, NULL);
+    CHECK(st == MUON_ERR_ARG, "a NULL ticket: %s", test_status_name(st));
+    extra = 7;
+    st = w->vt->alltoallv_start(w->ctx, NULL, NULL, NULL, NULL, NULL, NULL, &extra);
+    CHECK(st == MUON_ERR_ARG && extra == -1 && strstr(test_comm_error(w), "NULL"), "NULL counts: %s, ticket %d: %s",
+          test_status_name(st), extra, test_comm_error(w));
+    CHECK(alltoallv_round(w, members, 5, &st) == 0, "the comm after the misuse: %s", test_comm_error(w));
+  }
+
   begin("subgroup: evens and odds made at the same call index");
   {
     int par[1024], np = 0;
@@ -545,6 +659,7 @@ static void run_normal(muon_comm *w) {
       for (i = 0; i < np; i++) CHECK(got[i] == par[i], "member %d is %d, want %d", i, got[i], par[i]);
       for (it = 0; it < 6; it++)
         CHECK(alltoallv_round(&g, par, it, &st) == 0, "round %d: %s", it, test_comm_error(&g));
+      CHECK(g.vt->alltoallv_start && started_rounds(&g, par, 60, 3, 1, &st) == 0, "3 started: %s", test_comm_error(&g));
       test_comm_destroy(&g);
     }
   }
@@ -708,6 +823,24 @@ static void run_normal(muon_comm *w) {
     st = muon_gloo_create(&d, &one, err, sizeof err);
     CHECK(st == MUON_OK && one.size == 1, "create: %s", err);
     if (st == MUON_OK) {
+      CHECK(alltoallv_round(&one, &zero, 1, &st) == 0, "alltoallv: %s", test_comm_error(&one));
+      CHECK(started_rounds(&one, &zero, 2, 2, 1, &st) == 0, "started: %s", test_comm_error(&one));
+      test_comm_destroy(&one);
+    }
+  }
+
+  begin("desc.blocking = 1: no alltoallv_start / join (async then uses muon's communication thread)");
+  {
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm one;
+    int zero = 0;
+    d.rank = 0;
+    d.size = 1;
+    d.blocking = 1;
+    st = muon_gloo_create(&d, &one, err, sizeof err);
+    CHECK(st == MUON_OK, "create: %s", err);
+    if (st == MUON_OK) {
+      CHECK(!one.vt->alltoallv_start && !one.vt->join && one.vt->version == MUON_COMM_VTABLE_VERSION, "the pair is there");
       CHECK(alltoallv_round(&one, &zero, 1, &st) == 0, "alltoallv: %s", test_comm_error(&one));
       test_comm_destroy(&one);
     }
@@ -963,14 +1096,15 @@ int main(int argc, char **argv) {
   muon_comm world;
   char err[512];
   muon_status st;
-  int die = 0, stall = 0, redis = 0, i, me, n, fail;
+  int die = 0, die_started = 0, stall = 0, redis = 0, i, me, n, fail;
   double t0 = now_s(), stall_timeout = 2.0;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--die")) die = 1;
+    else if (!strcmp(argv[i], "--die-started")) die = die_started = 1;
     else if (!strcmp(argv[i], "--stall")) stall = 1;
     else if (!strcmp(argv[i], "--redis")) redis = 1;
     else {
-      fprintf(stderr, "usage: muonrun -n N %s [--die | --stall | --redis]\n", argv[0]);
+      fprintf(stderr, "usage: muonrun -n N %s [--die | --die-started | --stall | --redis]\n", argv[0]);
       return 2;
     }
   }
@@ -994,7 +1128,7 @@ int main(int argc, char **argv) {
   if ((die || stall) && world.size < 2) {
     if (me == 0) printf("fault modes need 2 or more ranks; nothing to do\n");
   } else if (die) {
-    run_die(&world);
+    run_die(&world, die_started);
   } else if (stall) {
     run_stall(&world, stall_timeout);
   } else if (redis) {
@@ -1034,7 +1168,7 @@ int main(int argc, char **argv) {
   }
   if (me == 0) {
     printf("rank 0: %d ranks, %.2f s%s\n", n, now_s() - t0,
-           die ? " (--die)" : stall ? " (--stall)" : redis ? " (--redis)" : "");
+           die_started ? " (--die-started)" : die ? " (--die)" : stall ? " (--stall)" : redis ? " (--redis)" : "");
     fail = test_summary();
   } else {
     fail = test__failed ? 1 : 0;
