@@ -346,9 +346,10 @@ MUON_API void muon_comm_destroy(muon_comm *comm);
    `sync` that returns non-OK means the step is abandoned, and the core then changes nothing the
    user can see (every write before the commit goes to the backend's scratch buffers).
    Element types. float is fp32; bf16 is stored as uint16_t (the top half of the fp32 bits). */
-#define MUON_COMPUTE_VTABLE_VERSION 4   /* 2: apply and adamw honour args->cautious;
+#define MUON_COMPUTE_VTABLE_VERSION 5   /* 2: apply and adamw honour args->cautious;
                                            3: newton_schulz honours hp->ns_algorithm;
-                                           4: the normuon slot */
+                                           4: the normuon slot;
+                                           5: the optional newton_schulz_many slot */
 
 typedef enum muon_dtype {
   MUON_DTYPE_FP32 = 0,
@@ -473,6 +474,14 @@ typedef struct muon_compute_vtable {
      hp->normuon_beta2 the average. All backend memory. */
   muon_status (*normuon)(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
                          const muon_hparams *hp);
+  /* Version 5, optional. Newton-Schulz of `count` operands of any shapes, each exactly as
+     newton_schulz gives it alone: operand i is X[i] (backend memory), m[i] x n[i] with
+     m[i] <= n[i], settings hp[i] (the arrays are host memory). The backend may run them in any
+     order or side by side (the CPU backend balances CBLAS operands over its threads). ws:
+     at least ns_workspace(ctx, count, m[i], n[i], hp[i]) bytes for every i. NULL: the core
+     calls newton_schulz once per run of same-shaped operands. */
+  muon_status (*newton_schulz_many)(void *ctx, int count, float *const *X, const int *m, const int *n,
+                                    const muon_hparams *const *hp, void *ws);
 } muon_compute_vtable;
 
 typedef struct muon_compute {
@@ -652,9 +661,12 @@ MUON_API muon_dist_config muon_layout_config(void);
 typedef struct muon_optimizer muon_optimizer;
 
 /* Threads of the CPU compute backend (desc.compute NULL, or muon_compute_cpu() with its ctx
-   left NULL). Independent Newton-Schulz operands run side by side, a lone large one has its GEMMs
-   split by rows, element-wise work (momentum, update, AdamW) is split in ranges: no sum ever
-   depends on the split, so the bits are the same for any count. Other backends ignore this. */
+   left NULL). Same-shape Newton-Schulz operands run side by side, a lone large one has its
+   built-in GEMMs split by rows; with CBLAS (never split) a round's operands of all shapes are
+   spread over the threads, largest first, each to the least loaded one (on one device a round
+   holds 64 MiB of operands per thread, up to 4); element-wise work (momentum, update, AdamW) is
+   split in ranges: no sum ever depends on the split, so the bits are the same for any count.
+   Other backends ignore this. */
 typedef void (*muon_task_fn)(void *arg, int task);
 typedef struct muon_threads {
   int count;        /* most threads a step uses; 0: environment MUON_THREADS, else 1            */
@@ -1323,6 +1335,9 @@ typedef struct muon__plan {
   float *scratch;       /* one operand: a further part while summing, then U */
   size_t reduced_floats, scratch_floats;
   void *ns_ws;
+  float **many_X;       /* newton_schulz_many's arguments for one round (NULL without the slot) */
+  int *many_m, *many_n;
+  const muon_hparams **many_hp;
   int wire_bf16;        /* the exchange carries bf16 (muon_dist_config.wire) */
   int stage;            /* through host buffers: the compute is on a device and the comm is not */
   muon_piece_copy *ops; /* scratch for one pack call */
@@ -3280,7 +3295,7 @@ static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const m
   size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
   size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
   int T = muon__cpu_threads(ctx);
-  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
+  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);   /* side by side, or split */
 }
 
 static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
@@ -3292,6 +3307,68 @@ static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m
   j.whole = T > 1 ? batch / T * T : 0;
   if (j.whole) muon__parallel((const muon__cpu *)ctx, T, muon__ns_task, &j);
   for (b = j.whole; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws, (const muon__cpu *)ctx);
+  return MUON_OK;
+}
+
+/* A round's operands on T threads. Those on CBLAS, whose GEMMs are never split, are balanced
+   across the threads whatever their shapes: in decreasing cost (m * m * n, ties by index), each
+   to the thread with the least work so far (ties: the lowest), run whole in its own workspace;
+   every task works the assignment out alike. Those on the built-in GEMM go batch by batch
+   (muon__cpu_newton_schulz: side by side, a remainder with its GEMMs split). No result depends
+   on any of it. */
+typedef struct muon__ns_many_job {
+  float *const *X;
+  const int *m, *n;
+  const muon_hparams *const *hp;
+  int count, tasks;
+  float *ws;
+  size_t ws_floats;                /* the largest balanced operand's workspace, unthreaded */
+} muon__ns_many_job;
+
+static int muon__ns_before(const muon__ns_many_job *j, int i, int k) {
+  double a = (double)j->m[i] * j->m[i] * j->n[i], b = (double)j->m[k] * j->m[k] * j->n[k];
+  return a > b || (a == b && i < k);
+}
+
+static void muon__ns_many_task(void *arg, int t) {
+  const muon__ns_many_job *j = (const muon__ns_many_job *)arg;
+  double load[MUON__MAX_THREADS];
+  int i, q, prev = -1;
+  for (q = 0; q < j->tasks; q++) load[q] = 0;
+  for (;;) {
+    int next = -1, best = 0;
+    for (i = 0; i < j->count; i++)   /* the first balanced operand after prev in the order */
+      if (muon__use_cblas(j->hp[i]) && (prev < 0 || muon__ns_before(j, prev, i)) && (next < 0 || muon__ns_before(j, i, next))) next = i;
+    if (next < 0) return;
+    for (q = 1; q < j->tasks; q++)
+      if (load[q] < load[best]) best = q;
+    load[best] += (double)j->m[next] * j->m[next] * j->n[next];
+    if (best == t) muon__newton_schulz(j->X[next], j->m[next], j->n[next], j->hp[next], j->ws + (size_t)t * j->ws_floats, NULL);
+    prev = next;
+  }
+}
+
+static muon_status muon__cpu_newton_schulz_many(void *ctx, int count, float *const *X, const int *m, const int *n,
+                                                const muon_hparams *const *hp, void *ws) {
+  muon__ns_many_job j;
+  int i, k, T = muon__cpu_threads(ctx), balanced = 0;
+  j.X = X; j.m = m; j.n = n; j.hp = hp; j.count = count; j.tasks = T; j.ws = (float *)ws; j.ws_floats = 0;
+  for (i = 0; i < count; i++) {
+    size_t one = muon__ns_ws_floats(m[i], n[i], muon__use_gram(hp[i], m[i], n[i]));
+    if (!muon__use_cblas(hp[i])) continue;
+    balanced++;
+    if (one > j.ws_floats) j.ws_floats = one;
+  }
+  if (T > 1 && balanced > 1) muon__parallel((const muon__cpu *)ctx, T, muon__ns_many_task, &j);
+  for (i = 0; i < count; i = k) {
+    k = i + 1;
+    if (muon__use_cblas(hp[i])) {
+      if (T < 2 || balanced < 2) muon__newton_schulz(X[i], m[i], n[i], hp[i], (float *)ws, (const muon__cpu *)ctx);
+      continue;
+    }
+    while (k < count && hp[k] == hp[i] && m[k] == m[i] && n[k] == n[i] && X[k] == X[i] + (size_t)(k - i) * m[i] * n[i]) k++;
+    muon__cpu_newton_schulz(ctx, X[i], k - i, m[i], n[i], hp[i], ws);
+  }
   return MUON_OK;
 }
 
@@ -3342,7 +3419,7 @@ static const muon_compute_vtable muon__cpu_vtable = {
   MUON_COMPUTE_VTABLE_VERSION, MUON_MEMORY_HOST, muon__cpu_alloc, muon__cpu_free, NULL, NULL,
   muon__cpu_copy, muon__cpu_zero, muon__cpu_pack, muon__cpu_momentum, muon__cpu_ns_workspace,
   muon__cpu_newton_schulz, muon__cpu_apply, muon__cpu_adamw, muon__cpu_nonfinite, muon__cpu_cast,
-  muon__cpu_sync, NULL, NULL, muon__cpu_normuon
+  muon__cpu_sync, NULL, NULL, muon__cpu_normuon, muon__cpu_newton_schulz_many
 };
 
 MUON_API muon_compute muon_compute_cpu(void) {
@@ -3649,6 +3726,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->round_start);
   muon__free(a, pl->order);
   muon__free(a, pl->order_start);
+  muon__free(a, pl->many_X);
   muon__dev_free(opt, pl->stash);
   for (g = 0; pl->xfers && g < pl->n_xfers; g++) {
     muon__xfer *x = &pl->xfers[g];
@@ -3929,6 +4007,9 @@ static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
   muon__plan *pl = &opt->plan;
   size_t budget = opt->dist.round_bytes ? opt->dist.round_bytes : (size_t)64 << 20;
   int g, r = 0, P = pl->P, p;
+  /* One device on the CPU backend's threads: 64 MiB of operands per thread (up to 4), so that a
+     round has enough of them to keep every thread busy to its end. */
+  if (!opt->distributed && opt->compute.ctx == &opt->cpu) budget *= (size_t)(opt->cpu.threads < 4 ? opt->cpu.threads : 4);
   if (pl->pipelined && !opt->dist.round_bytes) {
     /* Overlap needs rounds: about 2 (prefetch + 1) of them, each at least 1 MiB per owner. */
     size_t most = 0;
@@ -4025,11 +4106,17 @@ static muon_status muon__alloc_xfers(muon_optimizer *opt) {
   return MUON_OK;
 }
 
+/* Whether the compute backend takes a round's operands of several shapes in one call. */
+static int muon__ns_many(const muon_optimizer *opt) {
+  return opt->compute.vt->version >= 5 && opt->compute.vt->newton_schulz_many;
+}
+
 /* Per round: the owned matrices in batch order (a stable insertion sort by operand shape and NS
-   settings: rounds are short), their operand offsets, and the NS workspace of the largest batch. */
-static void muon__plan_batches(muon_optimizer *opt) {
+   settings: rounds are short), their operand offsets, and the NS workspace of the largest batch
+   (with newton_schulz_many, of the largest round). Returns the most operands of a round. */
+static int muon__plan_batches(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  int r, g, n = 0, i, j;
+  int r, g, n = 0, i, j, most = 0;
   pl->ns_ws_bytes = 0;
   for (g = 0; g < pl->n_globals; g++)
     if (pl->globals[g].owner == pl->me) pl->globals[g].ns = muon__ns_hash(muon__global_hparams(opt, &pl->globals[g]));
@@ -4056,12 +4143,14 @@ static void muon__plan_batches(muon_optimizer *opt) {
         xoff += (size_t)m * nn;
         b++;
       }
-      ws = opt->compute.vt->ns_workspace(opt->compute.ctx, b, m, nn, muon__global_hparams(opt, x));
+      ws = opt->compute.vt->ns_workspace(opt->compute.ctx, muon__ns_many(opt) ? n - first : b, m, nn, muon__global_hparams(opt, x));
       if (ws > pl->ns_ws_bytes) pl->ns_ws_bytes = ws;
       i += b;
     }
+    if (n - first > most) most = n - first;
   }
   pl->order_start[pl->n_rounds] = n;
+  return most;
 }
 
 static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
@@ -4186,7 +4275,14 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int) + 1);
   pl->order_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_rounds + 1) * sizeof(int));
   if (!pl->order || !pl->order_start) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NS batches failed");
-  muon__plan_batches(opt);
+  i = muon__plan_batches(opt);
+  if (muon__ns_many(opt) && i > 0) {
+    pl->many_X = (float **)muon__alloc(&opt->allocator, (size_t)i * (sizeof(float *) + sizeof(muon_hparams *) + 2 * sizeof(int)));
+    if (!pl->many_X) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NS batches failed");
+    pl->many_hp = (const muon_hparams **)(pl->many_X + i);
+    pl->many_m = (int *)(pl->many_hp + i);
+    pl->many_n = pl->many_m + i;
+  }
   /* 5. Buffers, sized for the largest round; nothing is allocated inside a step. */
   for (r = 0; r < pl->n_rounds; r++) {
     muon__traffic t = muon__round_traffic(opt, r, me);
@@ -5497,31 +5593,48 @@ static muon_status muon__normuon_apply(muon_optimizer *opt, const muon__global *
   return MUON_OK;
 }
 
-/* Newton-Schulz of round r's owned operands, batch by batch (see muon__plan_batches), and the
-   non-finite check of each result, read at the commit. */
+/* Newton-Schulz of round r's owned operands: batch by batch (see muon__plan_batches), or the
+   whole round in one call where the backend takes several shapes at once (newton_schulz_many).
+   Then NorMuon and the non-finite check of each result, read at the commit. */
 static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
   muon__plan *pl = &opt->plan;
-  int i = pl->order_start[r], end = pl->order_start[r + 1], k;
-  while (i < end) {
+  const int start = pl->order_start[r], end = pl->order_start[r + 1], many = muon__ns_many(opt);
+  int i, k, count = 0;
+  for (i = start; i < end; i++) count += !pl->globals[pl->order[i]].skip;
+  for (i = start, k = 0; i < end; ) {
     const muon__global *x = &pl->globals[pl->order[i]];
-    int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, b = 0;
+    int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, b = 0, e;
     size_t ws;
     if (x->skip) { i++; continue; }
     while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(&pl->globals[pl->order[i + b]], x)) b++;
-    MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, pl->gathered + x->xoff, b, m, n,
-                                                      muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
-    for (k = 0; k < b; k++) {
-      int g = pl->order[i + k];
-      muon_status st = muon__normuon_apply(opt, &pl->globals[g], pl->gathered + pl->globals[g].xoff);
-      if (st != MUON_OK) return st;
-      MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, pl->gathered + pl->globals[g].xoff, MUON_DTYPE_FP32,
-                                                    (size_t)m * n, &pl->out_flags[g]), "muon_step: checking Newton-Schulz outputs");
+    if (!many) {
+      MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, pl->gathered + x->xoff, b, m, n,
+                                                        muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
+    }
+    for (e = 0; many && e < b; e++, k++) {   /* the round's operands, for one call */
+      pl->many_X[k] = pl->gathered + pl->globals[pl->order[i + e]].xoff;
+      pl->many_m[k] = m;
+      pl->many_n[k] = n;
+      pl->many_hp[k] = muon__global_hparams(opt, x);
     }
     opt->stats.ns_calls += b;
     opt->stats.ns_batches++;
-    ws = opt->compute.vt->ns_workspace(opt->compute.ctx, b, m, n, muon__global_hparams(opt, x));
+    ws = opt->compute.vt->ns_workspace(opt->compute.ctx, many ? count : b, m, n, muon__global_hparams(opt, x));
     if (ws > opt->stats.ns_workspace_bytes) opt->stats.ns_workspace_bytes = ws;
     i += b;
+  }
+  if (many && count) {
+    MUON__BACKEND(opt, opt->compute.vt->newton_schulz_many(opt->compute.ctx, count, pl->many_X, pl->many_m, pl->many_n,
+                                                           pl->many_hp, pl->ns_ws), "muon_step: Newton-Schulz");
+  }
+  for (i = start; i < end; i++) {
+    const muon__global *x = &pl->globals[pl->order[i]];
+    muon_status st;
+    if (x->skip) continue;
+    if ((st = muon__normuon_apply(opt, x, pl->gathered + x->xoff)) != MUON_OK) return st;
+    MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, pl->gathered + x->xoff, MUON_DTYPE_FP32,
+                                                  (size_t)x->rows * x->cols, &pl->out_flags[pl->order[i]]),
+                  "muon_step: checking Newton-Schulz outputs");
   }
   return MUON_OK;
 }

@@ -1260,7 +1260,8 @@ static const muon_compute_vtable muon_cuda__vtable = {
   muon_cuda__sync,
   muon_cuda__error,
   muon_cuda__destroy,
-  muon_cuda__normuon
+  muon_cuda__normuon,
+  NULL /* newton_schulz_many: one batched call per shape is what cuBLAS wants */
 };
 
 MUON_API muon_cuda_desc muon_cuda_default_desc(void) {

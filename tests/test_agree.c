@@ -626,6 +626,10 @@ static muon_status fb_newton_schulz(void *c, float *X, int b, int m, int n, cons
   if (((faulty *)c)->armed) return MUON_ERR_BACKEND;
   return IN(c).vt->newton_schulz(IN(c).ctx, X, b, m, n, hp, ws);
 }
+static muon_status fb_newton_schulz_many(void *c, int k, float *const *X, const int *m, const int *n, const muon_hparams *const *hp, void *ws) {
+  if (((faulty *)c)->armed) return MUON_ERR_BACKEND;
+  return IN(c).vt->newton_schulz_many(IN(c).ctx, k, X, m, n, hp, ws);
+}
 static muon_status fb_apply(void *c, size_t n, void *p, const float *O, const muon_apply_args *a) { return IN(c).vt->apply(IN(c).ctx, n, p, O, a); }
 static muon_status fb_adamw(void *c, size_t n, void *p, const void *g, float *m, float *v, const muon_adamw_args *a) {
   return IN(c).vt->adamw(IN(c).ctx, n, p, g, m, v, a);
@@ -644,7 +648,7 @@ static muon_compute faulty_backend(faulty *f) {
   fb_vt.alloc = fb_alloc; fb_vt.free = fb_free; fb_vt.copy = fb_copy; fb_vt.zero = fb_zero; fb_vt.pack = fb_pack;
   fb_vt.momentum = fb_momentum; fb_vt.ns_workspace = fb_ns_workspace; fb_vt.newton_schulz = fb_newton_schulz;
   fb_vt.apply = fb_apply; fb_vt.adamw = fb_adamw; fb_vt.nonfinite = fb_nonfinite; fb_vt.cast = fb_cast; fb_vt.sync = fb_sync;
-  fb_vt.error = fb_error;
+  fb_vt.error = fb_error; fb_vt.newton_schulz_many = fb_newton_schulz_many;
   fb_vt.alloc_host = NULL; fb_vt.free_host = NULL; fb_vt.destroy = NULL;
   c.vt = &fb_vt;
   c.ctx = f;

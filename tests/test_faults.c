@@ -86,6 +86,9 @@ static size_t fb_ns_workspace(void *c, int b, int m, int n, const muon_hparams *
 static muon_status fb_ns(void *c, float *X, int b, int m, int n, const muon_hparams *hp, void *ws) {
   return FB_CALL(c, FB_NS, newton_schulz(FB_CPU(c).ctx, X, b, m, n, hp, ws));
 }
+static muon_status fb_ns_many(void *c, int k, float *const *X, const int *m, const int *n, const muon_hparams *const *hp, void *ws) {
+  return FB_CALL(c, FB_NS, newton_schulz_many(FB_CPU(c).ctx, k, X, m, n, hp, ws));
+}
 static muon_status fb_apply(void *c, size_t n, void *p, const float *O, const muon_apply_args *a) { return FB_CALL(c, FB_APPLY, apply(FB_CPU(c).ctx, n, p, O, a)); }
 static muon_status fb_adamw(void *c, size_t n, void *p, const void *g, float *m, float *v, const muon_adamw_args *a) {
   return FB_CALL(c, FB_ADAMW, adamw(FB_CPU(c).ctx, n, p, g, m, v, a));
@@ -98,9 +101,9 @@ static muon_status fb_normuon(void *c, float *X, int m, int n, int pc, const flo
 }
 static const char *fb_error(void *c) { return ((fb_ctx *)c)->text; }
 
-/* Every slot of vtable version 4 is wrapped below; a new slot must be wrapped (and counted) too,
-   or the CPU's would be handed this wrapper's ctx. */
-typedef char fb_wraps_every_slot[MUON_COMPUTE_VTABLE_VERSION == 4 ? 1 : -1];
+/* Every slot of vtable version 5 is wrapped below (newton_schulz_many counted as newton_schulz);
+   a new slot must be wrapped (and counted) too, or the CPU's would be handed this wrapper's ctx. */
+typedef char fb_wraps_every_slot[MUON_COMPUTE_VTABLE_VERSION == 5 ? 1 : -1];
 
 static muon_compute fb_init(fb_ctx *f, int device) {
   muon_compute c;
@@ -113,7 +116,7 @@ static muon_compute fb_init(fb_ctx *f, int device) {
   f->vt.copy = fb_copy; f->vt.zero = fb_zero; f->vt.pack = fb_pack; f->vt.momentum = fb_momentum;
   f->vt.ns_workspace = fb_ns_workspace; f->vt.newton_schulz = fb_ns; f->vt.apply = fb_apply;
   f->vt.adamw = fb_adamw; f->vt.nonfinite = fb_nonfinite; f->vt.cast = fb_cast; f->vt.sync = fb_sync;
-  f->vt.error = fb_error; f->vt.destroy = NULL; f->vt.normuon = fb_normuon;
+  f->vt.error = fb_error; f->vt.destroy = NULL; f->vt.normuon = fb_normuon; f->vt.newton_schulz_many = fb_ns_many;
   c.vt = &f->vt;
   c.ctx = f;
   return c;

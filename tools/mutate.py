@@ -42,6 +42,7 @@ STEPS = [
     ("test_faults", ["build/test_faults"], "build/test_faults build/faults", CORE),
     ("test_misuse", ["build/test_misuse"], "build/test_misuse build/misuse", CORE),
     ("test_parallel_tsan", ["build/test_parallel_tsan"], "build/test_parallel_tsan", CORE),
+    ("test_parallel_cblas", ["build/test_parallel_cblas"], "OPENBLAS_NUM_THREADS=1 build/test_parallel_cblas", CORE),
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
     ("test_dist -n 3", ["build/test_dist", "build/muonrun"], RUN + " -n 3 build/test_dist", GLOO),
     ("test_agree -n 2", ["build/test_agree", "build/muonrun"], RUN + " -n 2 build/test_agree", GLOO),
