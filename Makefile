@@ -401,6 +401,7 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist
+	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --layers 12 --configs single,batched --steps 2
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --layers 1
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_dist --overlap --small 256 --dim 32 --round-bytes 4096 --steps 3
 	MUON_GLOO_BLOCKING=1 $(BENCH_RUN) -n 4 $(BUILD)/bench_dist --overlap --small 256 --dim 32 --round-bytes 4096 --steps 3

@@ -487,7 +487,8 @@ int main(int argc, char **argv) {
 #endif
            flops * 1e-9, getenv("OPENBLAS_NUM_THREADS") ? getenv("OPENBLAS_NUM_THREADS") : "unset");
     printf("timing: median of %d steps after %d warm-up, each the slowest rank's muon_step (moonlight: its "
-           "allgathers + step); all configurations in this one launch, one after another\n", b.steps, b.warmup);
+           "allgathers + step); all configurations in this one launch, one after another; load average (1 min) %.2f\n",
+           b.steps, b.warmup, load_average());
     fflush(stdout);
   }
 
