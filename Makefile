@@ -339,8 +339,8 @@ test: deps check-headers
 	  $(foreach e,ddp fsdp tp_fsdp,"MUON_THREADS=3 $(RUN) -n 2 $(BUILD)/$(e) --normuon larger --quiet && echo '$(e) MUON_THREADS=3: 1 passed, 0 failed'") \
 	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
 	  "tests/run_wire.sh $(BUILD) 4 ddp fsdp tp_fsdp hsdp ep_fsdp tp_hsdp" \
-	  "tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
-	  "MUON_GLOO_BLOCKING=1 tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
+	  "MUON_THREADS=2 tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
+	  "MUON_THREADS=2 MUON_GLOO_BLOCKING=1 tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
 	  "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
 	  $(foreach n,1 2 3 4,"$(RUN) -n $(n) $(BUILD)/test_partial $(BUILD)/partial") "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
 	  "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
