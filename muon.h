@@ -3295,7 +3295,7 @@ static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const m
   size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
   size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
   int T = muon__cpu_threads(ctx);
-  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);   /* side by side, or split */
+  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
 }
 
 static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
@@ -3354,9 +3354,10 @@ static muon_status muon__cpu_newton_schulz_many(void *ctx, int count, float *con
   int i, k, T = muon__cpu_threads(ctx), balanced = 0;
   j.X = X; j.m = m; j.n = n; j.hp = hp; j.count = count; j.tasks = T; j.ws = (float *)ws; j.ws_floats = 0;
   for (i = 0; i < count; i++) {
-    size_t one = muon__ns_ws_floats(m[i], n[i], muon__use_gram(hp[i], m[i], n[i]));
+    size_t one;
     if (!muon__use_cblas(hp[i])) continue;
     balanced++;
+    one = muon__ns_ws_floats(m[i], n[i], muon__use_gram(hp[i], m[i], n[i]));
     if (one > j.ws_floats) j.ws_floats = one;
   }
   if (T > 1 && balanced > 1) muon__parallel((const muon__cpu *)ctx, T, muon__ns_many_task, &j);

@@ -292,9 +292,9 @@ struct muon_gloo__shared {
 struct muon_gloo__exchange {
   std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> sb, rb;
   muon_gloo__clock::time_point start;
-  const char *op;
-  unsigned long long call;
-  bool live;
+  const char *op = "";
+  unsigned long long call = 0;
+  bool live = false; /* started and not yet joined */
 };
 
 #define MUON_GLOO__TICKETS 64 /* exchanges started and not joined; muon.h keeps at most 16 */
