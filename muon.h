@@ -3310,8 +3310,15 @@ static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m
   return MUON_OK;
 }
 
+/* Flops of one Newton-Schulz iteration: 4 m^2 n + 2 m^3, m <= n (owners and threads are
+   balanced by it). */
+static double muon__ns_cost(int rows, int cols) {
+  double m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+  return 4 * m * m * n + 2 * m * m * m;
+}
+
 /* A round's operands on T threads. Those on CBLAS, whose GEMMs are never split, are balanced
-   across the threads whatever their shapes: in decreasing cost (m * m * n, ties by index), each
+   across the threads whatever their shapes: in decreasing cost (muon__ns_cost, ties by index), each
    to the thread with the least work so far (ties: the lowest), run whole in its own workspace;
    every task works the assignment out alike. Those on the built-in GEMM go batch by batch
    (muon__cpu_newton_schulz: side by side, a remainder with its GEMMs split). No result depends
@@ -3326,7 +3333,7 @@ typedef struct muon__ns_many_job {
 } muon__ns_many_job;
 
 static int muon__ns_before(const muon__ns_many_job *j, int i, int k) {
-  double a = (double)j->m[i] * j->m[i] * j->n[i], b = (double)j->m[k] * j->m[k] * j->n[k];
+  double a = muon__ns_cost(j->m[i], j->n[i]), b = muon__ns_cost(j->m[k], j->n[k]);
   return a > b || (a == b && i < k);
 }
 
@@ -3342,7 +3349,7 @@ static void muon__ns_many_task(void *arg, int t) {
     if (next < 0) return;
     for (q = 1; q < j->tasks; q++)
       if (load[q] < load[best]) best = q;
-    load[best] += (double)j->m[next] * j->m[next] * j->n[next];
+    load[best] += muon__ns_cost(j->m[next], j->n[next]);
     if (best == t) muon__newton_schulz(j->X[next], j->m[next], j->n[next], j->hp[next], j->ws + (size_t)t * j->ws_floats, NULL);
     prev = next;
   }
@@ -3861,11 +3868,6 @@ static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x,
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: matrix '%s' (global %d): its %d Partial parts do not each hold all %lld of its pieces (%lld piece-part pairs held): every part needs the whole matrix",
                       x->name, g, x->parts, pieces, pairs);
   return MUON_OK;
-}
-
-static double muon__ns_cost(int rows, int cols) { /* per iteration: 4 m^2 n + 2 m^3, m <= n */
-  double m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return 4 * m * m * n + 2 * m * m * m;
 }
 
 typedef struct muon__by_cost { double cost; int index; } muon__by_cost;

@@ -752,13 +752,16 @@ static void test_overlap_failure(void) {
 
 /* ---- faults: a wrapper communicator that kills or stalls one rank inside a step --------------- */
 typedef struct fault_comm { muon_comm inner; int victim, mode, calls; } fault_comm;
+/* The victim's second exchange (the redistribute of the first round): killed or stalled there. */
+static void fault_strike(fault_comm *f) {
+  if (f->inner.rank != f->victim || ++f->calls != 2) return;
+  if (f->mode == 0) raise(SIGKILL);
+  sleep(5);
+}
 static muon_status fault_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
                                    const size_t *rc, const size_t *rd) {
   fault_comm *f = (fault_comm *)ctx;
-  if (f->inner.rank == f->victim && ++f->calls == 2) {  /* the redistribute of the first round */
-    if (f->mode == 0) raise(SIGKILL);
-    sleep(5);
-  }
+  fault_strike(f);
   return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd);
 }
 static muon_status fault_allgather(void *ctx, const void *s, void *r, size_t n) {
@@ -772,10 +775,7 @@ static const char *fault_error(void *ctx) {
 static muon_status fault_start(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
                                const size_t *rc, const size_t *rd, int *ticket) {
   fault_comm *f = (fault_comm *)ctx;
-  if (f->inner.rank == f->victim && ++f->calls == 2) {
-    if (f->mode == 0) raise(SIGKILL);
-    sleep(5);
-  }
+  fault_strike(f);
   return f->inner.vt->alltoallv_start(f->inner.ctx, s, sc, sd, r, rc, rd, ticket);
 }
 static muon_status fault_join(void *ctx, int ticket) {
