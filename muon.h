@@ -105,10 +105,22 @@
 #ifndef MUON_H
 #define MUON_H
 
+/* This header's version: major for changes that break a caller, a backend or a saved state,
+   minor for additions, patch for fixes. Kept in step with tools/muon.pc.in and CHANGES.md. */
+#define MUON_VERSION_MAJOR 1
+#define MUON_VERSION_MINOR 0
+#define MUON_VERSION_PATCH 0
+#define MUON_VERSION_STRING "1.0.0"
+
 #include <stddef.h>
 
 #ifndef MUON_API
 #define MUON_API extern
+#endif
+#if defined(__GNUC__) || defined(__clang__)
+#define MUON__PRINTF_DECL(f, a) __attribute__((format(printf, f, a)))
+#else
+#define MUON__PRINTF_DECL(f, a)
 #endif
 #ifndef MUON_NS_MAX_STEPS
 #define MUON_NS_MAX_STEPS 16
@@ -266,51 +278,56 @@ typedef enum muon_nonfinite {
    Communicator: one process group, as a vtable + context (SQLite VFS / ggml style). A backend
    (muon_gloo.h, muon_nccl.h, or your framework) fills the vtable; the core never knows which one
    it talks to and calls it only through wrappers that check and count. Every slot takes ctx first
-   and returns muon_status; a failing slot should leave its native message for `error`. */
-#define MUON_COMM_VTABLE_VERSION 4
+   and returns muon_status; a failing slot should leave its native message for `error`.
+
+   Growing a vtable (this one and muon_compute_vtable). Both are at version 1 for muon 1.0. A new
+   slot is appended at the end, never inserted, and the table's MUON_*_VTABLE_VERSION goes up by
+   one; the slot's comment names that version and what the core does without it. A table says
+   which version it was written for; muon_create accepts 1 up to this header's (both numbers in
+   the message otherwise), and the core reads a slot appended later only through MUON__SLOT, which
+   gives NULL for an older table. Instances name each slot in a comment beside it, as this file's
+   do (designated initialisers are not C++17). */
+#define MUON_COMM_VTABLE_VERSION 1
 
 /* Where a buffer lives, from the core's point of view. */
 #define MUON_MEMORY_HOST 0
 #define MUON_MEMORY_DEVICE 1
 
 typedef struct muon_comm_vtable {
-  int version;                     /* MUON_COMM_VTABLE_VERSION; slots are only appended        */
+  int version;                     /* MUON_COMM_VTABLE_VERSION the table was written for       */
   /* Required. Each rank sends send_counts[p] floats at send + send_displs[p] to rank p and
      receives recv_counts[p] floats from p at recv + recv_displs[p]. Zero counts are allowed;
-     the part sent to oneself is copied. Blocking, with the backend's timeout. */
+     the part sent to oneself is copied. Blocking, with the backend's timeout (but see wait). */
   muon_status (*alltoallv)(void *ctx, const float *send, const size_t *send_counts,
                            const size_t *send_displs, float *recv, const size_t *recv_counts,
                            const size_t *recv_displs);
   /* Required. Each rank contributes `bytes` bytes; recv gets size*bytes in rank order. */
   muon_status (*allgather)(void *ctx, const void *send, void *recv, size_t bytes);
-  /* Optional (NULL: an allgather of one byte). */
-  muon_status (*barrier)(void *ctx);
   /* Optional: the native text of the last failure (NULL or "" if none). */
   const char *(*error)(void *ctx);
   /* Optional: frees ctx; called by muon_comm_destroy. */
   void (*destroy)(void *ctx);
-  /* Version 2. Where alltoallv's buffers live: MUON_MEMORY_HOST (0, and every version-1 table)
-     or MUON_MEMORY_DEVICE (the compute backend's memory, e.g. NCCL). With a host communicator
-     and a device compute backend the core stages the exchange through host buffers. allgather
-     always takes host memory: it carries only small control data. */
+  /* Where alltoallv's buffers live: MUON_MEMORY_HOST (0) or MUON_MEMORY_DEVICE (the compute
+     backend's memory, e.g. NCCL). With a host communicator and a device compute backend the core
+     stages the exchange through host buffers. allgather always takes host memory: it carries
+     only small control data. */
   int memory;
-  /* Version 3, optional. Set by a device communicator whose alltoallv only QUEUES the exchange
-     in the compute backend's order (a CUDA stream) and returns: wait then blocks until everything
+  /* Optional. Set by a device communicator whose alltoallv only QUEUES the exchange in the
+     compute backend's order (a CUDA stream) and returns: wait then blocks until everything
      queued so far has finished, within the backend's timeout, and on a timeout or a peer's
      failure breaks the communicator (so nothing queued can hang) and returns MUON_ERR_TIMEOUT /
      MUON_ERR_COMM. The core calls it before every host wait on the compute backend that follows
      an alltoallv, so a dead peer is an error, not a hang. NULL: alltoallv is complete when it
      returns (every host communicator). */
   muon_status (*wait)(void *ctx);
-  /* Version 4, optional, both or neither (a communicator with a queue of its own: NCCL on its
-     own stream, Gloo's posted sends and receives): overlap without a host thread, several
-     exchanges in flight at once. alltoallv_start queues alltoallv's exchange on the
-     communicator's queue after everything the compute queue holds so far, but does NOT make the
-     compute queue wait for it; it returns a ticket. join(ticket) makes the compute queue wait
-     for that exchange: on the device for a device communicator (the host does not block), by
-     blocking for a host one. Used when muon_dist_config.async is set: the core joins every
-     exchange, in any order, before the compute backend touches its buffers, and keeps at most
-     16 unjoined. */
+  /* Optional, both or neither (a communicator with a queue of its own: NCCL on its own stream,
+     Gloo's posted sends and receives): overlap without a host thread, several exchanges in
+     flight at once. alltoallv_start queues alltoallv's exchange on the communicator's queue
+     after everything the compute queue holds so far, but does NOT make the compute queue wait
+     for it; it returns a ticket. join(ticket) makes the compute queue wait for that exchange: on
+     the device for a device communicator (the host does not block), by blocking for a host one.
+     Used when muon_dist_config.async is set: the core joins every exchange, in any order, before
+     the compute backend touches its buffers, and keeps at most 16 unjoined. */
   muon_status (*alltoallv_start)(void *ctx, const float *send, const size_t *send_counts,
                                  const size_t *send_displs, float *recv, const size_t *recv_counts,
                                  const size_t *recv_displs, int *ticket);
@@ -346,10 +363,7 @@ MUON_API void muon_comm_destroy(muon_comm *comm);
    `sync` that returns non-OK means the step is abandoned, and the core then changes nothing the
    user can see (every write before the commit goes to the backend's scratch buffers).
    Element types. float is fp32; bf16 is stored as uint16_t (the top half of the fp32 bits). */
-#define MUON_COMPUTE_VTABLE_VERSION 5   /* 2: apply and adamw honour args->cautious;
-                                           3: newton_schulz honours hp->ns_algorithm;
-                                           4: the normuon slot;
-                                           5: the optional newton_schulz_many slot */
+#define MUON_COMPUTE_VTABLE_VERSION 1   /* see "Growing a vtable" above */
 
 typedef enum muon_dtype {
   MUON_DTYPE_FP32 = 0,
@@ -401,8 +415,8 @@ typedef struct muon_apply_args {
   muon_rounding rounding;
   unsigned long long seed;         /* already mixed with the step and the matrix by the core   */
   muon_piece_copy piece;           /* where element i sits in the full matrix                  */
-  int cautious;                    /* version 2: decay only where p and O agree in sign (p*O >= 0,
-                                      zero agreeing), as muon__apply_elem                       */
+  int cautious;                    /* decay only where p and O agree in sign (p*O >= 0, zero
+                                      agreeing), as muon__apply_elem                            */
 } muon_apply_args;
 
 /* AdamW (torch semantics) of n elements; step_size = lr / (1 - beta1^t), bc2_sqrt =
@@ -413,12 +427,12 @@ typedef struct muon_adamw_args {
   void *mirror;                    /* optional bf16 copy of the new parameter                  */
   muon_rounding rounding;
   unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed, i)  */
-  int cautious;                    /* version 2: decay only where p and the Adam update agree in
-                                      sign, as muon__adamw_elem                                  */
+  int cautious;                    /* decay only where p and the Adam update agree in sign, as
+                                      muon__adamw_elem                                           */
 } muon_adamw_args;
 
 typedef struct muon_compute_vtable {
-  int version;                     /* MUON_COMPUTE_VTABLE_VERSION; slots are only appended     */
+  int version;                     /* MUON_COMPUTE_VTABLE_VERSION the table was written for    */
   int memory;                      /* MUON_MEMORY_HOST or MUON_MEMORY_DEVICE (see above)       */
   /* Required. Backend memory of `bytes` bytes (> 0), aligned for any element type; NULL if
      there is none. Called only outside muon_step (creation, registration, planning). */
@@ -467,14 +481,14 @@ typedef struct muon_compute_vtable {
   const char *(*error)(void *ctx);
   /* Optional: frees ctx; called by muon_compute_destroy. */
   void (*destroy)(void *ctx);
-  /* Version 4, required then. NorMuon of one orthogonalised operand X (m x n row-major, m <= n)
+  /* Required. NorMuon of one orthogonalised operand X (m x n row-major, m <= n)
      in place, exactly as muon__normuon: the statistics are kept per column of X (per_column,
      len = n) or per row (len = m); v (len floats) is the second moment before this step and is
      only read, v_new (len floats) gets the new one. hp->normuon picks the epsilons,
      hp->normuon_beta2 the average. All backend memory. */
   muon_status (*normuon)(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
                          const muon_hparams *hp);
-  /* Version 5, optional. Newton-Schulz of `count` operands of any shapes, each exactly as
+  /* Optional. Newton-Schulz of `count` operands of any shapes, each exactly as
      newton_schulz gives it alone: operand i is X[i] (backend memory), m[i] x n[i] with
      m[i] <= n[i], settings hp[i] (the arrays are host memory). The backend may run them in any
      order or side by side (the CPU backend balances CBLAS operands over its threads). ws:
@@ -752,8 +766,12 @@ MUON_API muon_status muon_create(muon_optimizer **opt, const muon_desc *desc);
 /* Frees everything the optimizer allocated; never the user's param/grad buffers. NULL is fine. */
 MUON_API void muon_destroy(muon_optimizer *opt);
 /* The last error message of this optimizer ("" if none). Valid until the next call on it.
-   muon_error(NULL): why this thread's last muon_create failed (opt is then NULL). */
+   muon_error(NULL): why this thread's last failed creation failed: muon_create (opt is then
+   NULL) or a backend's (muon_gloo_create, muon_nccl_create, muon_cuda_create, ...). */
 MUON_API const char *muon_error(const muon_optimizer *opt);
+/* For backends: a creation failed; the message (printf-style, starting with the status name, as
+   "MUON_ERR_ARG: muon_gloo_desc.rank ...") is what muon_error(NULL) returns on this thread. */
+MUON_API void muon_set_create_error(const char *fmt, ...) MUON__PRINTF_DECL(1, 2);
 
 /* Param groups (torch's param_groups): a new group with its own hyperparameters. Distributed:
    changing a group's Newton-Schulz settings (not its lr) after planning re-plans at the next
@@ -1199,7 +1217,15 @@ static muon_status muon__self_allgather(void *ctx, const void *send, void *recv,
 }
 
 static const muon_comm_vtable muon__self_vtable = {
-  MUON_COMM_VTABLE_VERSION, muon__self_alltoallv, muon__self_allgather, NULL, NULL, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ muon__self_alltoallv,
+  /* .allgather       = */ muon__self_allgather,
+  /* .error           = */ NULL,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ NULL,
+  /* .join            = */ NULL
 };
 
 MUON_API muon_comm muon_comm_self(void) {
@@ -1292,6 +1318,8 @@ typedef struct muon__global {
    counts, displacements, receive counts, displacements: 4 x size each, in fp32 values and in
    wire slots), and, once it ran, the collective's status and native message. With prefetch or
    async several are in flight; in the debug setting the two of a round share one buffer set. */
+/* A slot appended in version v of its vtable (see "Growing a vtable"): NULL in an older table. */
+#define MUON__SLOT(vt, v, slot) ((vt)->version >= (v) ? (vt)->slot : NULL)
 #define MUON__MAX_PREFETCH 8
 #define MUON__MAX_UNJOINED 16   /* exchanges started on a communicator's queue and not joined */
 typedef struct muon__xfer {
@@ -1495,25 +1523,29 @@ static void muon__create_fail(const muon_desc *desc, const char *msg) {
   if (desc) muon__log(&desc->logger, MUON_LOG_ERROR, msg);
 }
 
+MUON_API void muon_set_create_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(muon__create_error, sizeof muon__create_error, fmt, ap);
+  va_end(ap);
+}
+
 MUON_API const char *muon_error(const muon_optimizer *opt) {
   if (opt) return opt->error;
   return muon__create_error[0] ? muon__create_error : "muon_error: opt is NULL";
 }
 
 /* Checks one group's hyperparameters; writes the message into buf. */
-static muon_status muon__check_hparams(const muon_hparams *hp, int compute_version, char *buf, size_t size) {
+static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t size) {
   int k;
   if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
-  if (hp->cautious_wd && compute_version < 2) { snprintf(buf, size, "muon_hparams.cautious_wd needs a compute backend of vtable version >= 2 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM) { snprintf(buf, size, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)", (int)hp->ns_algorithm); return MUON_ERR_ARG; }
-  if (hp->ns_algorithm == MUON_NS_GRAM && compute_version < 3) { snprintf(buf, size, "muon_hparams.ns_algorithm MUON_NS_GRAM needs a compute backend of vtable version >= 3 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if (hp->ns_algorithm == MUON_NS_GRAM && ((hp->ns_restarts & 1u) || (hp->ns_steps >= 0 && hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
     snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)", hp->ns_restarts, hp->ns_steps);
     return MUON_ERR_ARG;
   }
   if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER) { snprintf(buf, size, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon); return MUON_ERR_ARG; }
   if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) { snprintf(buf, size, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)", (double)hp->normuon_beta2); return MUON_ERR_ARG; }
-  if (hp->normuon && compute_version < 4) { snprintf(buf, size, "muon_hparams.normuon needs a compute backend of vtable version >= 4 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
   if (!(hp->momentum >= 0 && hp->momentum < 1)) { snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum); return MUON_ERR_ARG; }
@@ -1537,9 +1569,8 @@ static muon_status muon__check_hparams(const muon_hparams *hp, int compute_versi
   return MUON_OK;
 }
 
-static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, int compute_version, char *buf, size_t size) {
+static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, char *buf, size_t size) {
   if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_adamw_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
-  if (hp->cautious_wd && compute_version < 2) { snprintf(buf, size, "muon_adamw_hparams.cautious_wd needs a compute backend of vtable version >= 2 (this one is %d)", compute_version); return MUON_ERR_ARG; }
   if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_adamw_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
   if (!(hp->beta1 >= 0 && hp->beta1 < 1)) { snprintf(buf, size, "muon_adamw_hparams.beta1 must be in [0, 1) (got %g)", (double)hp->beta1); return MUON_ERR_ARG; }
   if (!(hp->beta2 >= 0 && hp->beta2 < 1)) { snprintf(buf, size, "muon_adamw_hparams.beta2 must be in [0, 1) (got %g)", (double)hp->beta2); return MUON_ERR_ARG; }
@@ -1802,7 +1833,6 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   muon_optimizer *opt;
   char msg[400];
   muon_status st;
-  int cv;   /* the compute backend's vtable version, once it is known to have a vtable */
   int threads;
   if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
   *out = NULL;
@@ -1814,9 +1844,8 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     return MUON_ERR_ARG;
   }
   if (!a.alloc) { a.alloc = muon__default_alloc; a.free = muon__default_free; a.user_data = NULL; }
-  cv = desc->compute && desc->compute->vt ? desc->compute->vt->version : MUON_COMPUTE_VTABLE_VERSION;
-  if ((st = muon__check_hparams(&desc->hparams, cv, msg, sizeof msg)) != MUON_OK ||
-      (st = muon__check_adamw_hparams(&desc->adamw, cv, msg, sizeof msg)) != MUON_OK) {
+  if ((st = muon__check_hparams(&desc->hparams, msg, sizeof msg)) != MUON_OK ||
+      (st = muon__check_adamw_hparams(&desc->adamw, msg, sizeof msg)) != MUON_OK) {
     char full[480];
     snprintf(full, sizeof full, "%s: muon_desc: %s", muon_status_string(st), msg);
     muon__create_fail(desc, full);
@@ -1848,14 +1877,19 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     const muon_comm *c = desc->comm;
     const char *bad = NULL;
     if (!c->vt) bad = "muon_desc.comm->vt is NULL";
-    else if (c->vt->version < 1) bad = "muon_desc.comm->vt->version must be >= 1 (MUON_COMM_VTABLE_VERSION)";
+    else if (c->vt->version < 1 || c->vt->version > MUON_COMM_VTABLE_VERSION) bad = "muon_desc.comm->vt->version";
     else if (!c->vt->alltoallv || !c->vt->allgather) bad = "muon_desc.comm->vt needs the alltoallv and allgather slots";
     else if (c->size < 1 || c->rank < 0 || c->rank >= c->size) bad = "muon_desc.comm has rank outside [0, size)";
-    else if (c->vt->version >= 4 && !c->vt->alltoallv_start != !c->vt->join)
+    else if (c->vt->memory != MUON_MEMORY_HOST && c->vt->memory != MUON_MEMORY_DEVICE)
+      bad = "muon_desc.comm->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
+    else if (!MUON__SLOT(c->vt, 1, alltoallv_start) != !MUON__SLOT(c->vt, 1, join))
       bad = "muon_desc.comm->vt: set both alltoallv_start and join, or neither";
     if (bad) {
       char full[300];
-      snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
+      if (strcmp(bad, "muon_desc.comm->vt->version") == 0)
+        snprintf(full, sizeof full, "MUON_ERR_ARG: muon_desc.comm->vt->version is %d, this muon.h takes 1 to %d (MUON_COMM_VTABLE_VERSION)",
+                 c->vt->version, MUON_COMM_VTABLE_VERSION);
+      else snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
       muon__create_fail(desc, full);
       return MUON_ERR_ARG;
     }
@@ -1864,21 +1898,23 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     const muon_compute_vtable *v = desc->compute->vt;
     const char *bad = NULL;
     if (!v) bad = "muon_desc.compute->vt is NULL";
-    else if (v->version < 1) bad = "muon_desc.compute->vt->version must be >= 1 (MUON_COMPUTE_VTABLE_VERSION)";
+    else if (v->version < 1 || v->version > MUON_COMPUTE_VTABLE_VERSION) bad = "muon_desc.compute->vt->version";
     else if (v->memory != MUON_MEMORY_HOST && v->memory != MUON_MEMORY_DEVICE) bad = "muon_desc.compute->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
     else if (!v->alloc || !v->free || !v->copy || !v->zero || !v->pack || !v->momentum || !v->ns_workspace ||
-             !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync)
-      bad = "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error and destroy are required)";
-    else if (v->version >= 4 && !v->normuon) bad = "muon_desc.compute->vt has version >= 4 but no normuon slot";
+             !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync || !v->normuon)
+      bad = "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error, destroy and newton_schulz_many are required)";
     else if (!v->alloc_host != !v->free_host) bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
     if (bad) {
       char full[300];
-      snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
+      if (strcmp(bad, "muon_desc.compute->vt->version") == 0)
+        snprintf(full, sizeof full, "MUON_ERR_ARG: muon_desc.compute->vt->version is %d, this muon.h takes 1 to %d (MUON_COMPUTE_VTABLE_VERSION)",
+                 v->version, MUON_COMPUTE_VTABLE_VERSION);
+      else snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
       muon__create_fail(desc, full);
       return MUON_ERR_ARG;
     }
   }
-  if (desc->comm && desc->comm->vt->version >= 2 && desc->comm->vt->memory == MUON_MEMORY_DEVICE &&
+  if (desc->comm && desc->comm->vt->memory == MUON_MEMORY_DEVICE &&
       (!desc->compute || desc->compute->vt->memory != MUON_MEMORY_DEVICE)) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.comm exchanges device memory (e.g. NCCL) but muon_desc.compute is a "
                             "host backend: set desc.compute to the device's backend (muon_cuda_create)");
@@ -1979,7 +2015,7 @@ MUON_API muon_status muon_add_group(muon_optimizer *opt, const muon_hparams *hp,
   muon_hparams *g;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_add_group: hp is NULL");
-  if ((st = muon__check_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_group: %s", msg);
+  if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_group: %s", msg);
   g = (muon_hparams *)muon__grow(&opt->allocator, opt->groups, opt->n_groups, sizeof *g);
   if (!g) return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_group: allocating group %d failed", opt->n_groups);
   opt->groups = g;
@@ -1995,7 +2031,7 @@ MUON_API muon_status muon_set_group(muon_optimizer *opt, int group, const muon_h
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: hp is NULL");
   if (group < 0 || group >= opt->n_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: group %d does not exist (have %d)", group, opt->n_groups);
-  if ((st = muon__check_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
+  if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
   if (muon__ns_hash(hp) != muon__ns_hash(&opt->groups[group])) opt->plan.ready = 0; /* re-check agreement */
   opt->groups[group] = *hp;
   return MUON_OK;
@@ -2022,7 +2058,7 @@ MUON_API muon_status muon_add_adamw_group(muon_optimizer *opt, const muon_adamw_
   muon_adamw_hparams *g;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_group: hp is NULL");
-  if ((st = muon__check_adamw_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_adamw_group: %s", msg);
+  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_adamw_group: %s", msg);
   g = (muon_adamw_hparams *)muon__grow(&opt->allocator, opt->adamw_groups, opt->n_adamw_groups, sizeof *g);
   if (!g) return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_group: allocating group %d failed", opt->n_adamw_groups);
   opt->adamw_groups = g;
@@ -2038,7 +2074,7 @@ MUON_API muon_status muon_set_adamw_group(muon_optimizer *opt, int group, const 
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: hp is NULL");
   if (group < 0 || group >= opt->n_adamw_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: group %d does not exist (have %d)", group, opt->n_adamw_groups);
-  if ((st = muon__check_adamw_hparams(hp, opt->compute.vt->version, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_adamw_group(%d): %s", group, msg);
+  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_adamw_group(%d): %s", group, msg);
   opt->adamw_groups[group] = *hp;
   return MUON_OK;
 }
@@ -3424,10 +3460,27 @@ static muon_status muon__cpu_normuon(void *ctx, float *X, int m, int n, int per_
 }
 
 static const muon_compute_vtable muon__cpu_vtable = {
-  MUON_COMPUTE_VTABLE_VERSION, MUON_MEMORY_HOST, muon__cpu_alloc, muon__cpu_free, NULL, NULL,
-  muon__cpu_copy, muon__cpu_zero, muon__cpu_pack, muon__cpu_momentum, muon__cpu_ns_workspace,
-  muon__cpu_newton_schulz, muon__cpu_apply, muon__cpu_adamw, muon__cpu_nonfinite, muon__cpu_cast,
-  muon__cpu_sync, NULL, NULL, muon__cpu_normuon, muon__cpu_newton_schulz_many
+  MUON_COMPUTE_VTABLE_VERSION,
+  /* .memory             = */ MUON_MEMORY_HOST,
+  /* .alloc              = */ muon__cpu_alloc,
+  /* .free               = */ muon__cpu_free,
+  /* .alloc_host         = */ NULL,
+  /* .free_host          = */ NULL,
+  /* .copy               = */ muon__cpu_copy,
+  /* .zero               = */ muon__cpu_zero,
+  /* .pack               = */ muon__cpu_pack,
+  /* .momentum           = */ muon__cpu_momentum,
+  /* .ns_workspace       = */ muon__cpu_ns_workspace,
+  /* .newton_schulz      = */ muon__cpu_newton_schulz,
+  /* .apply              = */ muon__cpu_apply,
+  /* .adamw              = */ muon__cpu_adamw,
+  /* .nonfinite          = */ muon__cpu_nonfinite,
+  /* .cast               = */ muon__cpu_cast,
+  /* .sync               = */ muon__cpu_sync,
+  /* .error              = */ NULL,
+  /* .destroy            = */ NULL,
+  /* .normuon            = */ muon__cpu_normuon,
+  /* .newton_schulz_many = */ muon__cpu_newton_schulz_many
 };
 
 MUON_API muon_compute muon_compute_cpu(void) {
@@ -3510,7 +3563,7 @@ MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, flo
   float *X;
   muon_piece_copy op;
   if (!in || !out || !hp || rows <= 0 || cols <= 0) return !hp || !in || !out ? MUON_ERR_ARG : MUON_ERR_SHAPE;
-  if (muon__check_hparams(hp, MUON_COMPUTE_VTABLE_VERSION, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
+  if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
   m = rows < cols ? rows : cols;
   n = rows < cols ? cols : rows;
   if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
@@ -3539,7 +3592,21 @@ static void muon__put_floats(unsigned char **p, const float *x, size_t n) {
   for (i = 0; i < n; i++) { uint32_t u; memcpy(&u, &x[i], 4); muon__put32(p, u); }
 }
 static void muon__put_float(unsigned char **p, float x) { muon__put_floats(p, &x, 1); }
+/* A group's hyperparameters in a blob (and the digests) are a length-prefixed record: u32 bytes,
+   then the fields in the order they were added to muon.h. A reader defaults the fields a record
+   lacks (an older blob) and skips the bytes it does not know (a newer one). A new field costs its
+   default, one line at the end of the writer and one at the end of the reader (sizes follow from
+   the writer); tests/run_state_grow.sh does exactly that in a scratch copy of this header. A
+   setting ranks must share also goes into muon__settings. */
+#define MUON__GROUP_HEAD 28u                        /* lr .. ns_steps, before the triples */
+#define MUON__GROUP_MAX (4u * (64u + 3u * MUON_NS_MAX_STEPS))   /* room for 64 fields and the triples */
+static unsigned char *muon__record_begin(unsigned char **p) { unsigned char *at = *p; *p += 4; return at; }
+static void muon__record_end(unsigned char **p, unsigned char *at) {
+  unsigned char *q = at;
+  muon__put32(&q, (uint32_t)(*p - at - 4));
+}
 static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
+  unsigned char *at = muon__record_begin(p);
   int k;
   muon__put_float(p, hp->lr); muon__put_float(p, hp->weight_decay); muon__put_float(p, hp->momentum);
   muon__put32(p, (uint32_t)hp->nesterov); muon__put32(p, (uint32_t)hp->momentum_style);
@@ -3550,6 +3617,7 @@ static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
   muon__put32(p, (uint32_t)hp->cautious_wd);
   muon__put32(p, (uint32_t)hp->ns_algorithm); muon__put32(p, (uint32_t)hp->ns_restarts);
   muon__put32(p, (uint32_t)hp->normuon); muon__put_float(p, hp->normuon_beta2);
+  muon__record_end(p, at);
 }
 static uint32_t muon__get32(const unsigned char **p) {
   uint32_t v = 0;
@@ -3572,29 +3640,62 @@ static void muon__get_floats(const unsigned char **p, float *x, size_t n) {
 static float muon__get_float(const unsigned char **p) { float x; muon__get_floats(p, &x, 1); return x; }
 /* An AdamW group on the wire: the state blob and the agreement digest. */
 static void muon__put_adamw_hparams(unsigned char **p, const muon_adamw_hparams *a) {
+  unsigned char *at = muon__record_begin(p);
   muon__put_float(p, a->lr); muon__put_float(p, a->beta1); muon__put_float(p, a->beta2);
   muon__put_float(p, a->eps); muon__put_float(p, a->weight_decay); muon__put32(p, (uint32_t)a->cautious_wd);
+  muon__record_end(p, at);
 }
-static void muon__get_adamw_hparams(const unsigned char **p, muon_adamw_hparams *a, uint32_t version) {
-  a->lr = muon__get_float(p); a->beta1 = muon__get_float(p); a->beta2 = muon__get_float(p);
-  a->eps = muon__get_float(p); a->weight_decay = muon__get_float(p);
-  a->cautious_wd = version >= 3 ? (int)muon__get32(p) : 0;
+
+/* Reading a record: a field past its end keeps the default given. */
+typedef struct muon__record_in { const unsigned char *p, *end; } muon__record_in;
+static muon__record_in muon__record_open(const unsigned char **p) {
+  muon__record_in r;
+  uint32_t bytes = muon__get32(p);
+  r.p = *p;
+  r.end = *p + bytes;
+  *p = r.end;
+  return r;
 }
-/* Reads a group written by muon__put_hparams; the ns_steps field decides how much follows, so a
-   wrong value is caught by the caller's length check before this runs. */
-static void muon__get_hparams(const unsigned char **p, muon_hparams *hp, uint32_t version) {
+static uint32_t muon__record_u32(muon__record_in *r, uint32_t dflt) { return r->end - r->p >= 4 ? muon__get32(&r->p) : dflt; }
+static float muon__record_float(muon__record_in *r, float dflt) {
+  uint32_t u;
+  float x;
+  memcpy(&u, &dflt, 4);
+  u = muon__record_u32(r, u);
+  memcpy(&x, &u, 4);
+  return x;
+}
+static void muon__get_adamw_hparams(const unsigned char **p, muon_adamw_hparams *a) {
+  muon__record_in r = muon__record_open(p);
+  muon_adamw_hparams d = muon_default_adamw_hparams();
+  a->lr = muon__record_float(&r, d.lr); a->beta1 = muon__record_float(&r, d.beta1);
+  a->beta2 = muon__record_float(&r, d.beta2); a->eps = muon__record_float(&r, d.eps);
+  a->weight_decay = muon__record_float(&r, d.weight_decay);
+  a->cautious_wd = (int)muon__record_u32(&r, (uint32_t)d.cautious_wd);
+}
+/* Reads a group written by muon__put_hparams. The blob's parser has checked that the record holds
+   at least the fields up to the ns_steps triples (MUON__GROUP_HEAD), with ns_steps in range. */
+static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
+  muon__record_in r = muon__record_open(p);
+  muon_hparams d = muon_default_hparams();
   int k;
-  hp->lr = muon__get_float(p); hp->weight_decay = muon__get_float(p); hp->momentum = muon__get_float(p);
-  hp->nesterov = (int)muon__get32(p); hp->momentum_style = (muon_momentum_style)muon__get32(p);
-  hp->adjust_lr = (muon_adjust_lr)muon__get32(p); hp->ns_steps = (int)muon__get32(p);
-  for (k = 0; k < hp->ns_steps && k < MUON_NS_MAX_STEPS; k++) muon__get_floats(p, hp->ns_coefficients[k], 3);
-  hp->eps = muon__get_float(p); hp->precision = (muon_precision)muon__get32(p);
-  hp->gemm = (muon_gemm)muon__get32(p); hp->symmetric = (int)muon__get32(p);
-  hp->cautious_wd = version >= 3 ? (int)muon__get32(p) : 0;
-  hp->ns_algorithm = version >= 3 ? (muon_ns_algorithm)muon__get32(p) : MUON_NS_STANDARD;
-  hp->ns_restarts = version >= 3 ? muon__get32(p) : 1u << 2;
-  hp->normuon = version >= 4 ? (muon_normuon)muon__get32(p) : MUON_NORMUON_OFF;
-  hp->normuon_beta2 = version >= 4 ? muon__get_float(p) : 0.95f;
+  hp->lr = muon__record_float(&r, d.lr); hp->weight_decay = muon__record_float(&r, d.weight_decay);
+  hp->momentum = muon__record_float(&r, d.momentum); hp->nesterov = (int)muon__record_u32(&r, (uint32_t)d.nesterov);
+  hp->momentum_style = (muon_momentum_style)muon__record_u32(&r, (uint32_t)d.momentum_style);
+  hp->adjust_lr = (muon_adjust_lr)muon__record_u32(&r, (uint32_t)d.adjust_lr);
+  hp->ns_steps = (int)muon__record_u32(&r, (uint32_t)d.ns_steps);
+  for (k = 0; k < hp->ns_steps && k < MUON_NS_MAX_STEPS; k++) {
+    hp->ns_coefficients[k][0] = muon__record_float(&r, d.ns_coefficients[k][0]);
+    hp->ns_coefficients[k][1] = muon__record_float(&r, d.ns_coefficients[k][1]);
+    hp->ns_coefficients[k][2] = muon__record_float(&r, d.ns_coefficients[k][2]);
+  }
+  hp->eps = muon__record_float(&r, d.eps); hp->precision = (muon_precision)muon__record_u32(&r, (uint32_t)d.precision);
+  hp->gemm = (muon_gemm)muon__record_u32(&r, (uint32_t)d.gemm); hp->symmetric = (int)muon__record_u32(&r, (uint32_t)d.symmetric);
+  hp->cautious_wd = (int)muon__record_u32(&r, (uint32_t)d.cautious_wd);
+  hp->ns_algorithm = (muon_ns_algorithm)muon__record_u32(&r, (uint32_t)d.ns_algorithm);
+  hp->ns_restarts = muon__record_u32(&r, d.ns_restarts);
+  hp->normuon = (muon_normuon)muon__record_u32(&r, (uint32_t)d.normuon);
+  hp->normuon_beta2 = muon__record_float(&r, d.normuon_beta2);
 }
 /* ---------------------------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. */
@@ -3619,17 +3720,17 @@ static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *
 /* async's two ways: a communicator with a queue of its own (alltoallv_start / join) runs the
    exchanges there; a host communicator's blocking calls get the communication thread. Any other
    device communicator only queues them on its stream, which overlaps nothing. */
-static int muon__side_vtable(const muon_comm_vtable *vt) { return vt->version >= 4 && vt->alltoallv_start; }
+static int muon__side_vtable(const muon_comm_vtable *vt) { return MUON__SLOT(vt, 1, alltoallv_start) != NULL; }
 static int muon__side_comm(const muon_optimizer *opt) { return opt->comm.size > 1 && muon__side_vtable(opt->comm.vt); }
 static int muon__async_comm(const muon_optimizer *opt) {
-  return opt->comm.size > 1 && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST) && !muon__side_comm(opt);
+  return opt->comm.size > 1 && opt->comm.vt->memory == MUON_MEMORY_HOST && !muon__side_comm(opt);
 }
 
 /* An alltoallv's counters: one collective, the floats to and from the other ranks. */
 static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
   int P = opt->comm.size, me = opt->comm.rank, p;
   opt->stats.collectives++;
-  if (opt->comm.vt->version >= 3 && opt->comm.vt->wait) opt->comm_queued = 1;
+  if (MUON__SLOT(opt->comm.vt, 1, wait)) opt->comm_queued = 1;
   for (p = 0; p < P; p++)
     if (p != me) {
       opt->stats.bytes_sent += (long long)(counts[p] * sizeof(float));
@@ -4111,7 +4212,7 @@ static muon_status muon__alloc_xfers(muon_optimizer *opt) {
 
 /* Whether the compute backend takes a round's operands of several shapes in one call. */
 static int muon__ns_many(const muon_optimizer *opt) {
-  return opt->compute.vt->version >= 5 && opt->compute.vt->newton_schulz_many;
+  return MUON__SLOT(opt->compute.vt, 1, newton_schulz_many) != NULL;
 }
 
 /* Per round: the owned matrices in batch order (a stable insertion sort by operand shape and NS
@@ -4311,7 +4412,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     opt->matrices[i].stash = pl->stash_floats;
     pl->stash_floats += opt->matrices[i].size;
   }
-  pl->stage = opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST) &&
+  pl->stage = opt->device && opt->comm.vt->memory == MUON_MEMORY_HOST &&
               (pl->send_floats || pl->recv_floats);
   pl->wire_bf16 = muon__wire_bf16(opt) && (pl->send_floats || pl->recv_floats);
   pl->stash = (float *)muon__dev_alloc(opt, pl->stash_floats * sizeof(float));
@@ -4505,7 +4606,7 @@ static int muon__normuon_counts(muon_optimizer *opt, const muon__entry *all, int
 /* The buffers of that exchange, in the communicator's memory: allocated before the plans are
    compared, so that a rank short of memory fails with all the others. */
 static int muon__normuon_staged(const muon_optimizer *opt) {
-  return opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST);
+  return opt->device && opt->comm.vt->memory == MUON_MEMORY_HOST;
 }
 
 static muon_status muon__normuon_buffers(muon_optimizer *opt, float **send, float **recv) {
@@ -4678,7 +4779,7 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
       int t = pl->aw_order[k]; pl->aw_order[k] = pl->aw_order[k - 1]; pl->aw_order[k - 1] = t;
     }
   pl->aw_floats = need;
-  if (opt->device && (opt->comm.vt->version < 2 || opt->comm.vt->memory == MUON_MEMORY_HOST)) pl->stage = 1;
+  if (opt->device && opt->comm.vt->memory == MUON_MEMORY_HOST) pl->stage = 1;
   pl->aw.send = (float *)muon__dev_alloc(opt, need * sizeof(float));
   pl->aw.recv = (float *)muon__dev_alloc(opt, need * sizeof(float));
   pl->aw_reduced = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
@@ -5137,7 +5238,7 @@ static size_t muon__agree_bytes(int P) {
 
 /* This rank's settings: everything two ranks must share for their updates to be one update. */
 static void muon__settings(const muon_optimizer *opt, muon__record *r) {
-  unsigned char buf[4 * (16 + 3 * MUON_NS_MAX_STEPS)], *p;
+  unsigned char buf[MUON__GROUP_MAX], *p;
   uint64_t all = MUON__FNV_START;
   int g;
   r->n_groups = (uint32_t)opt->n_groups;
@@ -6344,26 +6445,28 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 
 /* ---------------------------------------------------------------------------------------------
    State blob, little-endian:
-     "MUONSTAT" | u32 version | u32 matrices | u32 adamw params | u32 0 | u64 steps
-     | u32 rank | u32 world size                           (version 2 on: 0 and 1 on one device)
-     u32 groups | u32 AdamW groups | per group: its muon_hparams field by field (ns_steps triples)
-     | per AdamW group: lr, beta1, beta2, eps, weight_decay      (torch keeps param_groups too)
-     per matrix:      u32 rows | u32 cols | u64 size | (3) u64 name hash | size x f32 momentum
+     "MUONSTAT" | u32 version 1 | u32 matrices | u32 adamw params | u32 0 | u64 steps
+     | u32 rank | u32 world size                                     (0 and 1 on one device)
+     u32 groups | u32 AdamW groups
+     | per group: u32 bytes | its muon_hparams (muon__put_hparams; ns_steps triples inside)
+     | per AdamW group: u32 bytes | lr, beta1, beta2, eps, weight_decay, cautious_wd
+                                                                (torch keeps param_groups too)
+     per matrix:      u32 rows | u32 cols | u64 size | u64 name hash | size x f32 momentum
                         (a Partial matrix: rows x cols on its owner, else size 0)
-                      | (2 on) the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
+                      | the piece's layout: u32 levels | u64 key | MUON_MAX_LEVELS x
                         (u32 placement, dim, size, index | u64 offset, length), unused ones 0
-                      | (4 on) u32 len | len x f32 NorMuon second moment (its owner's; else 0)
-     per AdamW param: u64 size | u64 step | (3) u64 name hash | u64 full size | u64 offset
+                      | u32 len | len x f32 NorMuon second moment (its owner's; else 0)
+     per AdamW param: u64 size | u64 step | u64 name hash | u64 full size | u64 offset
                       | size x f32 exp_avg | size x f32 exp_avg_sq
      u64 FNV-1a of everything before it
-   Versions 1 (no rank, world or layouts), 2 (no names) and 3 (no NorMuon) still load where they
-   were saved; resharding needs the names and ranges of version 3. */
-#define MUON__STATE_VERSION 4u
+   Groups are length-prefixed records, so a new hyperparameter is appended to its record without
+   a new version: an older reader skips it, a newer one defaults it. A change anywhere else bumps
+   MUON__STATE_VERSION (after muon 1.0's release: until then version 1 changes in place). */
+#define MUON__STATE_VERSION 1u
 #define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
-#define MUON__STATE_HEADER 40u                      /* version 1: 32 */
+#define MUON__STATE_HEADER 40u
 #define MUON__MATRIX_RECORD (28u + MUON__LAYOUT_RECORD)   /* besides the momentum and v */
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
-#define MUON__ADAMW_GROUP_RECORD 24u                       /* version 3; 20 before */
 
 /* The momentum a blob records: the local piece's; a Partial matrix's whole one on its owner,
    none elsewhere or while it is planning's zeros. */
@@ -6376,9 +6479,11 @@ static size_t muon__saved_momentum(const muon__matrix *x) {
 static int muon__saved_normuon_len(const muon__matrix *x) { return x->normuon && !x->normuon_fresh ? x->normuon_len : 0; }
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
-  size_t n = MUON__STATE_HEADER + 8 + 8 + MUON__ADAMW_GROUP_RECORD * (size_t)opt->n_adamw_groups;
+  size_t n = MUON__STATE_HEADER + 8 + 8;
+  unsigned char rec[MUON__GROUP_MAX], *p;
   int i;
-  for (i = 0; i < opt->n_groups; i++) n += 4 * (16 + 3 * (size_t)opt->groups[i].ns_steps);
+  for (i = 0; i < opt->n_groups; i++) { p = rec; muon__put_hparams(&p, &opt->groups[i]); n += (size_t)(p - rec); }
+  for (i = 0; i < opt->n_adamw_groups; i++) { p = rec; muon__put_adamw_hparams(&p, &opt->adamw_groups[i]); n += (size_t)(p - rec); }
   for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (muon__saved_momentum(&opt->matrices[i]) + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].state_size;
   return n;
@@ -6487,36 +6592,37 @@ typedef struct muon__blob {
 
 typedef struct muon__saved_matrix {
   uint32_t rows, cols;
-  uint64_t size, name_hash;                  /* name_hash: version 3 on, else 0 */
-  const unsigned char *momentum, *layout;    /* layout: version 2 on, else NULL */
-  uint32_t normuon_len;                      /* NorMuon's v: version 4 on, 0 if none */
+  uint64_t size, name_hash;
+  const unsigned char *momentum, *layout;
+  uint32_t normuon_len;                      /* NorMuon's v: 0 if none */
   const unsigned char *normuon;
 } muon__saved_matrix;
 
 typedef struct muon__saved_adamw {
-  uint64_t size, step, name_hash, full_size, offset;   /* before version 3: 0, size, 0 */
+  uint64_t size, step, name_hash, full_size, offset;
   const unsigned char *exp_avg, *exp_avg_sq;
 } muon__saved_adamw;
 
-static void muon__next_saved_matrix(const muon__blob *b, const unsigned char **p, muon__saved_matrix *m) {
+static void muon__next_saved_matrix(const unsigned char **p, muon__saved_matrix *m) {
   m->rows = muon__get32(p);
   m->cols = muon__get32(p);
   m->size = muon__get64(p);
-  m->name_hash = b->version >= 3 ? muon__get64(p) : 0;
+  m->name_hash = muon__get64(p);
   m->momentum = *p;
   *p += 4 * (size_t)m->size;
-  m->layout = b->version >= 2 ? *p : NULL;
-  if (m->layout) *p += MUON__LAYOUT_RECORD;
-  m->normuon_len = b->version >= 4 ? muon__get32(p) : 0;
+  m->layout = *p;
+  *p += MUON__LAYOUT_RECORD;
+  m->normuon_len = muon__get32(p);
   m->normuon = *p;
   *p += 4 * (size_t)m->normuon_len;
 }
 
-static void muon__next_saved_adamw(const muon__blob *b, const unsigned char **p, muon__saved_adamw *a) {
+static void muon__next_saved_adamw(const unsigned char **p, muon__saved_adamw *a) {
   a->size = muon__get64(p);
   a->step = muon__get64(p);
-  if (b->version >= 3) { a->name_hash = muon__get64(p); a->full_size = muon__get64(p); a->offset = muon__get64(p); }
-  else { a->name_hash = 0; a->full_size = a->size; a->offset = 0; }
+  a->name_hash = muon__get64(p);
+  a->full_size = muon__get64(p);
+  a->offset = muon__get64(p);
   a->exp_avg = *p;
   a->exp_avg_sq = *p + 4 * (size_t)a->size;
   *p += 8 * (size_t)a->size;
@@ -6524,66 +6630,70 @@ static void muon__next_saved_adamw(const muon__blob *b, const unsigned char **p,
 
 static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t size, muon__blob *b, const char *op) {
   const unsigned char *base = (const unsigned char *)buf, *p = base, *end, *q;
-  size_t hdr, mrec, arec, gfields, agrec;
-  uint32_t i;
+  const size_t mrec = MUON__MATRIX_RECORD, arec = MUON__ADAMW_RECORD;
+  uint32_t i, j = 0;
   memset(b, 0, sizeof *b);
-  if (size < 32 + 8 || memcmp(p, "MUONSTAT", 8) != 0)
+  if (size < 12 || memcmp(p, "MUONSTAT", 8) != 0)
     return muon__fail(opt, MUON_ERR_STATE, "%s: not a muon state (%zu bytes, bad magic or truncated header)", op, size);
   p += 8;
   b->version = muon__get32(&p);
-  if (b->version < 1 || b->version > MUON__STATE_VERSION)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads versions 1 to %u", op, b->version, MUON__STATE_VERSION);
-  hdr = b->version == 1 ? 32 : MUON__STATE_HEADER;
-  gfields = b->version >= 4 ? 16 : b->version >= 3 ? 14 : 11;   /* u32 fields of a group besides its triples */
-  agrec = b->version >= 3 ? MUON__ADAMW_GROUP_RECORD : 20;
-  if (size < hdr + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
+  if (b->version != MUON__STATE_VERSION)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads version %u", op, b->version, MUON__STATE_VERSION);
+  if (size < MUON__STATE_HEADER + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
   b->n_matrices = muon__get32(&p);
   b->n_adamw = muon__get32(&p);
   if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "%s: reserved header field is not 0", op);
   b->steps = muon__get64(&p);
-  b->world = 1;
-  if (b->version >= 2) { b->rank = muon__get32(&p); b->world = muon__get32(&p); }
+  b->rank = muon__get32(&p);
+  b->world = muon__get32(&p);
   if (b->steps > MUON__STATE_MAX_STEP) return muon__fail(opt, MUON_ERR_STATE, "%s: step count %llu is not plausible", op, (unsigned long long)b->steps);
   end = base + size - 8;
   q = end;
   if (muon__get64(&q) != muon__fnv1a(base, size - 8))
     return muon__fail(opt, MUON_ERR_STATE, "%s: checksum mismatch: the state is truncated or corrupted", op);
   if (b->world < 1 || b->rank >= b->world) return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u of a world of %u is not plausible", op, b->rank, b->world);
-  /* A valid checksum can still frame impossible records (a hand-made blob): walk them all. */
+  /* A valid checksum can still frame impossible records (a hand-made blob): walk them all. A
+     group record holds at least its head and the ns_steps triples; an AdamW group's may be any
+     length (fields it lacks are defaulted). */
   b->n_groups = muon__get32(&p);
   b->n_adamw_groups = muon__get32(&p);
   b->groups = p;
   for (i = 0; i < b->n_groups; i++) {
-    uint32_t k;
-    q = p + 24;
-    if ((size_t)(end - p) < 28) break;
+    uint32_t bytes, k;
+    if ((size_t)(end - p) < 4 + MUON__GROUP_HEAD) break;
+    q = p;
+    bytes = muon__get32(&q);
+    q = p + 4 + 24;
     k = muon__get32(&q);
-    if (k < 1 || k > MUON_NS_MAX_STEPS || (size_t)(end - p) < 4 * (gfields + 3 * (size_t)k)) break;
-    p += 4 * (gfields + 3 * (size_t)k);
+    if (bytes > (size_t)(end - p) - 4 || k < 1 || k > MUON_NS_MAX_STEPS || bytes < MUON__GROUP_HEAD + 12 * k) break;
+    p += 4 + (size_t)bytes;
   }
-  if (i < b->n_groups || (size_t)(end - p) / agrec < b->n_adamw_groups)
+  for (j = 0; i == b->n_groups && j < b->n_adamw_groups; j++) {
+    uint32_t bytes;
+    if ((size_t)(end - p) < 4) break;
+    q = p;
+    bytes = muon__get32(&q);
+    if (bytes > (size_t)(end - p) - 4) break;
+    p += 4 + (size_t)bytes;
+  }
+  if (i < b->n_groups || j < b->n_adamw_groups)
     return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside its groups (truncated, or a group has more than MUON_NS_MAX_STEPS = %d steps)", op, size, MUON_NS_MAX_STEPS);
-  p += agrec * (size_t)b->n_adamw_groups;
   b->matrices = p;
-  mrec = 16 + (b->version >= 3 ? 8 : 0) + (b->version >= 2 ? MUON__LAYOUT_RECORD : 0) + (b->version >= 4 ? 4 : 0);
   for (i = 0; i < b->n_matrices; i++) {
     uint64_t n;
-    uint32_t v = 0;
+    uint32_t v;
     if ((size_t)(end - p) < mrec) break;
     q = p + 8;
     n = muon__get64(&q);
     if (n > ((size_t)(end - p) - mrec) / 4) break;
     p += mrec + 4 * (size_t)n;
-    if (b->version >= 4) {   /* v's length is the record's last u32 before v */
-      q = p - 4;
-      v = muon__get32(&q);
-      if (v > (size_t)(end - p) / 4) break;
-      p += 4 * (size_t)v;
-    }
+    q = p - 4;   /* v's length is the record's last u32 before v */
+    v = muon__get32(&q);
+    if (v > (size_t)(end - p) / 4) break;
+    p += 4 * (size_t)v;
   }
   if (i < b->n_matrices) return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside matrix %u's record (truncated, or shapes differ)", op, size, i);
   b->adamw = p;
-  arec = 16 + (b->version >= 3 ? 24 : 0);
   for (i = 0; i < b->n_adamw; i++) {
     uint64_t n;
     if ((size_t)(end - p) < arec) break;
@@ -6606,13 +6716,13 @@ static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, m
     return muon__fail(opt, MUON_ERR_STATE, "%s: state has %u groups and %u AdamW groups, the optimizer %d and %d", op, b->n_groups, b->n_adamw_groups, opt->n_groups, opt->n_adamw_groups);
   for (i = 0; i < b->n_groups; i++) {
     groups[i] = opt->groups[i];   /* coefficients past ns_steps are not saved: keep ours */
-    muon__get_hparams(&p, &groups[i], b->version);
-    if (muon__check_hparams(&groups[i], opt->compute.vt->version, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
+    muon__get_hparams(&p, &groups[i]);
+    if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
   }
   for (i = 0; i < b->n_adamw_groups; i++) {
     muon_adamw_hparams *a = &adamw_groups[i];
-    muon__get_adamw_hparams(&p, a, b->version);
-    if (muon__check_adamw_hparams(a, opt->compute.vt->version, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
+    muon__get_adamw_hparams(&p, a);
+    if (muon__check_adamw_hparams(a, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
   }
   return MUON_OK;
 }
@@ -6629,7 +6739,7 @@ static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams 
 static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups, uint64_t steps, const char *op) {
   int i;
   for (i = 0; i < opt->n_groups; i++) {
-    unsigned char x[4 * (16 + 3 * MUON_NS_MAX_STEPS)], y[sizeof x], *px = x, *py = y;
+    unsigned char x[MUON__GROUP_MAX], y[sizeof x], *px = x, *py = y;
     if (muon__ns_hash(&groups[i]) != muon__ns_hash(&opt->groups[i])) opt->plan.ready = 0;
     muon__put_hparams(&px, &opt->groups[i]);
     muon__put_hparams(&py, &groups[i]);
@@ -6675,7 +6785,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d", b.n_matrices, b.n_adamw, opt->n_matrices, opt->n_adamw);
   rank = (uint32_t)(opt->distributed ? opt->comm.rank : 0);
   world = (uint32_t)(opt->distributed ? opt->comm.size : 1);
-  if (b.version >= 2 && (b.rank != rank || b.world != world))
+  if (b.rank != rank || b.world != world)
     return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: this state was saved by rank %u of %u, this optimizer is rank %u of %u: "
                       "every rank loads the file it saved, or muon_state_reshard_files reads all of them",
                       b.rank, b.world, rank, world);
@@ -6691,7 +6801,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     for (i = 0; i < opt->n_matrices; i++) {
       muon__matrix *x = &opt->matrices[i];
       muon__saved_matrix m;
-      muon__next_saved_matrix(&b, &p, &m);
+      muon__next_saved_matrix(&p, &m);
       if (pass && x->parts > 1) {   /* the owner that saved it stays the owner: the next step re-plans */
         if (m.size) { st = muon__get_state(opt, m.momentum, x->momentum, (size_t)m.size, tmp); x->momentum_fresh = 0; }
         else if (x->momentum) muon__partial_drop(opt, x);
@@ -6712,7 +6822,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
                         m.rows, m.cols, (unsigned long long)m.size);
         goto done;
       }
-      if (b.version >= 3 && m.name_hash != (uint64_t)x->name_hash) {
+      if (m.name_hash != (uint64_t)x->name_hash) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d is '%s' here, the state's matrix %d has another name (another model, or matrices registered in another order)", i, x->name, i);
         goto done;
       }
@@ -6743,7 +6853,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     for (i = 0; i < opt->n_adamw; i++) {
       muon__adamw *a = &opt->adamw[i];
       muon__saved_adamw s;
-      muon__next_saved_adamw(&b, &p, &s);
+      muon__next_saved_adamw(&p, &s);
       if (pass) {
         a->step = (long long)s.step;
         if ((st = muon__get_state(opt, s.exp_avg, a->exp_avg, a->state_size, tmp)) != MUON_OK ||
@@ -6758,7 +6868,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->state_size, (unsigned long long)s.size);
         goto done;
       }
-      if (b.version >= 3 && s.name_hash != (uint64_t)a->name_hash) {
+      if (s.name_hash != (uint64_t)a->name_hash) {
         st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d is '%s' here, the state's param %d has another name (another model, or params registered in another order)", i, a->name, i);
         goto done;
       }
@@ -6985,8 +7095,6 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
   int i;
   muon_status st;
   if ((st = muon__blob_parse(opt, buf, size, &b, op)) != MUON_OK) return st;
-  if (b.version < 3)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: a version-%u state (saved before muon.h recorded names) cannot be resharded: load it where it was saved (muon_state_load) and save it again", op, b.version);
   if (b.world != (uint32_t)R->n)
     return muon__fail(opt, MUON_ERR_STATE, "%s: saved by rank %u of %u, but %d blobs were given: pass one per rank of the saving world", op, b.rank, b.world, R->n);
   if (R->seen[b.rank]) return muon__fail(opt, MUON_ERR_STATE, "%s: a second blob of rank %u", op, b.rank);
@@ -7007,7 +7115,7 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
   for (j = 0; j < b.n_matrices; j++) {
     muon__saved_matrix m;
     muon_layout lay;
-    muon__next_saved_matrix(&b, &p, &m);
+    muon__next_saved_matrix(&p, &m);
     muon__get_layout(m.layout, &lay);
     for (i = 0; i < opt->n_matrices; i++) {
       muon__matrix *x = &opt->matrices[i];
@@ -7049,7 +7157,7 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
   p = b.adamw;
   for (j = 0; j < b.n_adamw; j++) {
     muon__saved_adamw s;
-    muon__next_saved_adamw(&b, &p, &s);
+    muon__next_saved_adamw(&p, &s);
     for (i = 0; i < opt->n_adamw; i++) {
       muon__adamw *a = &opt->adamw[i];
       size_t at = R->at[opt->n_matrices + i] - R->at[opt->n_matrices];

@@ -58,7 +58,7 @@
          picks its kernel (split-K included) from the shape AND the batch count, and documents
          no promise that batch 1 and batch 3 sum alike. tests/test_cuda_slots.c checks it; run
          it on each GPU model (`make test-gpu`).
-       - NorMuon (the normuon slot, vtable version 4) is three kernels, each sum a thread's own
+       - NorMuon (the normuon slot) is three kernels, each sum a thread's own
          loop in muon.h's order (sums in double): the CPU backend's bits, and the same bits run to
          run and batch to batch. Between kernels it keeps one double of its own device memory
          (allocated at create), so the slot needs no workspace and never allocates.
@@ -1242,26 +1242,26 @@ static void muon_cuda__destroy(void *ctx) {
 
 static const muon_compute_vtable muon_cuda__vtable = {
   MUON_COMPUTE_VTABLE_VERSION,
-  MUON_MEMORY_DEVICE,
-  muon_cuda__alloc,
-  muon_cuda__free,
-  muon_cuda__alloc_host,
-  muon_cuda__free_host,
-  muon_cuda__copy,
-  muon_cuda__zero,
-  muon_cuda__pack,
-  muon_cuda__momentum,
-  muon_cuda__ns_workspace,
-  muon_cuda__newton_schulz,
-  muon_cuda__apply,
-  muon_cuda__adamw,
-  muon_cuda__nonfinite,
-  muon_cuda__cast,
-  muon_cuda__sync,
-  muon_cuda__error,
-  muon_cuda__destroy,
-  muon_cuda__normuon,
-  NULL /* newton_schulz_many: one batched call per shape is what cuBLAS wants */
+  /* .memory             = */ MUON_MEMORY_DEVICE,
+  /* .alloc              = */ muon_cuda__alloc,
+  /* .free               = */ muon_cuda__free,
+  /* .alloc_host         = */ muon_cuda__alloc_host,
+  /* .free_host          = */ muon_cuda__free_host,
+  /* .copy               = */ muon_cuda__copy,
+  /* .zero               = */ muon_cuda__zero,
+  /* .pack               = */ muon_cuda__pack,
+  /* .momentum           = */ muon_cuda__momentum,
+  /* .ns_workspace       = */ muon_cuda__ns_workspace,
+  /* .newton_schulz      = */ muon_cuda__newton_schulz,
+  /* .apply              = */ muon_cuda__apply,
+  /* .adamw              = */ muon_cuda__adamw,
+  /* .nonfinite          = */ muon_cuda__nonfinite,
+  /* .cast               = */ muon_cuda__cast,
+  /* .sync               = */ muon_cuda__sync,
+  /* .error              = */ muon_cuda__error,
+  /* .destroy            = */ muon_cuda__destroy,
+  /* .normuon            = */ muon_cuda__normuon,
+  /* .newton_schulz_many = */ NULL /* one batched call per shape is what cuBLAS wants */
 };
 
 MUON_API muon_cuda_desc muon_cuda_default_desc(void) {

@@ -52,7 +52,7 @@
        the same order. alltoallv counts must agree pairwise (what r sends to p is what p expects
        from r). Each call uses its own Gloo slot, so a message can never be matched by a later
        call. Data to oneself is copied locally. A communicator is used by one thread at a time.
-       alltoallv_start / join (vtable version 4): start posts the exchange's sends and receives
+       alltoallv_start / join: start posts the exchange's sends and receives
        and returns a ticket; join waits for it, within the timeout counted from the start. Up to
        64 are in flight at once, joined in any order, interleaved with the other slots; the
        caller leaves their buffers alone until join. muon.h uses them for
@@ -574,7 +574,7 @@ static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size
   return st != MUON_OK ? st : muon_gloo__wait(c, x);
 }
 
-/* Overlap without a thread (vtable version 4): the exchange is posted and left in flight under a
+/* Overlap without a thread: the exchange is posted and left in flight under a
    ticket; join waits for it. Host memory: the caller leaves both buffers alone until join. */
 static muon_status muon_gloo__alltoallv_start(void *ctx, const float *send,
                                               const size_t *send_counts,
@@ -641,24 +641,6 @@ static muon_status muon_gloo__allgather(void *ctx, const void *send, void *recv,
   }
 }
 
-/* One byte to and from every peer: nobody leaves before everybody arrived. */
-static muon_status muon_gloo__barrier(void *ctx) {
-  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
-  if (!c) return MUON_ERR_ARG;
-  if (c->broken) return c->broken;
-  try {
-    const size_t n = (size_t)c->size;
-    std::vector<char> out(n, 1), in(n, 0);
-    std::vector<size_t> off(n), len(n, 1);
-    for (size_t p = 0; p < n; p++) off[p] = p;
-    return muon_gloo__exchange_now(c, "barrier", out.data(), off.data(), len.data(), in.data(),
-                                   off.data(), len.data());
-  } catch (...) {
-    return muon_gloo__fail(c, MUON_ERR_NOMEM, "muon_gloo barrier: " +
-                                                  muon_gloo__what(std::current_exception()));
-  }
-}
-
 static const char *muon_gloo__error(void *ctx) {
   muon_gloo__comm *c = (muon_gloo__comm *)ctx;
   return c ? c->error.c_str() : "";
@@ -673,14 +655,27 @@ static void muon_gloo__destroy(void *ctx) {
 }
 
 static const muon_comm_vtable muon_gloo__vtable = {
-    MUON_COMM_VTABLE_VERSION, muon_gloo__alltoallv, muon_gloo__allgather,        muon_gloo__barrier,
-    muon_gloo__error,         muon_gloo__destroy,   MUON_MEMORY_HOST,            NULL,
-    muon_gloo__alltoallv_start, muon_gloo__join};
+    MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv       = */ muon_gloo__alltoallv,
+    /* .allgather       = */ muon_gloo__allgather,
+    /* .error           = */ muon_gloo__error,
+    /* .destroy         = */ muon_gloo__destroy,
+    /* .memory          = */ MUON_MEMORY_HOST,
+    /* .wait            = */ NULL,
+    /* .alltoallv_start = */ muon_gloo__alltoallv_start,
+    /* .join            = */ muon_gloo__join};
 
 /* muon_gloo_desc.blocking: without the start / join pair. */
 static const muon_comm_vtable muon_gloo__vtable_blocking = {
-    MUON_COMM_VTABLE_VERSION, muon_gloo__alltoallv, muon_gloo__allgather, muon_gloo__barrier,
-    muon_gloo__error,         muon_gloo__destroy,  MUON_MEMORY_HOST,   NULL, NULL, NULL};
+    MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv       = */ muon_gloo__alltoallv,
+    /* .allgather       = */ muon_gloo__allgather,
+    /* .error           = */ muon_gloo__error,
+    /* .destroy         = */ muon_gloo__destroy,
+    /* .memory          = */ MUON_MEMORY_HOST,
+    /* .wait            = */ NULL,
+    /* .alltoallv_start = */ NULL,
+    /* .join            = */ NULL};
 
 /* ---- creation ----------------------------------------------------------------------------- */
 

@@ -444,8 +444,15 @@ static void muon_nccl__destroy(void *ctx) {
 }
 
 static const muon_comm_vtable muon_nccl__vtable = {
-  MUON_COMM_VTABLE_VERSION, muon_nccl__alltoallv, muon_nccl__allgather, NULL, muon_nccl__error,
-  muon_nccl__destroy, MUON_MEMORY_DEVICE, muon_nccl__wait, muon_nccl__alltoallv_start, muon_nccl__join
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ muon_nccl__alltoallv,
+  /* .allgather       = */ muon_nccl__allgather,
+  /* .error           = */ muon_nccl__error,
+  /* .destroy         = */ muon_nccl__destroy,
+  /* .memory          = */ MUON_MEMORY_DEVICE,
+  /* .wait            = */ muon_nccl__wait,
+  /* .alltoallv_start = */ muon_nccl__alltoallv_start,
+  /* .join            = */ muon_nccl__join
 };
 
 /* ---- creation ------------------------------------------------------------------------------ */

@@ -695,9 +695,28 @@ static muon_status flaky_join(void *ctx, int ticket) {
   flaky *f = (flaky *)ctx;
   return f->inner.vt->join(f->inner.ctx, ticket);
 }
-static const muon_comm_vtable flaky_vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL };
-static const muon_comm_vtable flaky_side_vt = { MUON_COMM_VTABLE_VERSION, flaky_alltoallv, flaky_allgather, NULL, flaky_error, NULL, MUON_MEMORY_HOST, NULL,
-                                                flaky_start, flaky_join };
+static const muon_comm_vtable flaky_vt = {
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ flaky_alltoallv,
+  /* .allgather       = */ flaky_allgather,
+  /* .error           = */ flaky_error,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ NULL,
+  /* .join            = */ NULL
+};
+static const muon_comm_vtable flaky_side_vt = {
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ flaky_alltoallv,
+  /* .allgather       = */ flaky_allgather,
+  /* .error           = */ flaky_error,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ flaky_start,
+  /* .join            = */ flaky_join
+};
 
 static void test_overlap_failure(void) {
   flaky fl;
@@ -782,10 +801,29 @@ static muon_status fault_join(void *ctx, int ticket) {
   fault_comm *f = (fault_comm *)ctx;
   return f->inner.vt->join(f->inner.ctx, ticket);
 }
-static const muon_comm_vtable fault_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL };
+static const muon_comm_vtable fault_vt = {
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ fault_alltoallv,
+  /* .allgather       = */ fault_allgather,
+  /* .error           = */ fault_error,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ NULL,
+  /* .join            = */ NULL
+};
 /* Over Gloo's start / join: with async the exchanges are posted and in flight when the victim goes. */
-static const muon_comm_vtable fault_side_vt = { MUON_COMM_VTABLE_VERSION, fault_alltoallv, fault_allgather, NULL, fault_error, NULL, MUON_MEMORY_HOST, NULL,
-                                                fault_start, fault_join };
+static const muon_comm_vtable fault_side_vt = {
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ fault_alltoallv,
+  /* .allgather       = */ fault_allgather,
+  /* .error           = */ fault_error,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ fault_start,
+  /* .join            = */ fault_join
+};
 
 static int fault_overlap;   /* --fault MODE N overlap: prefetch 2, async, a round per matrix */
 

@@ -101,9 +101,9 @@ static muon_status fb_normuon(void *c, float *X, int m, int n, int pc, const flo
 }
 static const char *fb_error(void *c) { return ((fb_ctx *)c)->text; }
 
-/* Every slot of vtable version 5 is wrapped below (newton_schulz_many counted as newton_schulz);
+/* Every slot of vtable version 1 is wrapped below (newton_schulz_many counted as newton_schulz);
    a new slot must be wrapped (and counted) too, or the CPU's would be handed this wrapper's ctx. */
-typedef char fb_wraps_every_slot[MUON_COMPUTE_VTABLE_VERSION == 5 ? 1 : -1];
+typedef char fb_wraps_every_slot[MUON_COMPUTE_VTABLE_VERSION == 1 ? 1 : -1];
 
 static muon_compute fb_init(fb_ctx *f, int device) {
   muon_compute c;

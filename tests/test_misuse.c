@@ -375,7 +375,7 @@ static void test_bad_desc(void) {
   muon_compute_vtable cv;
   int i;
   TEST_CASE("muon_create: a communicator or compute backend that cannot work is MUON_ERR_ARG naming the field; *opt is NULL");
-  for (i = 0; i < 13; i++) {
+  for (i = 0; i < 15; i++) {
     muon_desc d = muon_default_desc();
     muon_optimizer *o = (muon_optimizer *)&d;   /* must become NULL */
     const char *needle = "";
@@ -396,6 +396,8 @@ static void test_bad_desc(void) {
     case 9: d.compute = &k; cv.alloc_host = cv.alloc; cv.free_host = NULL; needle = "alloc_host and free_host"; break;
     case 10: d.compute = &k; cv.memory = 7; needle = "muon_desc.compute->vt->memory"; break;
     case 11: vt.join = self_join; needle = "alltoallv_start and join"; break;
+    case 12: vt.memory = 5; needle = "muon_desc.comm->vt->memory"; break;
+    case 13: vt.version = MUON_COMM_VTABLE_VERSION + 1; needle = "comm->vt->version is 2, this muon.h takes 1 to 1"; break;
     default: d.compute = &k; cv.version = 0; needle = "muon_desc.compute->vt->version"; break;
     }
     d.logger.func = log_errors;
@@ -404,18 +406,6 @@ static void test_bad_desc(void) {
     CHECK(st == MUON_ERR_ARG && o == NULL && HAS(muon_error(NULL), needle) && HAS(logged, needle),
           "case %d: %s, '%s' (want '%s')", i, muon_status_string(st), muon_error(NULL), needle);
     if (st == MUON_OK) muon_destroy(o);
-  }
-  {
-    muon_desc d = muon_default_desc();
-    muon_optimizer *o = NULL;
-    vt = *self.vt;
-    vt.memory = 5;   /* a version-1 table's memory is not read: it is host memory */
-    vt.version = 1;
-    c = self;
-    c.vt = &vt;
-    d.comm = &c;
-    CHECK(muon_create(&o, &d) == MUON_OK, "a version-1 communicator (memory not read): %s", muon_error(NULL));
-    muon_destroy(o);
   }
   {   /* the dist config's wire format and prefetch depth out of range */
     static const struct { int wire, prefetch; const char *needle; } bad[3] = {
@@ -1135,12 +1125,13 @@ static void reseal(unsigned char *b, size_t n) {
   for (i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(sum >> (8 * i));
 }
 
-/* Offsets in the version-4 blob of `model` on one device (see the state format in muon.h):
-   header 40, group counts 8, the Muon group 4 * (16 + 3 * 5), the AdamW group 24; matrix w1:
+/* Offsets in the version-1 blob of `model` on one device (see the state format in muon.h):
+   header 40, group counts 8, the Muon group's record (u32 length, then 4 * (16 + 3 * 5)), the
+   AdamW group's (u32 length, then 24); matrix w1:
    rows, cols, u64 size, u64 name hash, 60 floats of momentum, the layout record (12 + 32 * 8),
    u32 NorMuon length; then w2 (96 floats); then AdamW b: u64 size, step, name hash, full size,
    offset, 8 + 8 floats of moments; the u64 checksum. */
-enum { B_GROUP = 48, B_AGROUP = B_GROUP + 124, B_MAT = B_AGROUP + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
+enum { B_GROUP = 48, B_AGROUP = B_GROUP + 4 + 124, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
        B_W2 = B_LAYOUT + 268 + 4, B_AW = B_W2 + 24 + 384 + 268 + 4, B_SIZE = B_AW + 40 + 64 + 8 };
 
 /* A copy of blob with up to three u32 fields replaced (at < 0: none), resealed. */
@@ -1162,10 +1153,13 @@ static void test_blob_records(void) {
     { 32, 3, 0, "rank 3 of a world of 1" },
     { 36, 0, 0, "world of 0" },
     { 36, 2, 0, "this state was saved by rank 0 of 2, this optimizer is rank 0 of 1" },
-    { B_GROUP, 0xbf800000u, 0, "group 0: muon_hparams.lr " },
-    { B_GROUP + 24, 0, 0, "ends inside its groups" },
-    { B_GROUP + 24, MUON_NS_MAX_STEPS + 1, 0, "ends inside its groups" },
-    { B_AGROUP + 4, 0x3f800000u, 0, "AdamW group 0: muon_adamw_hparams.beta1 " },
+    { B_GROUP + 4, 0xbf800000u, 0, "group 0: muon_hparams.lr " },
+    { B_GROUP + 4 + 24, 0, 0, "ends inside its groups" },
+    { B_GROUP + 4 + 24, MUON_NS_MAX_STEPS + 1, 0, "ends inside its groups" },
+    { B_GROUP, 0x7ffffff0u, 0, "ends inside its groups" },
+    { B_GROUP, 4 * (7 + 3 * 5) - 4, 0, "ends inside its groups" },
+    { B_AGROUP + 4 + 4, 0x3f800000u, 0, "AdamW group 0: muon_adamw_hparams.beta1 " },
+    { B_AGROUP, 0x7ffffff0u, 0, "ends inside its groups" },
     { B_MAT + 8, 1u << 30, 0, "ends inside matrix 0" },
     { B_MOM, 0x7fc00000u, 0, "momentum of matrix 0 ('w1') holds NaN" },
     { B_LAYOUT, MUON_MAX_LEVELS + 1, 0, "matrix 0 ('w1') was saved as the piece" },
@@ -1224,7 +1218,7 @@ static void test_blob_records(void) {
     static const struct { int at; uint32_t value; const char *needle; } two[] = {
       { 32, 0, "a second blob of rank 0" },
       { 24, 99, "rank 1 saved after 99 steps, another blob after 1" },
-      { B_GROUP, 0x3c23d70au, "rank 1 saved other group hyperparameters" },
+      { B_GROUP + 4, 0x3c23d70au, "rank 1 saved other group hyperparameters" },
       { B_MOM + 4, 0x3f800000u, "rank 1's momentum of matrix 'w1' differs from another saved replica's (local element 1)" },
       { B_AW + 40 + 8, 0x3f800000u, "rank 1's moments of AdamW param 'b' differ from another saved replica's (element 2)" },
       { B_AW + 8, 7, "rank 1's AdamW param 'b' has step count 7, another piece of it 1" },
@@ -1316,7 +1310,7 @@ static void test_blob_records(void) {
     blob = (unsigned char *)malloc(n);
     CHECK(muon_state_save(o, blob, n) == MUON_OK, "save");
     snap_take(o, &s);
-    b = forge(blob, n, B_GROUP + 116, MUON_NORMUON_LARGER, -1, 0, -1, 0);   /* the group's normuon field */
+    b = forge(blob, n, B_GROUP + 4 + 116, MUON_NORMUON_LARGER, -1, 0, -1, 0);   /* the group's normuon field */
     blobs[0] = b;
     sizes[0] = n;
     CHECK(muon_state_load(o, b, n) == MUON_ERR_STATE && HAS(muon_error(o), "NorMuon second moment of 6 floats for matrix 'w1' (6 x 10), its group wants 10"),

@@ -174,7 +174,15 @@ static muon_status thread_allgather(void *ctx, const void *send, void *recv, siz
 static const char *thread_error(void *ctx) { return ((rank_run *)ctx)->comm_error; }
 
 static const muon_comm_vtable thread_vtable = {
-  MUON_COMM_VTABLE_VERSION, thread_alltoallv, thread_allgather, NULL, thread_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ thread_alltoallv,
+  /* .allgather       = */ thread_allgather,
+  /* .error           = */ thread_error,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ NULL,
+  /* .join            = */ NULL
 };
 
 /* ---- reference pieces: index lists cut level by level ---------------------------------------

@@ -230,12 +230,14 @@ typedef struct fz_blob {
   uint64_t steps;
   const unsigned char *groups;     /* the group section (Muon groups, then AdamW groups)        */
   size_t groups_len;
+  int groups_canonical;            /* every group record has the length this muon.h writes       */
   fz_matrix_rec matrix[FZ_MAX_TENSORS];
   fz_adamw_rec adamw[FZ_MAX_TENSORS];
 } fz_blob;
 
-/* Reads a version-4 blob, independently of muon.h's reader. Returns 0 if it is not one (or has
-   more records than FZ_MAX_TENSORS); checks framing only, not the checksum. */
+/* Reads a version-1 blob, independently of muon.h's reader. Returns 0 if it is not one (or has
+   more records than FZ_MAX_TENSORS); checks framing only, not the checksum. Group records are
+   length-prefixed: a Muon group's holds at least 7 u32 and its ns_steps triples. */
 static FZ_MODELS_UNUSED int fz_blob_read(const unsigned char *b, size_t n, fz_blob *out) {
   size_t at = 48, end;
   uint32_t i;
@@ -250,17 +252,26 @@ static FZ_MODELS_UNUSED int fz_blob_read(const unsigned char *b, size_t n, fz_bl
   out->world = fz_get32(b + 36);
   out->n_groups = fz_get32(b + 40);
   out->n_adamw_groups = fz_get32(b + 44);
-  if (out->version != 4 || out->n_matrices > FZ_MAX_TENSORS || out->n_adamw > FZ_MAX_TENSORS || out->n_groups > 64 || out->n_adamw_groups > 64) return 0;
+  if (out->version != 1 || out->n_matrices > FZ_MAX_TENSORS || out->n_adamw > FZ_MAX_TENSORS || out->n_groups > 64 || out->n_adamw_groups > 64) return 0;
   out->groups = b + at;
-  for (i = 0; i < out->n_groups; i++) {   /* 16 u32 fields + ns_steps triples; ns_steps is the 7th */
-    uint32_t k;
-    if (end - at < 28) return 0;
-    k = fz_get32(b + at + 24);
-    if (k > 16 || end - at < 4 * (16 + 3 * (size_t)k)) return 0;
-    at += 4 * (16 + 3 * (size_t)k);
+  out->groups_canonical = 1;
+  for (i = 0; i < out->n_groups; i++) {   /* u32 length, 16 u32 fields + ns_steps triples; ns_steps is the 7th */
+    uint32_t len, k;
+    if (end - at < 32) return 0;
+    len = fz_get32(b + at);
+    k = fz_get32(b + at + 4 + 24);
+    if (k < 1 || k > 16 || len > end - at - 4 || len < 4 * (7 + 3 * (size_t)k)) return 0;
+    if (len != 4 * (16 + 3 * (size_t)k)) out->groups_canonical = 0;
+    at += 4 + (size_t)len;
   }
-  if ((end - at) / 24 < out->n_adamw_groups) return 0;
-  at += 24 * (size_t)out->n_adamw_groups;
+  for (i = 0; i < out->n_adamw_groups; i++) {
+    uint32_t len;
+    if (end - at < 4) return 0;
+    len = fz_get32(b + at);
+    if (len > end - at - 4) return 0;
+    if (len != 24) out->groups_canonical = 0;
+    at += 4 + (size_t)len;
+  }
   out->groups_len = (size_t)(b + at - out->groups);
   for (i = 0; i < out->n_matrices; i++) {
     fz_matrix_rec *m = &out->matrix[i];

@@ -18,7 +18,7 @@
    - a failed load or reshard returns MUON_ERR_STATE with a message naming it, and the optimizer
      is unchanged: muon_state_save gives the same bytes and the parameters are untouched;
    - after a successful one the state is usable: it saves, loads back, and saves the same bytes
-     again; a version-4 input loads exactly (momentum, NorMuon second moments, AdamW moments and
+     again; a version-1 input loads exactly (momentum, NorMuon second moments, AdamW moments and
      steps, layouts and groups come back bit for bit); and a muon_step with finite gradients
      either succeeds or changes nothing (all-or-nothing). Where the loaded hyperparameters are the
      model's own and every loaded float is at most 1e6 in magnitude, the step must succeed and
@@ -122,11 +122,13 @@ static int all_zero(const unsigned char *p, size_t n) {
   return 1;
 }
 
-/* A version-4 blob that loaded must come back exactly from the optimizer's own save. */
+/* A blob that loaded must come back exactly from the optimizer's own save; its group records
+   too when they have this muon.h's lengths (a shorter one gets defaults, a longer one loses the
+   fields this muon.h does not know). */
 static void loaded_exactly(fz_model *m, const fz_blob *in, const fz_blob *out) {
   uint32_t i;
   if (in->steps != out->steps) fail(m, "load then save: the step count changed", NULL);
-  if (in->groups_len != out->groups_len || memcmp(in->groups, out->groups, in->groups_len) != 0)
+  if (in->groups_canonical && (in->groups_len != out->groups_len || memcmp(in->groups, out->groups, in->groups_len) != 0))
     fail(m, "load then save: the group hyperparameters changed", NULL);
   if (in->n_matrices != out->n_matrices || in->n_adamw != out->n_adamw) fail(m, "load then save: the record counts changed", NULL);
   for (i = 0; i < in->n_matrices; i++) {

@@ -149,7 +149,15 @@ static muon_status fz_allgather(void *ctx, const void *send, void *recv, size_t 
 static const char *fz_comm_error(void *ctx) { return ((fz_link *)ctx)->error; }
 
 static const muon_comm_vtable fz_comm_vtable = {
-  MUON_COMM_VTABLE_VERSION, fz_alltoallv, fz_allgather, NULL, fz_comm_error, NULL, MUON_MEMORY_HOST, NULL, NULL, NULL
+  MUON_COMM_VTABLE_VERSION,
+  /* .alltoallv       = */ fz_alltoallv,
+  /* .allgather       = */ fz_allgather,
+  /* .error           = */ fz_comm_error,
+  /* .destroy         = */ NULL,
+  /* .memory          = */ MUON_MEMORY_HOST,
+  /* .wait            = */ NULL,
+  /* .alltoallv_start = */ NULL,
+  /* .join            = */ NULL
 };
 
 static FZ_UNUSED muon_comm fz_comm(fz_link *link, fz_world *w, int rank) {

@@ -56,71 +56,16 @@ static unsigned char *save(fz_model *m, size_t *n) {
   return buf;
 }
 
-/* ---- older formats: a version-4 blob rewritten as version 3, 2 or 1 (muon.h still loads those
-   where they were saved). Version 3 has no NorMuon fields (group: normuon, normuon_beta2; matrix:
-   v); 2 also no cautious_wd, ns_algorithm, ns_restarts (group), AdamW-group cautious_wd, names
-   and AdamW ranges; 1 also no rank, world and layouts. */
-typedef struct out { unsigned char *b; size_t n; } out;
-static void emit(out *o, const unsigned char *p, size_t n) { memcpy(o->b + o->n, p, n); o->n += n; }
-static void emit32(out *o, uint32_t v) { unsigned char b[4]; int k; for (k = 0; k < 4; k++) b[k] = (unsigned char)(v >> (8 * k)); emit(o, b, 4); }
-
-static unsigned char *downgrade(const unsigned char *b, size_t n, uint32_t version, size_t *out_n) {
-  fz_blob x;
-  out o;
-  const unsigned char *g;
-  uint32_t i;
-  uint64_t h;
-  int k;
-  if (!fz_blob_read(b, n, &x)) { fprintf(stderr, "make_seeds: a saved blob does not parse\n"); exit(1); }
-  o.b = (unsigned char *)malloc(n);
-  o.n = 0;
-  if (!o.b) exit(1);
-  emit(&o, b, 8);
-  emit32(&o, version);
-  emit(&o, b + 12, 20);                          /* counts, reserved, steps */
-  if (version >= 2) emit(&o, b + 32, 8);         /* rank, world */
-  emit(&o, b + 40, 8);                           /* group counts */
-  g = x.groups;
-  for (i = 0; i < x.n_groups; i++) {
-    size_t len = 4 * (16 + 3 * (size_t)fz_get32(g + 24));
-    emit(&o, g, len - 4 * (version >= 3 ? 2 : 5));
-    g += len;
-  }
-  for (i = 0; i < x.n_adamw_groups; i++, g += 24) emit(&o, g, version >= 3 ? 24 : 20);
-  for (i = 0; i < x.n_matrices; i++) {
-    const fz_matrix_rec *m = &x.matrix[i];
-    emit(&o, m->momentum - 24, 16);              /* rows, cols, size */
-    if (version >= 3) emit(&o, m->momentum - 8, 8);
-    emit(&o, m->momentum, 4 * (size_t)m->size);
-    if (version >= 2) emit(&o, m->layout, FZ_LAYOUT_RECORD);
-  }
-  for (i = 0; i < x.n_adamw; i++) {
-    const fz_adamw_rec *a = &x.adamw[i];
-    emit(&o, a->exp_avg - 40, version >= 3 ? 40 : 16);
-    emit(&o, a->exp_avg, 8 * (size_t)a->size);
-  }
-  h = fz_fnv1a(o.b, o.n);
-  for (k = 0; k < 8; k++) o.b[o.n++] = (unsigned char)(h >> (8 * k));
-  *out_n = o.n;
-  return o.b;
-}
-
-/* Model `id` after `steps` steps, as version 4 and each older version listed in `older`. */
-static void state_seed(const char *name, int id, int steps, const char *older) {
+/* Model `id` after `steps` steps. */
+static void state_seed(const char *name, int id, int steps) {
   fz_model m;
-  size_t n, n_old;
-  unsigned char *blob, *old;
+  size_t n;
+  unsigned char *blob;
   char file[64];
   fz_model_build(&m, id, NULL, steps);
   blob = save(&m, &n);
   snprintf(file, sizeof file, "%s.blob", name);
   write_file("state", file, blob, n);
-  for (; *older; older++) {
-    old = downgrade(blob, n, (uint32_t)(*older - '0'), &n_old);
-    snprintf(file, sizeof file, "%s.v%c.blob", name, *older);
-    write_file("state", file, old, n_old);
-    free(old);
-  }
   free(blob);
   fz_model_free(&m);
 }
@@ -279,11 +224,11 @@ int main(int argc, char **argv) {
   if (argc != 2 && !with_pending) { fprintf(stderr, "usage: %s DIR [--with-pending]   (writes DIR/state and DIR/layout)\n", argv[0]); return 2; }
   out_dir = argv[1];
   if (mkdir(out_dir, 0755) != 0 && errno != EEXIST) { perror(out_dir); return 1; }
-  state_seed("a0", 0, 0, "");
-  state_seed("a3", 0, 3, "3");
-  state_seed("b2", 1, 2, "");
-  state_seed("c1_2", 2, 2, "31");
-  state_seed("d1", 3, 1, "321");
+  state_seed("a0", 0, 0);
+  state_seed("a3", 0, 3);
+  state_seed("b2", 1, 2);
+  state_seed("c1_2", 2, 2);
+  state_seed("d1", 3, 1);
   pair_seed("c2_2_pair.blob");
   layout_seeds();
   printf("make_seeds: %d files, %zu bytes in %s\n", n_written, bytes_written, out_dir);
