@@ -1750,9 +1750,9 @@ static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
 static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all, const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
 static size_t muon__agree_bytes(int P);
-static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes);
-static void muon__dev_free(muon_optimizer *opt, void *ptr);
-static muon_status muon__dev_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
+static void *muon__compute_alloc(muon_optimizer *opt, size_t bytes);
+static void muon__compute_free(muon_optimizer *opt, void *ptr);
+static muon_status muon__compute_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
 
 /* ---------------------------------------------------------------------------------------------
    Built-in configs: muon_auto_config derives each matrix's layout from the groups. */
@@ -1990,15 +1990,15 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   muon__comm_thread_stop(opt);
   muon__plan_free(opt);
   for (i = 0; i < opt->n_matrices; i++) {
-    if (opt->matrices[i].own_momentum) muon__dev_free(opt, opt->matrices[i].momentum);
-    muon__dev_free(opt, opt->matrices[i].normuon);
-    muon__dev_free(opt, opt->matrices[i].normuon_next);
+    if (opt->matrices[i].own_momentum) muon__compute_free(opt, opt->matrices[i].momentum);
+    muon__compute_free(opt, opt->matrices[i].normuon);
+    muon__compute_free(opt, opt->matrices[i].normuon_next);
   }
   for (i = 0; i < opt->n_adamw; i++) {
-    muon__dev_free(opt, opt->adamw[i].exp_avg);
-    muon__dev_free(opt, opt->adamw[i].exp_avg_sq);
+    muon__compute_free(opt, opt->adamw[i].exp_avg);
+    muon__compute_free(opt, opt->adamw[i].exp_avg_sq);
   }
-  muon__dev_free(opt, opt->verdicts);
+  muon__compute_free(opt, opt->verdicts);
   muon__free(&a, opt->host_verdicts);
   muon__free(&a, opt->matrices);
   muon__free(&a, opt->adamw);
@@ -2119,13 +2119,13 @@ static void muon__copy_name(char *dst, size_t size, const char *name) {
 static muon_status muon__reserve_verdicts(muon_optimizer *opt, int n, const char *op) {
   int *dev, *host;
   if (n <= opt->verdicts_cap) return MUON_OK;
-  dev = (int *)muon__dev_alloc(opt, (size_t)n * sizeof(int));
+  dev = (int *)muon__compute_alloc(opt, (size_t)n * sizeof(int));
   host = dev ? (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int)) : NULL;
   if (!host) {
-    muon__dev_free(opt, dev);
+    muon__compute_free(opt, dev);
     return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %d non-finite flags failed", op, n);
   }
-  muon__dev_free(opt, opt->verdicts);
+  muon__compute_free(opt, opt->verdicts);
   muon__free(&opt->allocator, opt->host_verdicts);
   opt->verdicts = dev;
   opt->host_verdicts = host;
@@ -2199,18 +2199,18 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
   for (i = 0; grown && i < count; i++) {
     if (parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
-    moms[i] = m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__dev_alloc(opt, size * sizeof(float));
+    moms[i] = m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__compute_alloc(opt, size * sizeof(float));
     if (!moms[i]) break;
   }
   if (!grown || i < count) {
-    while (grown && !m->momentum && i-- > 0) muon__dev_free(opt, moms[i]);
+    while (grown && !m->momentum && i-- > 0) muon__compute_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows, m->cols, first, name);
   }
-  for (i = 0; i < count && parts == 1 && (st = muon__dev_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) == MUON_OK; i++) {}
+  for (i = 0; i < count && parts == 1 && (st = muon__compute_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) == MUON_OK; i++) {}
   if (st != MUON_OK) {
-    for (i = 0; !m->momentum && i < count; i++) muon__dev_free(opt, moms[i]);
+    for (i = 0; !m->momentum && i < count; i++) muon__compute_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return st;
@@ -2305,19 +2305,19 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
     hi = (size_t)b;
   }
   if ((st = muon__reserve_verdicts(opt, opt->n_matrices + i + 1, "muon_add_adamw_param")) != MUON_OK) return st;
-  m1 = (float *)muon__dev_alloc(opt, (hi - lo) * sizeof(float));
-  m2 = m1 ? (float *)muon__dev_alloc(opt, (hi - lo) * sizeof(float)) : NULL;
+  m1 = (float *)muon__compute_alloc(opt, (hi - lo) * sizeof(float));
+  m2 = m1 ? (float *)muon__compute_alloc(opt, (hi - lo) * sizeof(float)) : NULL;
   grown = m2 ? (muon__adamw *)muon__grow(&opt->allocator, opt->adamw, i, sizeof *grown) : NULL;
   if (!grown) {
-    muon__dev_free(opt, m1);
-    muon__dev_free(opt, m2);
+    muon__compute_free(opt, m1);
+    muon__compute_free(opt, m2);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i, p->name ? p->name : "");
   }
   opt->adamw = grown;
-  if ((st = muon__dev_zero(opt, m1, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
-      (st = muon__dev_zero(opt, m2, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
-    muon__dev_free(opt, m1);
-    muon__dev_free(opt, m2);
+  if ((st = muon__compute_zero(opt, m1, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
+      (st = muon__compute_zero(opt, m2, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
+    muon__compute_free(opt, m1);
+    muon__compute_free(opt, m2);
     return st;
   }
   x = &grown[i];
@@ -3515,37 +3515,86 @@ static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const
   (void)opt->compute.vt->sync(opt->compute.ctx);
   return st;
 }
-#define MUON__BACKEND(opt, call, op) do { muon_status st_ = (call); (opt)->stats.backend_calls++; \
-    if (st_ != MUON_OK) return muon__backend_fail((opt), st_, (op)); } while (0)
+#define MUON__TRY(call) do { muon_status st_ = (call); if (st_ != MUON_OK) return st_; } while (0)
 
-static void *muon__dev_alloc(muon_optimizer *opt, size_t bytes) {
+/* One wrapper per slot that takes work; `op` names the operation for a failure's message. */
+static muon_status muon__compute_done(muon_optimizer *opt, muon_status st, const char *op) {
+  opt->stats.backend_calls++;
+  return st == MUON_OK ? MUON_OK : muon__backend_fail(opt, st, op);
+}
+static muon_status muon__compute_copy(muon_optimizer *opt, void *dst, const void *src, size_t bytes, int to_host, int from_host,
+                                      const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, bytes, to_host, from_host), op);
+}
+static muon_status muon__compute_zero(muon_optimizer *opt, void *dst, size_t bytes, const char *op) {
+  return bytes ? muon__compute_done(opt, opt->compute.vt->zero(opt->compute.ctx, dst, bytes), op) : MUON_OK;
+}
+static muon_status muon__compute_pack(muon_optimizer *opt, const muon_piece_copy *ops, int n, float *pieces, float *operands,
+                                      int to_operand, const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->pack(opt->compute.ctx, ops, n, pieces, operands, to_operand), op);
+}
+static muon_status muon__compute_momentum(muon_optimizer *opt, size_t n, float *momentum, const void *grad,
+                                          const muon_momentum_args *a, int update, float *u, const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->momentum(opt->compute.ctx, n, momentum, grad, a, update, u), op);
+}
+static size_t muon__compute_ns_workspace(muon_optimizer *opt, int batch, int m, int n, const muon_hparams *hp) {
+  return opt->compute.vt->ns_workspace(opt->compute.ctx, batch, m, n, hp);
+}
+static muon_status muon__compute_newton_schulz(muon_optimizer *opt, float *X, int batch, int m, int n, const muon_hparams *hp,
+                                               void *ws, const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, X, batch, m, n, hp, ws), op);
+}
+static muon_status muon__compute_newton_schulz_many(muon_optimizer *opt, int count, float *const *X, const int *m, const int *n,
+                                                    const muon_hparams *const *hp, void *ws, const char *op) {
+  return muon__compute_done(opt, MUON__SLOT(opt->compute.vt, 1, newton_schulz_many)(opt->compute.ctx, count, X, m, n, hp, ws), op);
+}
+static muon_status muon__compute_apply(muon_optimizer *opt, size_t n, void *param, const float *O, const muon_apply_args *a,
+                                       const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->apply(opt->compute.ctx, n, param, O, a), op);
+}
+static muon_status muon__compute_adamw(muon_optimizer *opt, size_t n, void *param, const void *grad, float *m, float *v,
+                                       const muon_adamw_args *a, const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->adamw(opt->compute.ctx, n, param, grad, m, v, a), op);
+}
+static muon_status muon__compute_nonfinite(muon_optimizer *opt, const void *x, muon_dtype dtype, size_t n, int *flag,
+                                           const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->nonfinite(opt->compute.ctx, x, dtype, n, flag), op);
+}
+static muon_status muon__compute_cast(muon_optimizer *opt, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype,
+                                      size_t n, const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->cast(opt->compute.ctx, dst, dst_dtype, src, src_dtype, n), op);
+}
+static muon_status muon__compute_normuon(muon_optimizer *opt, float *X, int m, int n, int per_column, const float *v,
+                                         float *v_new, const muon_hparams *hp, const char *op) {
+  return muon__compute_done(opt, opt->compute.vt->normuon(opt->compute.ctx, X, m, n, per_column, v, v_new, hp), op);
+}
+static muon_status muon__compute_sync(muon_optimizer *opt, const char *op) {
+  opt->stats.syncs++;
+  return muon__compute_done(opt, opt->compute.vt->sync(opt->compute.ctx), op);
+}
+
+static void *muon__compute_alloc(muon_optimizer *opt, size_t bytes) {
   opt->stats.backend_calls++;
   return opt->compute.vt->alloc(opt->compute.ctx, bytes ? bytes : 1);
 }
-static void muon__dev_free(muon_optimizer *opt, void *ptr) {
+static void muon__compute_free(muon_optimizer *opt, void *ptr) {
   if (ptr) opt->compute.vt->free(opt->compute.ctx, ptr);
 }
 /* Host staging memory: the backend's (pinned) if it has some, else the allocator's. */
-static void *muon__host_alloc(muon_optimizer *opt, size_t bytes) {
+static void *muon__compute_alloc_host(muon_optimizer *opt, size_t bytes) {
   if (opt->compute.vt->alloc_host) return opt->compute.vt->alloc_host(opt->compute.ctx, bytes ? bytes : 1);
   return muon__alloc(&opt->allocator, bytes);
 }
-static void muon__host_free(muon_optimizer *opt, void *ptr) {
+static void muon__compute_free_host(muon_optimizer *opt, void *ptr) {
   if (!ptr) return;
   if (opt->compute.vt->free_host) opt->compute.vt->free_host(opt->compute.ctx, ptr);
   else muon__free(&opt->allocator, ptr);
 }
-static muon_status muon__dev_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op) {
-  if (!bytes) return MUON_OK;
-  MUON__BACKEND(opt, opt->compute.vt->zero(opt->compute.ctx, ptr, bytes), op);
-  return MUON_OK;
-}
+/* The core's sync: queued exchanges first, so that a dead peer is an error, not a hang. */
 static muon_status muon__sync(muon_optimizer *opt, const char *op) {
   muon_status st;
   if ((st = muon__comm_wait(opt, op)) != MUON_OK) return st;
-  opt->stats.syncs++;
-  MUON__BACKEND(opt, opt->compute.vt->sync(opt->compute.ctx), op);
-  return MUON_OK;
+  return muon__compute_sync(opt, op);
 }
 
 /* A whole matrix as a piece of itself: the op that moves it to and from its NS operand. */
@@ -3698,7 +3747,24 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
   hp->normuon_beta2 = muon__record_float(&r, d.normuon_beta2);
 }
 /* ---------------------------------------------------------------------------------------------
-   Communication wrappers: every collective goes through these, which count and explain. */
+   Communication wrappers: every collective goes through these, which count and explain. The
+   first three touch the communicator only, never the optimizer's state: the communication thread
+   calls them too. */
+static const char *muon__comm_error(const muon_optimizer *opt) {
+  return opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+}
+/* One alltoallv (counts, displacements: send, then receive; see the vtable): blocking, or only
+   started on the communicator's own queue when ticket is not NULL. */
+static muon_status muon__comm_exchange(const muon_optimizer *opt, const float *send, const size_t *wire, float *recv, int *ticket) {
+  size_t P = (size_t)opt->comm.size;
+  if (ticket)
+    return MUON__SLOT(opt->comm.vt, 1, alltoallv_start)(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P, wire + 3 * P, ticket);
+  return opt->comm.vt->alltoallv(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P, wire + 3 * P);
+}
+static muon_status muon__comm_join(const muon_optimizer *opt, int ticket) {
+  return MUON__SLOT(opt->comm.vt, 1, join)(opt->comm.ctx, ticket);
+}
+
 static muon_status muon__comm_fail_text(muon_optimizer *opt, muon_status st, const char *op, const char *native) {
   opt->comm_queued = 0;   /* a failed communicator has dropped what it queued (vt->wait) */
   if (st != MUON_ERR_TIMEOUT) st = MUON_ERR_COMM;
@@ -3707,11 +3773,11 @@ static muon_status muon__comm_fail_text(muon_optimizer *opt, muon_status st, con
 }
 
 static muon_status muon__comm_fail(muon_optimizer *opt, muon_status st, const char *op) {
-  return muon__comm_fail_text(opt, st, op, opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL);
+  return muon__comm_fail_text(opt, st, op, muon__comm_error(opt));
 }
 
 static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *recv, size_t bytes, const char *op) {
-  muon_status st = opt->comm.vt->allgather(opt->comm.ctx, send, recv, bytes);
+  muon_status st = opt->comm.vt->allgather(opt->comm.ctx, send, recv, bytes);   /* the slot's one caller */
   opt->stats.collectives++;
   opt->stats.control_bytes += (long long)(bytes * (size_t)(opt->comm.size - 1));
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
@@ -3739,8 +3805,7 @@ static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
 }
 
 static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts, const char *op) {
-  int P = opt->comm.size;
-  muon_status st = opt->comm.vt->alltoallv(opt->comm.ctx, send, counts, counts + P, recv, counts + 2 * P, counts + 3 * P);
+  muon_status st = muon__comm_exchange(opt, send, counts, recv, NULL);
   muon__count_alltoallv(opt, counts);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
@@ -3752,7 +3817,7 @@ static muon_status muon__comm_wait(muon_optimizer *opt, const char *op) {
   if (!opt->comm_queued) return MUON_OK;
   opt->comm_queued = 0;
   opt->stats.comm_waits++;
-  st = opt->comm.vt->wait(opt->comm.ctx);
+  st = MUON__SLOT(opt->comm.vt, 1, wait)(opt->comm.ctx);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
@@ -3836,43 +3901,43 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->order);
   muon__free(a, pl->order_start);
   muon__free(a, pl->many_X);
-  muon__dev_free(opt, pl->stash);
+  muon__compute_free(opt, pl->stash);
   for (g = 0; pl->xfers && g < pl->n_xfers; g++) {
     muon__xfer *x = &pl->xfers[g];
     if (!x->owns) continue;
-    muon__dev_free(opt, x->send);
-    muon__dev_free(opt, x->recv);
-    muon__dev_free(opt, x->wire_send);
-    muon__dev_free(opt, x->wire_recv);
-    muon__host_free(opt, x->host_send);
-    muon__host_free(opt, x->host_recv);
+    muon__compute_free(opt, x->send);
+    muon__compute_free(opt, x->recv);
+    muon__compute_free(opt, x->wire_send);
+    muon__compute_free(opt, x->wire_recv);
+    muon__compute_free_host(opt, x->host_send);
+    muon__compute_free_host(opt, x->host_recv);
   }
   if (pl->xfers) muon__free(a, pl->xfers[0].cnt);
   muon__free(a, pl->xfers);
-  muon__dev_free(opt, pl->gathered);
-  muon__dev_free(opt, pl->reduced);
-  muon__dev_free(opt, pl->scratch);
-  muon__dev_free(opt, pl->ns_ws);
+  muon__compute_free(opt, pl->gathered);
+  muon__compute_free(opt, pl->reduced);
+  muon__compute_free(opt, pl->scratch);
+  muon__compute_free(opt, pl->ns_ws);
   muon__free(a, pl->ops);
   muon__free(a, pl->counts);
   muon__free(a, pl->flags);
-  muon__dev_free(opt, pl->out_flags);
+  muon__compute_free(opt, pl->out_flags);
   muon__free(a, pl->host_out);
   muon__free(a, pl->out_skips);
   muon__free(a, pl->adamw_names);
   muon__free(a, pl->adamw_members);
   muon__free(a, pl->aw_order);
   muon__free(a, pl->aw.cnt);
-  muon__dev_free(opt, pl->aw.send);
-  muon__dev_free(opt, pl->aw.recv);
-  muon__host_free(opt, pl->aw.host_send);
-  muon__host_free(opt, pl->aw.host_recv);
-  muon__dev_free(opt, pl->aw_reduced);
-  muon__dev_free(opt, pl->aw_param);
-  muon__dev_free(opt, pl->aw_m);
-  muon__dev_free(opt, pl->aw_v);
-  muon__dev_free(opt, pl->aw_full);
-  muon__dev_free(opt, pl->aw_flags);
+  muon__compute_free(opt, pl->aw.send);
+  muon__compute_free(opt, pl->aw.recv);
+  muon__compute_free_host(opt, pl->aw.host_send);
+  muon__compute_free_host(opt, pl->aw.host_recv);
+  muon__compute_free(opt, pl->aw_reduced);
+  muon__compute_free(opt, pl->aw_param);
+  muon__compute_free(opt, pl->aw_m);
+  muon__compute_free(opt, pl->aw_v);
+  muon__compute_free(opt, pl->aw_full);
+  muon__compute_free(opt, pl->aw_flags);
   muon__free(a, pl->aw_host_flags);
   memset(pl, 0, sizeof *pl);
 }
@@ -4193,17 +4258,17 @@ static muon_status muon__alloc_xfers(muon_optimizer *opt) {
       continue;
     }
     x->owns = 1;
-    x->send = (float *)muon__dev_alloc(opt, pl->send_floats * sizeof(float));
-    x->recv = (float *)muon__dev_alloc(opt, pl->recv_floats * sizeof(float));
+    x->send = (float *)muon__compute_alloc(opt, pl->send_floats * sizeof(float));
+    x->recv = (float *)muon__compute_alloc(opt, pl->recv_floats * sizeof(float));
     if (!x->send || !x->recv) return MUON_ERR_NOMEM;
     if (pl->wire_bf16) {   /* per peer ceil(n / 2) slots: at most n / 2 + P in all, and at most n */
-      x->wire_send = (float *)muon__dev_alloc(opt, ws * sizeof(float));
-      x->wire_recv = (float *)muon__dev_alloc(opt, wr * sizeof(float));
+      x->wire_send = (float *)muon__compute_alloc(opt, ws * sizeof(float));
+      x->wire_recv = (float *)muon__compute_alloc(opt, wr * sizeof(float));
       if (!x->wire_send || !x->wire_recv) return MUON_ERR_NOMEM;
     }
     if (pl->stage) {
-      x->host_send = (float *)muon__host_alloc(opt, (pl->wire_bf16 ? ws : pl->send_floats) * sizeof(float));
-      x->host_recv = (float *)muon__host_alloc(opt, (pl->wire_bf16 ? wr : pl->recv_floats) * sizeof(float));
+      x->host_send = (float *)muon__compute_alloc_host(opt, (pl->wire_bf16 ? ws : pl->send_floats) * sizeof(float));
+      x->host_recv = (float *)muon__compute_alloc_host(opt, (pl->wire_bf16 ? wr : pl->recv_floats) * sizeof(float));
       if (!x->host_send || !x->host_recv) return MUON_ERR_NOMEM;
     }
   }
@@ -4247,7 +4312,7 @@ static int muon__plan_batches(muon_optimizer *opt) {
         xoff += (size_t)m * nn;
         b++;
       }
-      ws = opt->compute.vt->ns_workspace(opt->compute.ctx, muon__ns_many(opt) ? n - first : b, m, nn, muon__global_hparams(opt, x));
+      ws = muon__compute_ns_workspace(opt, muon__ns_many(opt) ? n - first : b, m, nn, muon__global_hparams(opt, x));
       if (ws > pl->ns_ws_bytes) pl->ns_ws_bytes = ws;
       i += b;
     }
@@ -4415,16 +4480,16 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->stage = opt->device && opt->comm.vt->memory == MUON_MEMORY_HOST &&
               (pl->send_floats || pl->recv_floats);
   pl->wire_bf16 = muon__wire_bf16(opt) && (pl->send_floats || pl->recv_floats);
-  pl->stash = (float *)muon__dev_alloc(opt, pl->stash_floats * sizeof(float));
-  pl->gathered = (float *)muon__dev_alloc(opt, pl->gathered_floats * sizeof(float));
-  pl->ns_ws = muon__dev_alloc(opt, pl->ns_ws_bytes);
+  pl->stash = (float *)muon__compute_alloc(opt, pl->stash_floats * sizeof(float));
+  pl->gathered = (float *)muon__compute_alloc(opt, pl->gathered_floats * sizeof(float));
+  pl->ns_ws = muon__compute_alloc(opt, pl->ns_ws_bytes);
   if (pl->reduced_floats) {   /* only owners of Partial matrices */
-    pl->reduced = (float *)muon__dev_alloc(opt, pl->reduced_floats * sizeof(float));
-    pl->scratch = (float *)muon__dev_alloc(opt, pl->scratch_floats * sizeof(float));
+    pl->reduced = (float *)muon__compute_alloc(opt, pl->reduced_floats * sizeof(float));
+    pl->scratch = (float *)muon__compute_alloc(opt, pl->scratch_floats * sizeof(float));
   }
   pl->ops = (muon_piece_copy *)muon__alloc(&opt->allocator, (size_t)pl->ops_cap * sizeof(muon_piece_copy));
   pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
-  pl->out_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_globals * sizeof(int));
+  pl->out_flags = (int *)muon__compute_alloc(opt, (size_t)pl->n_globals * sizeof(int));
   pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
   pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
@@ -4476,7 +4541,7 @@ static int muon__normuon_len(const muon_hparams *hp, int rows, int cols) { retur
 static void muon__normuon_drop_next(muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
-    muon__dev_free(opt, opt->matrices[i].normuon_next);
+    muon__compute_free(opt, opt->matrices[i].normuon_next);
     opt->matrices[i].normuon_next = NULL;
     opt->matrices[i].normuon_next_len = 0;
   }
@@ -4485,9 +4550,9 @@ static void muon__normuon_drop_next(muon_optimizer *opt) {
 /* Room for a v of len floats in normuon_next (planning's or a load's), uninitialised. */
 static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int len, const char *op) {
   if (x->normuon_next && x->normuon_next_len == len) return MUON_OK;
-  muon__dev_free(opt, x->normuon_next);
+  muon__compute_free(opt, x->normuon_next);
   x->normuon_next_len = 0;
-  if (!(x->normuon_next = (float *)muon__dev_alloc(opt, 2 * (size_t)len * sizeof(float))))
+  if (!(x->normuon_next = (float *)muon__compute_alloc(opt, 2 * (size_t)len * sizeof(float))))
     return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the NorMuon second moment of '%s' (%d floats) failed", op, x->name, len);
   x->normuon_next_len = len;
   return MUON_OK;
@@ -4495,7 +4560,7 @@ static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int 
 
 /* normuon_next becomes x's v. */
 static void muon__normuon_take(muon_optimizer *opt, muon__matrix *x) {
-  muon__dev_free(opt, x->normuon);
+  muon__compute_free(opt, x->normuon);
   x->normuon = x->normuon_next;
   x->normuon_len = x->normuon_next_len;
   x->normuon_next = NULL;
@@ -4503,7 +4568,7 @@ static void muon__normuon_take(muon_optimizer *opt, muon__matrix *x) {
 }
 
 static void muon__normuon_free(muon_optimizer *opt, muon__matrix *x) {
-  muon__dev_free(opt, x->normuon);
+  muon__compute_free(opt, x->normuon);
   x->normuon = NULL;
   x->normuon_len = 0;
 }
@@ -4542,7 +4607,7 @@ static muon_status muon__normuon_prepare(muon_optimizer *opt) {
     int want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
     if (!want || x->global < 0 || opt->plan.globals[x->global].owner != opt->plan.me || (x->normuon && x->normuon_len == want)) continue;
     if ((st = muon__normuon_room(opt, x, want, "muon_plan")) == MUON_OK)
-      st = muon__dev_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float), "muon_plan: zeroing a NorMuon second moment");
+      st = muon__compute_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float), "muon_plan: zeroing a NorMuon second moment");
   }
   if (st != MUON_OK) muon__normuon_drop_next(opt);
   return st;
@@ -4613,15 +4678,15 @@ static muon_status muon__normuon_buffers(muon_optimizer *opt, float **send, floa
   size_t *c = opt->plan.counts;
   int P = opt->plan.P, staged = muon__normuon_staged(opt);
   size_t ns = (c[2 * P - 1] + c[P - 1] + 1) * sizeof(float), nr = (c[4 * P - 1] + c[3 * P - 1] + 1) * sizeof(float);
-  *send = (float *)(staged ? muon__host_alloc(opt, ns) : muon__dev_alloc(opt, ns));
-  *recv = (float *)(staged ? muon__host_alloc(opt, nr) : muon__dev_alloc(opt, nr));
+  *send = (float *)(staged ? muon__compute_alloc_host(opt, ns) : muon__compute_alloc(opt, ns));
+  *recv = (float *)(staged ? muon__compute_alloc_host(opt, nr) : muon__compute_alloc(opt, nr));
   if (*send && *recv) return MUON_OK;
   return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes to move NorMuon second moments failed", ns + nr);
 }
 
 static void muon__normuon_free_buffers(muon_optimizer *opt, float *send, float *recv) {
-  if (muon__normuon_staged(opt)) { muon__host_free(opt, send); muon__host_free(opt, recv); }
-  else { muon__dev_free(opt, send); muon__dev_free(opt, recv); }
+  if (muon__normuon_staged(opt)) { muon__compute_free_host(opt, send); muon__compute_free_host(opt, recv); }
+  else { muon__compute_free(opt, send); muon__compute_free(opt, recv); }
 }
 
 /* The move itself: sources pack in global order, the collective, owners unpack into their new
@@ -4635,8 +4700,8 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
     if ((src = muon__normuon_source(pl, g, all, stride, &len)) != me) continue;
-    local = opt->compute.vt->copy(opt->compute.ctx, send + cur[x->owner], opt->matrices[x->local].normuon, (size_t)len * sizeof(float), staged, 0);
-    if (local != MUON_OK) local = muon__backend_fail(opt, local, "muon_plan: reading a NorMuon second moment");
+    local = muon__compute_copy(opt, send + cur[x->owner], opt->matrices[x->local].normuon, (size_t)len * sizeof(float), staged, 0,
+                               "muon_plan: reading a NorMuon second moment");
     cur[x->owner] += (size_t)len;
   }
   if (local == MUON_OK && staged) local = muon__sync(opt, "muon_plan: reading NorMuon second moments");
@@ -4645,8 +4710,8 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
     if ((src = muon__normuon_source(pl, g, all, stride, &len)) < 0 || x->owner != me) continue;
-    local = opt->compute.vt->copy(opt->compute.ctx, opt->matrices[x->local].normuon_next, recv + cur[src], (size_t)len * sizeof(float), 0, staged);
-    if (local != MUON_OK) local = muon__backend_fail(opt, local, "muon_plan: writing a NorMuon second moment");
+    local = muon__compute_copy(opt, opt->matrices[x->local].normuon_next, recv + cur[src], (size_t)len * sizeof(float), 0, staged,
+                               "muon_plan: writing a NorMuon second moment");
     cur[src] += (size_t)len;
     moved[x->local] = 1;
   }
@@ -4656,7 +4721,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
 }
 
 static void muon__partial_drop(muon_optimizer *opt, muon__matrix *x) {
-  muon__dev_free(opt, x->momentum);
+  muon__compute_free(opt, x->momentum);
   opt->stats.state_bytes -= x->momentum_size * sizeof(float);
   x->momentum = NULL;
   x->momentum_size = 0;
@@ -4676,13 +4741,13 @@ static muon_status muon__partial_room(muon_optimizer *opt, muon__matrix *x, cons
   muon_status st;
   char what[160];
   if (x->momentum) return MUON_OK;
-  if (!(x->momentum = (float *)muon__dev_alloc(opt, full * sizeof(float))))
+  if (!(x->momentum = (float *)muon__compute_alloc(opt, full * sizeof(float))))
     return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the momentum of Partial matrix '%s' (%d x %d) failed", op, x->name, x->rows, x->cols);
   x->momentum_size = full;
   x->momentum_fresh = 1;
   opt->stats.state_bytes += full * sizeof(float);
   snprintf(what, sizeof what, "%s: zeroing a momentum", op);
-  if ((st = muon__dev_zero(opt, x->momentum, full * sizeof(float), what)) != MUON_OK) muon__partial_drop(opt, x);
+  if ((st = muon__compute_zero(opt, x->momentum, full * sizeof(float), what)) != MUON_OK) muon__partial_drop(opt, x);
   return st;
 }
 
@@ -4780,18 +4845,18 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
     }
   pl->aw_floats = need;
   if (opt->device && opt->comm.vt->memory == MUON_MEMORY_HOST) pl->stage = 1;
-  pl->aw.send = (float *)muon__dev_alloc(opt, need * sizeof(float));
-  pl->aw.recv = (float *)muon__dev_alloc(opt, need * sizeof(float));
-  pl->aw_reduced = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
-  pl->aw_param = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
-  pl->aw_m = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
-  pl->aw_v = (float *)muon__dev_alloc(opt, pl->aw_chunks * sizeof(float));
-  pl->aw_full = (float *)muon__dev_alloc(opt, pl->aw_total * sizeof(float));
-  pl->aw_flags = (int *)muon__dev_alloc(opt, (size_t)pl->n_aw * sizeof(int));
+  pl->aw.send = (float *)muon__compute_alloc(opt, need * sizeof(float));
+  pl->aw.recv = (float *)muon__compute_alloc(opt, need * sizeof(float));
+  pl->aw_reduced = (float *)muon__compute_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_param = (float *)muon__compute_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_m = (float *)muon__compute_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_v = (float *)muon__compute_alloc(opt, pl->aw_chunks * sizeof(float));
+  pl->aw_full = (float *)muon__compute_alloc(opt, pl->aw_total * sizeof(float));
+  pl->aw_flags = (int *)muon__compute_alloc(opt, (size_t)pl->n_aw * sizeof(int));
   pl->aw_host_flags = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_aw * sizeof(int) + 1);
   if (pl->stage) {
-    pl->aw.host_send = (float *)muon__host_alloc(opt, need * sizeof(float));
-    pl->aw.host_recv = (float *)muon__host_alloc(opt, need * sizeof(float));
+    pl->aw.host_send = (float *)muon__compute_alloc_host(opt, need * sizeof(float));
+    pl->aw.host_recv = (float *)muon__compute_alloc_host(opt, need * sizeof(float));
   }
   if (!pl->aw.send || !pl->aw.recv || !pl->aw_reduced || !pl->aw_param || !pl->aw_m || !pl->aw_v || !pl->aw_full ||
       !pl->aw_flags || !pl->aw_host_flags || (pl->stage && (!pl->aw.host_send || !pl->aw.host_recv)))
@@ -5127,8 +5192,7 @@ static muon_momentum_args muon__momentum_args(const muon_optimizer *opt, const m
 /* U of a local piece, computed from a copy of the momentum: the buffer itself is untouched. */
 static muon_status muon__u_piece(muon_optimizer *opt, const muon__matrix *x, float *u) {
   muon_momentum_args a = muon__momentum_args(opt, x);
-  MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->size, x->momentum, x->grad, &a, 0, u),
-                "muon_step: momentum");
+  MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &a, 0, u, "muon_step: momentum"));
   return MUON_OK;
 }
 
@@ -5142,8 +5206,7 @@ static muon_piece_copy muon__piece_op(const muon__global *x, const muon__piece *
 
 static muon_status muon__pack(muon_optimizer *opt, int n, float *pieces, float *operands, int to_operand) {
   if (!n) return MUON_OK;
-  MUON__BACKEND(opt, opt->compute.vt->pack(opt->compute.ctx, opt->plan.ops, n, pieces, operands, to_operand),
-                to_operand ? "muon_step: packing pieces into operands" : "muon_step: cutting operands into pieces");
+  MUON__TRY(muon__compute_pack(opt, opt->plan.ops, n, pieces, operands, to_operand, to_operand ? "muon_step: packing pieces into operands" : "muon_step: cutting operands into pieces"));
   return MUON_OK;
 }
 
@@ -5154,20 +5217,17 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
     if (!x->grad || !x->size) continue;
-    MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, x->grad, x->grad_dtype, x->size, &opt->verdicts[i]),
-                  "muon_step: checking gradients");
+    MUON__TRY(muon__compute_nonfinite(opt, x->grad, x->grad_dtype, x->size, &opt->verdicts[i], "muon_step: checking gradients"));
     any = 1;
   }
   for (i = 0; i < opt->n_adamw; i++) {
     const muon__adamw *p = &opt->adamw[i];
     if (!p->grad) continue;
-    MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, p->grad, p->grad_dtype, p->size, &opt->verdicts[opt->n_matrices + i]),
-                  "muon_step: checking gradients");
+    MUON__TRY(muon__compute_nonfinite(opt, p->grad, p->grad_dtype, p->size, &opt->verdicts[opt->n_matrices + i], "muon_step: checking gradients"));
     any = 1;
   }
   if (any) {
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, opt->host_verdicts, opt->verdicts, (size_t)n * sizeof(int), 1, 0),
-                  "muon_step: reading the non-finite verdicts");
+    MUON__TRY(muon__compute_copy(opt, opt->host_verdicts, opt->verdicts, (size_t)n * sizeof(int), 1, 0, "muon_step: reading the non-finite verdicts"));
     if ((st = muon__sync(opt, "muon_step: reading the non-finite verdicts")) != MUON_OK) return st;
   }
   for (i = 0; i < opt->n_matrices; i++) {
@@ -5464,15 +5524,12 @@ static void muon__wire_cast(muon_optimizer *opt, muon__xfer *x, int to_wire) {
   int P = opt->plan.P, p;
   const size_t *cnt = x->cnt, *wire = x->wire;
   for (p = 0; p < P && opt->step_status == MUON_OK; p++) {
-    muon_status st;
     if (to_wire && cnt[p])
-      st = opt->compute.vt->cast(opt->compute.ctx, x->wire_send + wire[P + p], MUON_DTYPE_BF16, x->send + cnt[P + p], MUON_DTYPE_FP32, cnt[p]);
+      muon__local(opt, muon__compute_cast(opt, x->wire_send + wire[P + p], MUON_DTYPE_BF16, x->send + cnt[P + p], MUON_DTYPE_FP32,
+                                          cnt[p], x->op));
     else if (!to_wire && cnt[2 * P + p])
-      st = opt->compute.vt->cast(opt->compute.ctx, x->recv + cnt[3 * P + p], MUON_DTYPE_FP32, x->wire_recv + wire[3 * P + p], MUON_DTYPE_BF16, cnt[2 * P + p]);
-    else
-      continue;
-    opt->stats.backend_calls++;
-    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, x->op));
+      muon__local(opt, muon__compute_cast(opt, x->recv + cnt[3 * P + p], MUON_DTYPE_FP32, x->wire_recv + wire[3 * P + p],
+                                          MUON_DTYPE_BF16, cnt[2 * P + p], x->op));
   }
 }
 
@@ -5504,16 +5561,14 @@ static void muon__xfer_begin(muon_optimizer *opt, muon__xfer *x, const char *op)
   }
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t sent = x->wire[2 * P - 1] + x->wire[P - 1];   /* last displacement + count */
-    muon_status st = opt->compute.vt->copy(opt->compute.ctx, x->host_send, x->bf16 ? x->wire_send : x->send,
-                                           sent * sizeof(float), 1, 0);
-    opt->stats.backend_calls++;
-    muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : muon__backend_fail(opt, st, op));
+    muon_status st = muon__compute_copy(opt, x->host_send, x->bf16 ? x->wire_send : x->send, sent * sizeof(float), 1, 0, op);
+    muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : st);
   }
 }
 
 /* x's failure st, with the communicator's message, read while no other call can overwrite it. */
 static void muon__xfer_failed(muon_optimizer *opt, muon__xfer *x, muon_status st) {
-  const char *native = opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
+  const char *native = muon__comm_error(opt);
   x->st = st;
   snprintf(x->error, sizeof x->error, "%s", native && *native ? native : muon_status_string(st));
 }
@@ -5522,16 +5577,9 @@ static void muon__xfer_failed(muon_optimizer *opt, muon__xfer *x, muon_status st
    only. Overlapped on a communicator's own queue, only started: muon__xfer_join ends it. */
 static void muon__xfer_run(muon_optimizer *opt, muon__xfer *x) {
   const muon__plan *pl = &opt->plan;
-  size_t P = (size_t)pl->P;
   muon_status st;
-  if (pl->side) {
-    st = opt->comm.vt->alltoallv_start(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
-                                       x->wire + 2 * P, x->wire + 3 * P, &x->ticket);
-    x->unjoined = st == MUON_OK;
-  } else {
-    st = opt->comm.vt->alltoallv(opt->comm.ctx, muon__xfer_src(pl, x), x->wire, x->wire + P, muon__xfer_dst(pl, x),
-                                 x->wire + 2 * P, x->wire + 3 * P);
-  }
+  st = muon__comm_exchange(opt, muon__xfer_src(pl, x), x->wire, muon__xfer_dst(pl, x), pl->side ? &x->ticket : NULL);
+  x->unjoined = pl->side && st == MUON_OK;
   if (st != MUON_OK) muon__xfer_failed(opt, x, st);
 }
 
@@ -5540,7 +5588,7 @@ static void muon__xfer_join(muon_optimizer *opt, muon__xfer *x) {
   muon_status st;
   if (!x->unjoined) return;
   x->unjoined = 0;
-  if ((st = opt->comm.vt->join(opt->comm.ctx, x->ticket)) != MUON_OK && x->st == MUON_OK) muon__xfer_failed(opt, x, st);
+  if ((st = muon__comm_join(opt, x->ticket)) != MUON_OK && x->st == MUON_OK) muon__xfer_failed(opt, x, st);
 }
 
 /* After the collective, on the step's thread: its accounting, its failure, the staging copy
@@ -5552,10 +5600,7 @@ static muon_status muon__xfer_end(muon_optimizer *opt, muon__xfer *x) {
   if (x->st != MUON_OK) return muon__comm_fail_text(opt, x->st, x->op, x->error);
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t got = x->wire[4 * P - 1] + x->wire[3 * P - 1];
-    muon_status st = opt->compute.vt->copy(opt->compute.ctx, x->bf16 ? x->wire_recv : x->recv, x->host_recv,
-                                           got * sizeof(float), 0, 1);
-    opt->stats.backend_calls++;
-    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, x->op));
+    muon__local(opt, muon__compute_copy(opt, x->bf16 ? x->wire_recv : x->recv, x->host_recv, got * sizeof(float), 0, 1, x->op));
   }
   if (x->bf16) muon__wire_cast(opt, x, 0);
   return MUON_OK;
@@ -5692,8 +5737,8 @@ static muon_status muon__normuon_apply(muon_optimizer *opt, const muon__global *
   int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, per_column;
   if (!muon__normuon_owned(opt, own)) return MUON_OK;
   muon__normuon_axis(hp, x->rows, x->cols, &per_column);
-  MUON__BACKEND(opt, opt->compute.vt->normuon(opt->compute.ctx, operand, m, n, per_column,
-                                              own->normuon, own->normuon + own->normuon_len, hp), "muon_step: NorMuon");
+  MUON__TRY(muon__compute_normuon(opt, operand, m, n, per_column,
+                                              own->normuon, own->normuon + own->normuon_len, hp, "muon_step: NorMuon"));
   return MUON_OK;
 }
 
@@ -5712,8 +5757,8 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
     if (x->skip) { i++; continue; }
     while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(&pl->globals[pl->order[i + b]], x)) b++;
     if (!many) {
-      MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, pl->gathered + x->xoff, b, m, n,
-                                                        muon__global_hparams(opt, x), pl->ns_ws), "muon_step: Newton-Schulz");
+      MUON__TRY(muon__compute_newton_schulz(opt, pl->gathered + x->xoff, b, m, n,
+                                                        muon__global_hparams(opt, x), pl->ns_ws, "muon_step: Newton-Schulz"));
     }
     for (e = 0; many && e < b; e++, k++) {   /* the round's operands, for one call */
       pl->many_X[k] = pl->gathered + pl->globals[pl->order[i + e]].xoff;
@@ -5723,22 +5768,21 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
     }
     opt->stats.ns_calls += b;
     opt->stats.ns_batches++;
-    ws = opt->compute.vt->ns_workspace(opt->compute.ctx, many ? count : b, m, n, muon__global_hparams(opt, x));
+    ws = muon__compute_ns_workspace(opt, many ? count : b, m, n, muon__global_hparams(opt, x));
     if (ws > opt->stats.ns_workspace_bytes) opt->stats.ns_workspace_bytes = ws;
     i += b;
   }
   if (many && count) {
-    MUON__BACKEND(opt, opt->compute.vt->newton_schulz_many(opt->compute.ctx, count, pl->many_X, pl->many_m, pl->many_n,
-                                                           pl->many_hp, pl->ns_ws), "muon_step: Newton-Schulz");
+    MUON__TRY(muon__compute_newton_schulz_many(opt, count, pl->many_X, pl->many_m, pl->many_n,
+                                                           pl->many_hp, pl->ns_ws, "muon_step: Newton-Schulz"));
   }
   for (i = start; i < end; i++) {
     const muon__global *x = &pl->globals[pl->order[i]];
     muon_status st;
     if (x->skip) continue;
     if ((st = muon__normuon_apply(opt, x, pl->gathered + x->xoff)) != MUON_OK) return st;
-    MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, pl->gathered + x->xoff, MUON_DTYPE_FP32,
-                                                  (size_t)x->rows * x->cols, &pl->out_flags[pl->order[i]]),
-                  "muon_step: checking Newton-Schulz outputs");
+    MUON__TRY(muon__compute_nonfinite(opt, pl->gathered + x->xoff, MUON_DTYPE_FP32,
+                                                  (size_t)x->rows * x->cols, &pl->out_flags[pl->order[i]], "muon_step: checking Newton-Schulz outputs"));
   }
   return MUON_OK;
 }
@@ -5773,8 +5817,8 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
 /* n elements of src (dtype) as fp32 at dst, both backend memory. */
 static muon_status muon__widen(muon_optimizer *opt, float *dst, const void *src, muon_dtype dtype, size_t n, const char *op) {
   if (!n) return MUON_OK;
-  if (dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * sizeof(float), 0, 0), op);
-  else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, dst, MUON_DTYPE_FP32, src, dtype, n), op);
+  if (dtype == MUON_DTYPE_FP32) MUON__TRY(muon__compute_copy(opt, dst, src, n * sizeof(float), 0, 0, op));
+  else MUON__TRY(muon__compute_cast(opt, dst, MUON_DTYPE_FP32, src, dtype, n, op));
   return MUON_OK;
 }
 
@@ -5832,13 +5876,13 @@ static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x
       pl->ops[0].operand = 0;
       if ((st = muon__pack(opt, 1, pl->stash, dst, 1)) != MUON_OK) return st;
     }
-    if (p) MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, full, X, pl->scratch, &add, 1, NULL), "muon_step: adding gradient parts");
+    if (p) MUON__TRY(muon__compute_momentum(opt, full, X, pl->scratch, &add, 1, NULL, "muon_step: adding gradient parts"));
   }
   pl->ops[0] = muon__whole(x->rows, x->cols, 0, 0);
   if ((st = muon__pack(opt, 1, G, X, 0)) != MUON_OK) return st;
   a.grad_scale *= x->part_scale;
   a.grad_dtype = MUON_DTYPE_FP32;
-  MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, full, own->momentum, G, &a, 0, pl->scratch), "muon_step: momentum");
+  MUON__TRY(muon__compute_momentum(opt, full, own->momentum, G, &a, 0, pl->scratch, "muon_step: momentum"));
   return muon__pack(opt, 1, pl->scratch, X, 1);
 }
 
@@ -5920,8 +5964,8 @@ static muon_status muon__receive(muon_optimizer *opt, int r, const muon__xfer *b
     const muon__matrix *mine;
     if (x->skip || x->owner == me || x->mine < 0) continue;
     mine = &opt->matrices[x->local];
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->stash + mine->stash, back->recv + cur[x->owner],
-                                             mine->size * sizeof(float), 0, 0), "muon_step: receiving O");
+    MUON__TRY(muon__compute_copy(opt, pl->stash + mine->stash, back->recv + cur[x->owner],
+                                             mine->size * sizeof(float), 0, 0, "muon_step: receiving O"));
     cur[x->owner] += mine->size;
   }
   return MUON_OK;
@@ -6026,11 +6070,9 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
     if (full) {
       pl->ops[0] = muon__whole(x->rows, x->cols, 0, mn);
       if ((st = muon__pack(opt, 1, full, full, 1)) != MUON_OK) return st;
-      MUON__BACKEND(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, full + mn, 1, x->rows < x->cols ? x->rows : x->cols,
-                                                        x->rows < x->cols ? x->cols : x->rows, muon__global_hparams(opt, x), pl->ns_ws),
-                    "muon_step: Newton-Schulz");
-      MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, full + mn, MUON_DTYPE_FP32, mn, &pl->out_flags[g]),
-                    "muon_step: checking Newton-Schulz outputs");
+      MUON__TRY(muon__compute_newton_schulz(opt, full + mn, 1, x->rows < x->cols ? x->rows : x->cols,
+                                                        x->rows < x->cols ? x->cols : x->rows, muon__global_hparams(opt, x), pl->ns_ws, "muon_step: Newton-Schulz"));
+      MUON__TRY(muon__compute_nonfinite(opt, full + mn, MUON_DTYPE_FP32, mn, &pl->out_flags[g], "muon_step: checking Newton-Schulz outputs"));
       if ((st = muon__normuon_apply(opt, x, full + mn)) != MUON_OK) return st;
       opt->stats.ns_calls++;
       opt->stats.ns_batches++;
@@ -6140,10 +6182,10 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
       const void *part = k == a->part ? (const void *)((const char *)a->grad + a->lo * muon__dtype_size(a->grad_dtype)) : (const void *)(pl->aw.recv + cur[r]);
       add.grad_dtype = k == a->part ? a->grad_dtype : MUON_DTYPE_FP32;
       if (k == 0 && (st = muon__widen(opt, sum, part, add.grad_dtype, c, "muon_step: summing Partial AdamW gradients")) != MUON_OK) return st;
-      if (k > 0 && c) MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, c, sum, part, &add, 1, NULL), "muon_step: summing Partial AdamW gradients");
+      if (k > 0 && c) MUON__TRY(muon__compute_momentum(opt, c, sum, part, &add, 1, NULL, "muon_step: summing Partial AdamW gradients"));
       if (k != a->part) cur[r] += c;
     }
-    if (c) MUON__BACKEND(opt, opt->compute.vt->nonfinite(opt->compute.ctx, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o]), "muon_step: checking Partial AdamW gradients");
+    if (c) MUON__TRY(muon__compute_nonfinite(opt, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o], "muon_step: checking Partial AdamW gradients"));
   }
   for (o = 0; o < pl->n_aw; o++) {   /* AdamW on the chunk, into scratch: nothing is applied before the vote */
     int i = pl->aw_order[o];
@@ -6152,15 +6194,15 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
     if (a->skip || a->hi == a->lo) continue;
     c = a->hi - a->lo;
     es = muon__dtype_size(a->param_dtype);
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_param + a->roff, (const char *)a->param + a->lo * es, c * es, 0, 0), "muon_step: AdamW of a Partial param");
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_m + a->roff, a->exp_avg, c * sizeof(float), 0, 0), "muon_step: AdamW of a Partial param");
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0), "muon_step: AdamW of a Partial param");
+    MUON__TRY(muon__compute_copy(opt, pl->aw_param + a->roff, (const char *)a->param + a->lo * es, c * es, 0, 0, "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__compute_copy(opt, pl->aw_m + a->roff, a->exp_avg, c * sizeof(float), 0, 0, "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__compute_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0, "muon_step: AdamW of a Partial param"));
     args = muon__adamw_args(opt, a, i);
     args.grad_scale *= a->part_scale;
     args.grad_dtype = MUON_DTYPE_FP32;
     args.mirror = NULL;
-    MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, c, pl->aw_param + a->roff, pl->aw_reduced + a->roff,
-                                              pl->aw_m + a->roff, pl->aw_v + a->roff, &args), "muon_step: AdamW of a Partial param");
+    MUON__TRY(muon__compute_adamw(opt, c, pl->aw_param + a->roff, pl->aw_reduced + a->roff,
+                                              pl->aw_m + a->roff, pl->aw_v + a->roff, &args, "muon_step: AdamW of a Partial param"));
   }
   return MUON_OK;
 }
@@ -6220,7 +6262,7 @@ static muon_status muon__aw_assemble(muon_optimizer *opt) {
         if ((st = muon__widen(opt, dst, pl->aw_param + a->roff, a->param_dtype, hi - lo, "muon_step: receiving Partial AdamW updates")) != MUON_OK) return st;
         continue;
       }
-      if (hi > lo) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, pl->aw.recv + cur[r], (hi - lo) * sizeof(float), 0, 0), "muon_step: receiving Partial AdamW updates");
+      if (hi > lo) MUON__TRY(muon__compute_copy(opt, dst, pl->aw.recv + cur[r], (hi - lo) * sizeof(float), 0, 0, "muon_step: receiving Partial AdamW updates"));
       cur[r] += hi - lo;
     }
   }
@@ -6281,18 +6323,15 @@ static muon_status muon__commit(muon_optimizer *opt) {
     if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
-      MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->momentum_size, x->momentum, opt->plan.reduced + opt->plan.globals[x->global].roff,
-                                                   &m, 1, NULL), "muon_step: momentum (the update may be partly applied)");
+      MUON__TRY(muon__compute_momentum(opt, x->momentum_size, x->momentum, opt->plan.reduced + opt->plan.globals[x->global].roff,
+                                                   &m, 1, NULL, "muon_step: momentum (the update may be partly applied)"));
       x->momentum_fresh = 0;
     } else if (x->parts == 1) {
-      MUON__BACKEND(opt, opt->compute.vt->momentum(opt->compute.ctx, x->size, x->momentum, x->grad, &m, 1, NULL),
-                    "muon_step: momentum (the update may be partly applied)");
+      MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &m, 1, NULL, "muon_step: momentum (the update may be partly applied)"));
     }
-    MUON__BACKEND(opt, opt->compute.vt->apply(opt->compute.ctx, x->size, x->param, opt->plan.stash + x->stash, &a),
-                  "muon_step: update (the update may be partly applied)");
+    MUON__TRY(muon__compute_apply(opt, x->size, x->param, opt->plan.stash + x->stash, &a, "muon_step: update (the update may be partly applied)"));
     if (muon__normuon_owned(opt, x)) {   /* the v staged this step */
-      MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0),
-                    "muon_step: NorMuon second moment (the update may be partly applied)");
+      MUON__TRY(muon__compute_copy(opt, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0, "muon_step: NorMuon second moment (the update may be partly applied)"));
       x->normuon_fresh = 0;
     }
   }
@@ -6305,16 +6344,15 @@ static muon_status muon__commit(muon_optimizer *opt) {
       size_t c = p->hi - p->lo;
       const char *op = "muon_step: AdamW of a Partial param (the update may be partly applied)";
       if (c) {
-        MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->exp_avg, opt->plan.aw_m + p->roff, c * sizeof(float), 0, 0), op);
-        MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->exp_avg_sq, opt->plan.aw_v + p->roff, c * sizeof(float), 0, 0), op);
+        MUON__TRY(muon__compute_copy(opt, p->exp_avg, opt->plan.aw_m + p->roff, c * sizeof(float), 0, 0, op));
+        MUON__TRY(muon__compute_copy(opt, p->exp_avg_sq, opt->plan.aw_v + p->roff, c * sizeof(float), 0, 0, op));
       }
-      if (p->param_dtype == MUON_DTYPE_FP32) MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, p->param, full, p->size * sizeof(float), 0, 0), op);
-      else MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size), op);
-      if (p->mirror) MUON__BACKEND(opt, opt->compute.vt->cast(opt->compute.ctx, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size), op);
+      if (p->param_dtype == MUON_DTYPE_FP32) MUON__TRY(muon__compute_copy(opt, p->param, full, p->size * sizeof(float), 0, 0, op));
+      else MUON__TRY(muon__compute_cast(opt, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size, op));
+      if (p->mirror) MUON__TRY(muon__compute_cast(opt, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size, op));
     } else {
       a = muon__adamw_args(opt, p, i);
-      MUON__BACKEND(opt, opt->compute.vt->adamw(opt->compute.ctx, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a),
-                    "muon_step: AdamW (the update may be partly applied)");
+      MUON__TRY(muon__compute_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a, "muon_step: AdamW (the update may be partly applied)"));
     }
     p->step++;
   }
@@ -6409,14 +6447,12 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   }
   if ((st = muon__adamw_exchange(opt)) != MUON_OK) return st;
   if (opt->step_status == MUON_OK && opt->plan.n_globals) {
-    st = opt->compute.vt->copy(opt->compute.ctx, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int), 1, 0);
-    opt->stats.backend_calls++;
-    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, "muon_step: reading the output checks"));
+    muon__local(opt, muon__compute_copy(opt, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int), 1, 0,
+                                        "muon_step: reading the output checks"));
   }
   if (opt->step_status == MUON_OK && opt->plan.n_aw) {
-    st = opt->compute.vt->copy(opt->compute.ctx, opt->plan.aw_host_flags, opt->plan.aw_flags, (size_t)opt->plan.n_aw * sizeof(int), 1, 0);
-    opt->stats.backend_calls++;
-    if (st != MUON_OK) muon__local(opt, muon__backend_fail(opt, st, "muon_step: reading the Partial AdamW checks"));
+    muon__local(opt, muon__compute_copy(opt, opt->plan.aw_host_flags, opt->plan.aw_flags, (size_t)opt->plan.n_aw * sizeof(int), 1, 0,
+                                        "muon_step: reading the Partial AdamW checks"));
   }
   if ((st = muon__comm_wait(opt, "muon_step: the exchanges")) != MUON_OK) return st;
   if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
@@ -6508,7 +6544,7 @@ static size_t muon__largest_state(const muon_optimizer *opt) {
 static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const float *x, size_t n, float *tmp) {
   muon_status st;
   if (!opt->device) { muon__put_floats(p, x, n); return MUON_OK; }
-  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, tmp, x, n * sizeof(float), 1, 0), "muon_state_save: reading the state");
+  MUON__TRY(muon__compute_copy(opt, tmp, x, n * sizeof(float), 1, 0, "muon_state_save: reading the state"));
   if ((st = muon__sync(opt, "muon_state_save: reading the state")) != MUON_OK) return st;
   muon__put_floats(p, tmp, n);
   return MUON_OK;
@@ -6517,7 +6553,7 @@ static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const
 static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src, float *x, size_t n, float *tmp) {
   if (!opt->device) { muon__get_floats(&src, x, n); return MUON_OK; }
   muon__get_floats(&src, tmp, n);
-  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, x, tmp, n * sizeof(float), 0, 1), "muon_state_load: writing the state (partly loaded)");
+  MUON__TRY(muon__compute_copy(opt, x, tmp, n * sizeof(float), 0, 1, "muon_state_load: writing the state (partly loaded)"));
   return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
 }
 
@@ -7187,7 +7223,7 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
 static muon_status muon__put_tensor(muon_optimizer *opt, float *dst, const float *src, size_t n, const char *op) {
   if (!n) return MUON_OK;
   if (!opt->device) { memcpy(dst, src, n * sizeof(float)); return MUON_OK; }
-  MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * sizeof(float), 0, 1), op);
+  MUON__TRY(muon__compute_copy(opt, dst, src, n * sizeof(float), 0, 1, op));
   return MUON_OK;
 }
 
@@ -7376,7 +7412,7 @@ static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, 
   if (!n) return MUON_OK;
   if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
     void *dst = bf16 ? (void *)((uint16_t *)(void *)out + n) : (void *)out;
-    MUON__BACKEND(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, n * (bf16 ? 2 : 4), 1, 0), op);
+    MUON__TRY(muon__compute_copy(opt, dst, src, n * (bf16 ? 2 : 4), 1, 0, op));
     if ((st = muon__sync(opt, op)) != MUON_OK) return st;
     src = dst;
   }
