@@ -54,8 +54,8 @@
        MUON_API            linkage of public functions (default: extern)
        MUON_NS_MAX_STEPS   capacity of the per-iteration coefficient table (default 16)
        MUON_MAX_LEVELS     most levels in a layout (default 8)
-       MUON_NO_THREADS     leave out the POSIX thread pool (desc.threads then needs its own
-                           parallel_for, or a count of 1); otherwise link with -pthread
+       MUON_NO_THREADS     leave out the POSIX thread pool (muon_cpu_desc.threads then needs its
+                           own parallel_for, or a count of 1); otherwise link with -pthread
 
    SPEED
        The built-in GEMM is plain C written for the auto-vectoriser: build with -O3 -march=native
@@ -89,10 +89,10 @@
        fails changes nothing.
 
    THREADS
-       The CPU backend uses desc.threads.count threads in muon_step (default: the environment's
-       MUON_THREADS, else 1): its own POSIX pool, or your parallel_for (OpenMP, a framework's
-       pool). Any count gives the same bits. With CBLAS, run OpenBLAS single-threaded
-       (OPENBLAS_NUM_THREADS=1): muon's threads then call it side by side.
+       The CPU backend (muon_cpu_create) uses muon_cpu_desc.threads.count threads in muon_step
+       (default: the environment's MUON_THREADS, else 1): its own POSIX pool, or your parallel_for
+       (OpenMP, a framework's pool). Any count gives the same bits. With CBLAS, run OpenBLAS
+       single-threaded (OPENBLAS_NUM_THREADS=1): muon's threads then call it side by side.
 
    THREAD SAFETY
        An optimizer is used by one thread at a time. Different optimizers are independent.
@@ -101,6 +101,26 @@
        Every fallible call returns muon_status (MUON_OK == 0). muon_error(opt) gives the last
        message of that optimizer, naming the field, the matrix and its index. The library never
        prints, exits or aborts; set desc.logger to receive messages as they happen.
+
+   FILE MAP (each section's banner holds its marker: grep '>>name')
+       Declarations                          Implementation: the core in the order a step runs,
+       >>status     muon_status              then the CPU backend
+       >>hparams    muon_hparams, AdamW's    >>impl-defaults, >>impl-self, >>impl-optimizer
+       >>hooks      allocator, logger        >>impl-memory    allocator, messages, checks
+       >>comm       communicator vtable      >>impl-pieces    layouts -> pieces
+       >>compute    compute vtable           >>impl-configs   muon_auto_config, layout_config
+       >>cpu        the CPU backend's desc   >>impl-create    create, groups, registration
+       >>layouts    levels, muon_layout      >>impl-compute-wrappers, >>impl-serial,
+       >>dist       muon_dist_config         >>impl-comm-wrappers
+       >>optimizer  desc, matrices, step     >>impl-plan (-owners, -rounds, -build, -run),
+       >>state      save, load, reshard        >>impl-normuon, >>impl-partial, >>impl-plan-text
+       >>verify     plan text, dumps         >>impl-step      momentum, U, the verdicts
+       >>ns         Newton-Schulz alone      >>impl-agree     the per-step agreement
+       >>elementwise  formulas shared with   >>impl-xfer, >>impl-rounds, >>impl-adamw,
+                      muon_cuda.h's kernels  >>impl-commit, >>impl-api-step (muon_step)
+                                             >>impl-state, >>impl-reshard, >>impl-verify
+                                             >>impl-cpu-backend: >>impl-threads, >>impl-gemm,
+                                               >>impl-ns, >>impl-cpu (its slots, vtable)
 */
 #ifndef MUON_H
 #define MUON_H
@@ -130,7 +150,7 @@
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------------------------------------
+/* >>status ------------------------------------------------------------------------------------
    Status: one X-macro makes the enum and its strings so the two cannot drift. */
 #define MUON_STATUS_LIST(X)                                                       \
   X(MUON_OK,            "ok")                                                     \
@@ -152,7 +172,7 @@ typedef enum muon_status { MUON_STATUS_LIST(MUON__STATUS_ENUM) MUON_STATUS_COUNT
 /* "MUON_ERR_SHAPE: invalid shape"; never NULL. */
 MUON_API const char *muon_status_string(muon_status status);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>hparams -----------------------------------------------------------------------------------
    Hyperparameters */
 typedef enum muon_adjust_lr {
   MUON_ADJUST_LR_ORIGINAL = 0,     /* lr * sqrt(max(1, rows/cols))        (torch default) */
@@ -197,12 +217,6 @@ typedef enum muon_normuon {
                                       times |O|_F / max(|O'|_F, 1e-10). The formulas: muon__normuon */
 } muon_normuon;
 
-typedef enum muon_gemm {
-  MUON_GEMM_AUTO = 0,              /* CBLAS when compiled with MUON_USE_CBLAS, else built-in    */
-  MUON_GEMM_BUILTIN,               /* the portable blocked GEMM of this header                  */
-  MUON_GEMM_CBLAS                  /* CBLAS; MUON_ERR_ARG if not compiled with MUON_USE_CBLAS   */
-} muon_gemm;
-
 typedef struct muon_hparams {
   float lr;                        /* 1e-3; may change between steps (muon_set_group)           */
   float weight_decay;              /* 0.1, decoupled, uses the unadjusted lr                    */
@@ -228,8 +242,9 @@ typedef struct muon_hparams {
                                       its Frobenius norm. v (one float per row or column) is owner
                                       state: saved, loaded, resharded, moved when owners change  */
   float normuon_beta2;             /* 0.95, in [0, 1)                                            */
-  /* How, not what: these change speed (and the last bits), never the math. */
-  muon_gemm gemm;
+  /* How, not what: changes speed (and, on CBLAS and cuBLAS, the last bits), never the math.
+     Honoured by every backend, so it is a group's setting, agreed across ranks (the owner's
+     choice must not decide the bits) and saved with the group. */
   int symmetric;                   /* 1: X*X^T and A*A compute one triangle (fewer flops)       */
 } muon_hparams;
 
@@ -252,7 +267,7 @@ typedef struct muon_adamw_hparams {
 /* torch.optim.AdamW's defaults. */
 MUON_API muon_adamw_hparams muon_default_adamw_hparams(void);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>hooks -------------------------------------------------------------------------------------
    Hooks: allocator and logger, each with user data; all fields or none. */
 typedef struct muon_allocator {
   void *(*alloc)(size_t size, void *user_data);
@@ -274,7 +289,7 @@ typedef enum muon_nonfinite {
                                       this step on every rank that holds a piece of it         */
 } muon_nonfinite;
 
-/* ---------------------------------------------------------------------------------------------
+/* >>comm --------------------------------------------------------------------------------------
    Communicator: one process group, as a vtable + context (SQLite VFS / ggml style). A backend
    (muon_gloo.h, muon_nccl.h, or your framework) fills the vtable; the core never knows which one
    it talks to and calls it only through wrappers that check and count. Every slot takes ctx first
@@ -345,7 +360,7 @@ MUON_API muon_comm muon_comm_self(void);
 /* Calls vt->destroy if set and clears *comm. */
 MUON_API void muon_comm_destroy(muon_comm *comm);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>compute -----------------------------------------------------------------------------------
    Compute backend: where the step's arithmetic runs and where its buffers live, as a vtable +
    context like the communicator. NULL desc.compute is the CPU backend in this header
    (muon_compute_cpu()); muon_cuda.h fills one for NVIDIA GPUs. The slots are whole operations of
@@ -503,14 +518,54 @@ typedef struct muon_compute {
   void *ctx;
 } muon_compute;
 
-/* The CPU backend of this header (built-in GEMM or CBLAS): what a NULL desc.compute means. */
+/* >>cpu ---------------------------------------------------------------------------------------
+   The CPU backend of this header: its threads and its GEMM are its own settings, as a GPU
+   backend's device and streams are its own. A NULL desc.compute is a CPU backend with the
+   defaults (threads: the environment's MUON_THREADS, else 1), owned by the optimizer. */
+typedef enum muon_gemm {
+  MUON_GEMM_AUTO = 0,              /* CBLAS when compiled with MUON_USE_CBLAS, else built-in    */
+  MUON_GEMM_BUILTIN,               /* the portable blocked GEMM of this header                  */
+  MUON_GEMM_CBLAS                  /* CBLAS; MUON_ERR_ARG if not compiled with MUON_USE_CBLAS   */
+} muon_gemm;
+
+/* Same-shape Newton-Schulz operands run side by side, a lone large one has its built-in GEMMs
+   split by rows; with CBLAS (never split) a round's operands of all shapes are spread over the
+   threads, largest first, each to the least loaded one (on one device a round holds 64 MiB of
+   operands per thread, up to 4); element-wise work (momentum, update, AdamW) is split in
+   ranges: no sum ever depends on the split, so the bits are the same for any count. */
+typedef void (*muon_task_fn)(void *arg, int task);
+typedef struct muon_threads {
+  int count;        /* most threads a step uses; 0: environment MUON_THREADS, else 1            */
+  /* Optional: runs fn(arg, t) for every t in [0, n), n <= count, concurrently where it can, and
+     returns when all have returned (an OpenMP "parallel for", a framework's pool). Tasks never
+     share memory they write. NULL: muon's own POSIX thread pool, started by muon_cpu_create
+     (compiled out by MUON_NO_THREADS, where count must then be 1). */
+  void (*parallel_for)(void *user, int n, muon_task_fn fn, void *arg);
+  void *user;
+} muon_threads;
+
+typedef struct muon_cpu_desc {
+  muon_threads threads;            /* zeroed: MUON_THREADS or 1                                 */
+  muon_gemm gemm;                  /* MUON_GEMM_AUTO. Which GEMM changes the last bits: keep one
+                                      choice (and one build) on every rank of a job              */
+  muon_allocator allocator;        /* the context, the pool and backend memory; zeroed: malloc  */
+} muon_cpu_desc;
+
+/* Zeroed threads (MUON_THREADS or 1), MUON_GEMM_AUTO. */
+MUON_API muon_cpu_desc muon_cpu_default_desc(void);
+/* Creates a CPU backend (desc NULL: the defaults) with its thread pool. Destroy it with
+   muon_compute_destroy, after every optimizer that uses it. On failure *out is cleared and
+   muon_error(NULL) says why. */
+MUON_API muon_status muon_cpu_create(muon_compute *out, const muon_cpu_desc *desc);
+/* The CPU backend's vtable with a NULL context: one thread, MUON_GEMM_AUTO, nothing to destroy
+   (a base for wrapping backends in tests). */
 MUON_API muon_compute muon_compute_cpu(void);
 /* Calls vt->destroy if set and clears *compute. */
 MUON_API void muon_compute_destroy(muon_compute *compute);
 /* The 32 random bits stochastic rounding uses for one element: a pure function. */
 MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long index);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>layouts -----------------------------------------------------------------------------------
    Layouts (the C analogue of a DTensor placement list). A matrix's layout is an ordered list of
    levels: the first splits the full matrix over its group, each next one splits the piece the
    previous level left on this rank. Gathering undoes the last level first. A level needs only
@@ -566,7 +621,7 @@ MUON_API muon_level muon_flat_range(const muon_comm *group, long long offset, lo
 MUON_API muon_level muon_replicate(const muon_comm *group);
 MUON_API muon_level muon_partial(const muon_comm *group, muon_reduce reduce);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>dist --------------------------------------------------------------------------------------
    Distribution: which rank orthogonalises each matrix, and how U and O move.
    Every rank sees the same global list of matrices (the union of what ranks registered, matched
    by name and layout key, in order of first appearance by rank) and computes the same owners. */
@@ -622,7 +677,7 @@ typedef struct muon_dist_config {
                                       on every rank after such an error. 0 (default): all apply
                                       or none does */
   muon_wire wire;                  /* the exchange's number format (MUON_WIRE_AUTO)             */
-  /* Overlap (the seeds' prefetch_count and async_gpu_parallelism). prefetch: exchange rounds
+  /* Overlap. prefetch: exchange rounds
      whose U is gathered ahead of the round being orthogonalised, 0 to 8. async: 1 overlaps the
      collectives with Newton-Schulz. A communicator with a queue of its own (alltoallv_start /
      join: Gloo's posted exchanges, NCCL on its own stream) runs them there, several in flight
@@ -635,7 +690,7 @@ typedef struct muon_dist_config {
   int async;
 } muon_dist_config;
 
-/* The seeds' create_auto_config: layouts from the usual parallelism groups. Levels, first to
+/* Layouts from the usual parallelism groups (as torch's DeviceMesh names them). Levels, first to
    last: REPLICATE (PARTIAL with `partial`) over ddp, cp and replicate (HSDP); REPLICATE over ep
    (dense matrices only); SHARD(tp dim) over tp; SHARD(0) (or FLAT with fsdp_flat) over fsdp and
    shard (HSDP). Expert matrices and pipeline
@@ -667,30 +722,12 @@ typedef struct muon_auto_desc {
 } muon_auto_desc;
 
 MUON_API muon_dist_config muon_auto_config(const muon_auto_desc *desc);
-/* The seeds' create_dtensor_config: every matrix carries its own muon_matrix.layout. */
+/* Every matrix carries its own muon_matrix.layout (DTensor placements, given explicitly). */
 MUON_API muon_dist_config muon_layout_config(void);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>optimizer ---------------------------------------------------------------------------------
    The optimizer */
 typedef struct muon_optimizer muon_optimizer;
-
-/* Threads of the CPU compute backend (desc.compute NULL, or muon_compute_cpu() with its ctx
-   left NULL). Same-shape Newton-Schulz operands run side by side, a lone large one has its
-   built-in GEMMs split by rows; with CBLAS (never split) a round's operands of all shapes are
-   spread over the threads, largest first, each to the least loaded one (on one device a round
-   holds 64 MiB of operands per thread, up to 4); element-wise work (momentum, update, AdamW) is
-   split in ranges: no sum ever depends on the split, so the bits are the same for any count.
-   Other backends ignore this. */
-typedef void (*muon_task_fn)(void *arg, int task);
-typedef struct muon_threads {
-  int count;        /* most threads a step uses; 0: environment MUON_THREADS, else 1            */
-  /* Optional: runs fn(arg, t) for every t in [0, n), n <= count, concurrently where it can, and
-     returns when all have returned (an OpenMP "parallel for", a framework's pool). Tasks never
-     share memory they write. NULL: muon's own POSIX thread pool, started by muon_create
-     (compiled out by MUON_NO_THREADS, where count must then be 1). */
-  void (*parallel_for)(void *user, int n, muon_task_fn fn, void *arg);
-  void *user;
-} muon_threads;
 
 typedef struct muon_desc {
   muon_hparams hparams;            /* group 0 of the Muon matrices                              */
@@ -700,10 +737,10 @@ typedef struct muon_desc {
   muon_logger logger;              /* zeroed: silent                                            */
   const muon_comm *comm;           /* NULL: one rank. Copied.                                   */
   const muon_dist_config *dist;    /* NULL: every rank orthogonalises what it holds. Copied.    */
-  const muon_compute *compute;     /* NULL: the CPU (muon_compute_cpu()). Copied; not owned.    */
+  const muon_compute *compute;     /* NULL: a CPU backend of its own, with the defaults
+                                      (muon_cpu_default_desc). Copied; not owned.               */
   muon_rounding rounding;          /* bf16 parameters and mirrors: nearest even or stochastic   */
   unsigned long long seed;         /* stochastic rounding's seed                                */
-  muon_threads threads;            /* the CPU backend's threads (zeroed: MUON_THREADS or 1)      */
 } muon_desc;
 
 MUON_API muon_desc muon_default_desc(void);
@@ -812,7 +849,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt);
 MUON_API muon_status muon_plan(muon_optimizer *opt);
 MUON_API int muon_rank(const muon_optimizer *opt);
 MUON_API int muon_world_size(const muon_optimizer *opt);
-/* After planning: the owner of this rank's matrix `index` (the seeds' optimizer.assignments). */
+/* After planning: the owner of this rank's matrix `index`. */
 MUON_API muon_status muon_get_owner(const muon_optimizer *opt, int index, int *owner);
 /* After planning: the global matrices (all ranks'), and which of them this rank owns. */
 MUON_API int muon_global_count(const muon_optimizer *opt);
@@ -820,7 +857,7 @@ MUON_API muon_status muon_global_info(const muon_optimizer *opt, int global, muo
 /* The global indices of the matrices this rank owns (at most cap written; out may be NULL);
    returns how many it owns. */
 MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap);
-/* The plan as text (the seeds' print(optimizer.assignments), made useful): per matrix its name,
+/* The plan as text: per matrix its name,
    shape, layout key, owner and round, and every holder's piece as that rank described it and as
    rows and columns of the full matrix; per rank the Newton-Schulz work it owns, the bytes it
    sends and receives per step (U to owners, O back) and the full matrices it holds at once; the
@@ -859,7 +896,7 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
    planned), NULL and 0 elsewhere. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>state -------------------------------------------------------------------------------------
    State: momentum, NorMuon second moments, AdamW moments and step counts in a versioned,
    checksummed little blob. A rank saves the NorMuon second moments of the matrices it owns.
    Loading checks everything before it changes anything: a truncated, corrupted or mismatched
@@ -884,7 +921,7 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
 MUON_API muon_status muon_state_reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes, int n);
 MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *const *paths, int n);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>verify ------------------------------------------------------------------------------------
    Verifying a setup: whole matrices out, a dump to compare, a check of the layouts. Collective:
    every rank calls them alike, after registration (they plan first); the same error on every
    rank. For checks, not for every step: each matrix's pieces reach every rank by allgather. */
@@ -903,7 +940,7 @@ typedef long long (*muon_index_fn)(void *user, int matrix, size_t k);
    first matrix, rank and element that do not, and where each side puts it. */
 MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index, void *user);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>ns ----------------------------------------------------------------------------------------
    Newton-Schulz alone: out = NS(in) for a rows x cols matrix, as muon_step computes it
    (transposing tall matrices). in and out may alias. Allocates its workspace with malloc. */
 MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp);
@@ -916,7 +953,7 @@ MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
 #endif
 #endif /* MUON_H */
 
-/* =============================================================================================
+/* >>elementwise ===============================================================================
    ELEMENT-WISE FORMULAS, one element at a time, shared by the CPU loops of this header and the
    CUDA kernels of muon_cuda.h (which defines MUON_ELEMENTWISE and includes this header again),
    so every backend runs the very same formulas. Reference: torch.optim.Muon / torch.optim.AdamW
@@ -1059,7 +1096,7 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 }
 #endif /* MUON__ELEMENTWISE_DEFINED */
 
-/* =============================================================================================
+/* >>implementation ============================================================================
    IMPLEMENTATION
    ============================================================================================= */
 #ifdef MUON_IMPLEMENTATION
@@ -1097,7 +1134,7 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 #define MUON__UNUSED
 #endif
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-defaults -----------------------------------------------------------------------------
    Status strings and defaults */
 #define MUON__STATUS_TEXT(name, text) #name ": " text,
 static const char *const muon__status_text[] = { MUON_STATUS_LIST(MUON__STATUS_TEXT) };
@@ -1162,7 +1199,6 @@ MUON_API muon_hparams muon_default_hparams(void) {
   hp.precision = MUON_PRECISION_FP32;
   hp.normuon = MUON_NORMUON_OFF;
   hp.normuon_beta2 = 0.95f;
-  hp.gemm = MUON_GEMM_AUTO;
   hp.symmetric = 1;
   return hp;
 }
@@ -1199,7 +1235,7 @@ MUON_API muon_adamw_param muon_default_adamw_param(void) {
   return p;
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-self ---------------------------------------------------------------------------------
    The single-rank communicator: alltoallv and allgather are local copies. */
 static muon_status muon__self_alltoallv(void *ctx, const float *send, const size_t *send_counts,
                                         const size_t *send_displs, float *recv,
@@ -1243,7 +1279,7 @@ MUON_API void muon_comm_destroy(muon_comm *comm) {
   memset(comm, 0, sizeof *comm);
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-optimizer ----------------------------------------------------------------------------
    The optimizer object */
 /* A piece: the range [f0, f1) of the row-major flattening of the rectangle at (r0, c0) of size
    h x w, in full-matrix coordinates. Every nesting of SHARD / FLAT / REPLICATE gives one. */
@@ -1320,6 +1356,7 @@ typedef struct muon__global {
    async several are in flight; in the debug setting the two of a round share one buffer set. */
 /* A slot appended in version v of its vtable (see "Growing a vtable"): NULL in an older table. */
 #define MUON__SLOT(vt, v, slot) ((vt)->version >= (v) ? (vt)->slot : NULL)
+#define MUON__MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MUON__MAX_PREFETCH 8
 #define MUON__MAX_UNJOINED 16   /* exchanges started on a communicator's queue and not joined */
 typedef struct muon__xfer {
@@ -1421,6 +1458,8 @@ typedef struct muon__pool muon__pool;
 typedef struct muon__cpu {
   const muon_allocator *allocator;
   int threads;                     /* >= 1 */
+  int cblas;                       /* muon_cpu_desc.gemm resolved: CBLAS, or the built-in GEMM */
+  muon_allocator own;              /* muon_cpu_create's: what `allocator` points at            */
   void (*parallel_for)(void *user, int n, muon_task_fn fn, void *arg);
   void *user;
   muon__pool *pool;                /* muon's own, when the desc gave no parallel_for */
@@ -1460,7 +1499,7 @@ struct muon_optimizer {
   char error[512];
 };
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-memory -------------------------------------------------------------------------------
    Memory and messages */
 /* Most floats one buffer may hold, so that byte counts (and the state blob's 8 bytes per
    AdamW float) cannot overflow size_t. */
@@ -1562,10 +1601,6 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
   if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_SPECTRAL_UNCLAMPED) { snprintf(buf, size, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)", (int)hp->adjust_lr); return MUON_ERR_ARG; }
   if ((unsigned)hp->momentum_style > (unsigned)MUON_MOMENTUM_SGD) { snprintf(buf, size, "muon_hparams.momentum_style is not a muon_momentum_style (got %d)", (int)hp->momentum_style); return MUON_ERR_ARG; }
   if ((unsigned)hp->precision > (unsigned)MUON_PRECISION_BF16) { snprintf(buf, size, "muon_hparams.precision is not a muon_precision (got %d)", (int)hp->precision); return MUON_ERR_ARG; }
-  if ((unsigned)hp->gemm > (unsigned)MUON_GEMM_CBLAS) { snprintf(buf, size, "muon_hparams.gemm is not a muon_gemm (got %d)", (int)hp->gemm); return MUON_ERR_ARG; }
-#ifndef MUON_USE_CBLAS
-  if (hp->gemm == MUON_GEMM_CBLAS) { snprintf(buf, size, "muon_hparams.gemm is MUON_GEMM_CBLAS but muon.h was compiled without MUON_USE_CBLAS"); return MUON_ERR_ARG; }
-#endif
   return MUON_OK;
 }
 
@@ -1579,7 +1614,7 @@ static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, char 
   return MUON_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-pieces -------------------------------------------------------------------------------
    Layouts -> pieces. torch.chunk semantics: chunks of ceil(d/size); trailing ranks may get a
    short or empty chunk (18 rows over 8 ranks: 3,3,3,3,3,3,0,0). */
 static muon_level muon__level(muon_placement placement, int dim, const muon_comm *group) {
@@ -1736,7 +1771,13 @@ static muon__seg muon__segs(const muon__piece *p) {
   return s;
 }
 
-static muon_status muon__thread_count(const muon_threads *t, int *count, char *msg, size_t size);
+static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const muon_allocator *a, char *msg, size_t size);
+/* The CPU backend (at the end of this file) shares these with the core. */
+static int muon__cpu_threads(const void *ctx);
+static int muon__is_cpu(const muon_compute *c);
+static double muon__ns_cost(int rows, int cols);
+static int muon__use_gram(const muon_hparams *hp, int m, int n);
+static size_t muon__ns_ws_floats(int m, int n, int gram);
 static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size);
 static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size);
 static void muon__comm_thread_stop(muon_optimizer *opt);
@@ -1754,7 +1795,7 @@ static void *muon__compute_alloc(muon_optimizer *opt, size_t bytes);
 static void muon__compute_free(muon_optimizer *opt, void *ptr);
 static muon_status muon__compute_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-configs ------------------------------------------------------------------------------
    Built-in configs: muon_auto_config derives each matrix's layout from the groups. */
 static void muon__push(muon_layout *l, muon_level level) {
   if (l->n_levels < MUON_MAX_LEVELS) l->levels[l->n_levels++] = level;
@@ -1826,14 +1867,13 @@ MUON_API muon_dist_config muon_layout_config(void) {
   return c;
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-create -------------------------------------------------------------------------------
    Creation, groups, registration */
 MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   muon_allocator a;
   muon_optimizer *opt;
   char msg[400];
   muon_status st;
-  int threads;
   if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
   *out = NULL;
   muon__create_error[0] = '\0';
@@ -1868,10 +1908,6 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
       !(desc->comm && desc->comm->vt && muon__side_vtable(desc->comm->vt))) {
     muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
     return MUON_ERR_ARG;
-  }
-  if ((st = muon__thread_count(&desc->threads, &threads, msg, sizeof msg)) != MUON_OK) {
-    muon__create_fail(desc, msg);
-    return st;
   }
   if (desc->comm) {
     const muon_comm *c = desc->comm;
@@ -1940,11 +1976,10 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->comm = desc->comm ? *desc->comm : muon_comm_self();
   opt->distributed = desc->dist != NULL;
   if (desc->dist) opt->dist = *desc->dist;
-  if (desc->compute) opt->compute = *desc->compute;
-  else opt->compute = muon_compute_cpu();
   opt->cpu.allocator = &opt->allocator;
-  opt->cpu.threads = threads;
-  if (opt->compute.vt == muon_compute_cpu().vt && !opt->compute.ctx) opt->compute.ctx = &opt->cpu;
+  opt->cpu.threads = 1;
+  if (desc->compute) opt->compute = *desc->compute;
+  else opt->compute.vt = muon_compute_cpu().vt, opt->compute.ctx = &opt->cpu;
   opt->device = opt->compute.vt->memory == MUON_MEMORY_DEVICE;
   opt->grad_scale = 1.0f;
   opt->rounding = desc->rounding;
@@ -1965,13 +2000,13 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     muon_destroy(opt);
     return MUON_ERR_NOMEM;
   }
-  if (threads > 1 && desc->threads.parallel_for) {
-    opt->cpu.parallel_for = desc->threads.parallel_for;
-    opt->cpu.user = desc->threads.user;
-  } else if (threads > 1 && (st = muon__pool_start(&opt->cpu, msg, sizeof msg)) != MUON_OK) {
-    muon__create_fail(desc, msg);
-    muon_destroy(opt);
-    return st;
+  if (!desc->compute) {   /* a CPU backend of its own, with the defaults */
+    muon_cpu_desc cd = muon_cpu_default_desc();
+    if ((st = muon__cpu_init(&opt->cpu, &cd, &opt->allocator, msg, sizeof msg)) != MUON_OK) {
+      muon__create_fail(desc, msg);
+      muon_destroy(opt);
+      return st;
+    }
   }
   if (opt->distributed && opt->dist.async && muon__async_comm(opt) && (st = muon__comm_thread_start(opt, msg, sizeof msg)) != MUON_OK) {
     muon__create_fail(desc, msg);
@@ -2392,1115 +2427,7 @@ static float muon__adjusted_lr(const muon_hparams *hp, int rows, int cols) {
   }
 }
 
-/* ---------------------------------------------------------------------------------------------
-   Threads of the CPU backend: desc.threads.count resolved once, at creation, and muon's own
-   pool. The pool's workers wait for a generation number to move; task 0 runs on the caller. */
-#define MUON__MAX_THREADS 1024
-
-static muon_status muon__thread_count(const muon_threads *t, int *count, char *msg, size_t size) {
-  const char *env = getenv("MUON_THREADS");
-  *count = 1;
-  if (t->count < 0 || t->count > MUON__MAX_THREADS) {
-    snprintf(msg, size, "MUON_ERR_ARG: muon_desc.threads.count must be in [0, %d] (got %d)", MUON__MAX_THREADS, t->count);
-    return MUON_ERR_ARG;
-  }
-  if (t->count) *count = t->count;
-  else if (env && *env) {
-    char *end;
-    long v = strtol(env, &end, 10);
-    if (*end || v < 1 || v > MUON__MAX_THREADS) {
-      snprintf(msg, size, "MUON_ERR_ARG: environment MUON_THREADS='%.40s' is not a thread count in [1, %d]", env, MUON__MAX_THREADS);
-      return MUON_ERR_ARG;
-    }
-    *count = (int)v;
-  }
-  if (*count > 1 && !t->parallel_for && !MUON__POOL) {
-    snprintf(msg, size, "MUON_ERR_ARG: %d threads asked for, but this build has no thread pool (MUON_NO_THREADS, or not POSIX): set muon_desc.threads.parallel_for",
-             *count);
-    return MUON_ERR_ARG;
-  }
-  return MUON_OK;
-}
-
-#if MUON__POOL
-struct muon__pool {
-  pthread_mutex_t mu;
-  pthread_cond_t go, done;
-  pthread_t *workers;
-  int n_workers, busy, stop;
-  unsigned long generation;
-  muon_task_fn fn;
-  void *arg;
-  int n_tasks;
-};
-
-typedef struct muon__worker_arg { muon__pool *pool; int task; } muon__worker_arg;
-
-static void muon__noop_task(void *arg, int task) { (void)arg; (void)task; }
-
-static void *muon__pool_worker(void *p) {
-  muon__worker_arg w = *(const muon__worker_arg *)p;
-  muon__pool *pool = w.pool;
-  unsigned long seen = 0;
-  pthread_mutex_lock(&pool->mu);
-  for (;;) {
-    while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->go, &pool->mu);
-    if (pool->stop) break;
-    seen = pool->generation;
-    if (w.task < pool->n_tasks) {
-      muon_task_fn fn = pool->fn;
-      void *arg = pool->arg;
-      pthread_mutex_unlock(&pool->mu);
-      fn(arg, w.task);
-      pthread_mutex_lock(&pool->mu);
-    }
-    if (--pool->busy == 0) pthread_cond_signal(&pool->done);
-  }
-  pthread_mutex_unlock(&pool->mu);
-  return NULL;
-}
-
-static void muon__pool_run(void *user, int n, muon_task_fn fn, void *arg) {
-  muon__pool *pool = (muon__pool *)user;
-  pthread_mutex_lock(&pool->mu);
-  pool->fn = fn;
-  pool->arg = arg;
-  pool->n_tasks = n;
-  pool->busy = pool->n_workers;
-  pool->generation++;
-  pthread_cond_broadcast(&pool->go);
-  pthread_mutex_unlock(&pool->mu);
-  fn(arg, 0);
-  pthread_mutex_lock(&pool->mu);
-  while (pool->busy) pthread_cond_wait(&pool->done, &pool->mu);
-  pthread_mutex_unlock(&pool->mu);
-}
-
-static void muon__pool_stop(muon__cpu *cpu) {
-  muon__pool *pool = cpu->pool;
-  int w;
-  if (!pool) return;
-  pthread_mutex_lock(&pool->mu);
-  pool->stop = 1;
-  pthread_cond_broadcast(&pool->go);
-  pthread_mutex_unlock(&pool->mu);
-  for (w = 0; w < pool->n_workers; w++) pthread_join(pool->workers[w], NULL);
-  pthread_cond_destroy(&pool->go);
-  pthread_cond_destroy(&pool->done);
-  pthread_mutex_destroy(&pool->mu);
-  muon__free(cpu->allocator, pool->workers);
-  muon__free(cpu->allocator, pool);
-  cpu->pool = NULL;
-  cpu->parallel_for = NULL;
-}
-
-/* threads - 1 workers; the caller is the last one. */
-static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
-  int n = cpu->threads - 1, w, err = 0;
-  muon__worker_arg *args;
-  muon__pool *pool = (muon__pool *)muon__alloc(cpu->allocator, sizeof *pool);
-  args = (muon__worker_arg *)muon__alloc(cpu->allocator, (size_t)n * sizeof *args);
-  if (pool) pool->workers = (pthread_t *)muon__alloc(cpu->allocator, (size_t)n * sizeof(pthread_t));
-  if (!pool || !args || !pool->workers) {
-    if (pool) muon__free(cpu->allocator, pool->workers);
-    muon__free(cpu->allocator, pool);
-    muon__free(cpu->allocator, args);
-    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: allocating the thread pool (%d threads) failed", cpu->threads);
-    return MUON_ERR_NOMEM;
-  }
-  pool->n_workers = 0;
-  pool->busy = 0;
-  pool->stop = 0;
-  pool->generation = 0;
-  pool->fn = NULL;
-  pool->arg = NULL;
-  pool->n_tasks = 0;
-  pthread_mutex_init(&pool->mu, NULL);
-  pthread_cond_init(&pool->go, NULL);
-  pthread_cond_init(&pool->done, NULL);
-  cpu->pool = pool;
-  for (w = 0; w < n && !err; w++) {
-    args[w].pool = pool;
-    args[w].task = w + 1;
-    if ((err = pthread_create(&pool->workers[w], NULL, muon__pool_worker, &args[w])) == 0) pool->n_workers++;
-  }
-  /* every worker has copied its argument once it has taken the lock: a run flushes them */
-  cpu->parallel_for = muon__pool_run;
-  cpu->user = pool;
-  muon__pool_run(pool, 1, muon__noop_task, NULL);
-  muon__free(cpu->allocator, args);
-  if (err) {
-    muon__pool_stop(cpu);
-    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: starting thread %d of %d failed: %s", w + 1, n + 1, strerror(err));
-    return MUON_ERR_NOMEM;
-  }
-  return MUON_OK;
-}
-#else
-static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
-  (void)cpu;
-  snprintf(msg, size, "MUON_ERR_ARG: this build has no thread pool");
-  return MUON_ERR_ARG;
-}
-static void muon__pool_stop(muon__cpu *cpu) { (void)cpu; }
-#endif
-
-/* fn(arg, t) for t in [0, n): on the CPU backend's threads, or in order on this one. */
-static void muon__parallel(const muon__cpu *cpu, int n, muon_task_fn fn, void *arg) {
-  int t;
-  if (n > 1 && cpu && cpu->parallel_for) cpu->parallel_for(cpu->user, n, fn, arg);
-  else for (t = 0; t < n; t++) fn(arg, t);
-}
-
-/* ---------------------------------------------------------------------------------------------
-   CPU GEMM: plain C99 loops the compiler vectorises (GotoBLAS/BLIS loop nest: pack A into MR-row
-   and op(B) into NR-column micro-panels, a register-blocked MR x NR micro-kernel). No intrinsics
-   and no alignment-dependent paths: each C element is summed in order over k inside each KC
-   chunk, so the bits depend only on (M, N, K), whether the packed path runs, and whether the
-   target has FMA. muon__sgemm_naive is the oracle the fast kernels are tested against.
-   Unpacked:  acc = sum_k a_k b_k;  C = alpha acc + beta C.
-   Packed:    K in KC chunks; chunk 0 does C = alpha acc + beta C, later ones C = alpha acc + C. */
-#if defined(__GNUC__) || defined(__clang__)
-#define MUON__RESTRICT __restrict
-#else
-#define MUON__RESTRICT
-#endif
-
-
-/* Fused multiply-add where the hardware has it (deterministic: always fused
-   for a given build), otherwise a plain multiply + add. */
-#if defined(__FP_FAST_FMAF) || defined(__FMA__)
-#define MUON__FMA(a, b, c) fmaf((a), (b), (c))
-#else
-#define MUON__FMA(a, b, c) ((a) * (b) + (c))
-#endif
-
-/* gcc's default tuning for most AVX-512 CPUs prefers 256-bit vectors; the micro-kernel is
-   register-blocked for 32 512-bit registers, so ask for 512-bit vectors on that one function.
-   This is only an optimisation hint (no intrinsics); other compilers/targets ignore it. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__) && !defined(MUON__NO_WIDE_KERNEL)
-#define MUON__WIDE_KERNEL 1
-#define MUON__KERNEL_ATTR __attribute__((target("prefer-vector-width=512")))
-#else
-#define MUON__KERNEL_ATTR
-#endif
-
-/* Register tile (micro-kernel) and cache blocking.
-   MR/NR only change speed, never results: every C element is always summed sequentially over k
-   inside each KC chunk.  KC is the only blocking parameter that affects the rounding. */
-#ifndef MUON__MR
-#if defined(MUON__WIDE_KERNEL)
-#define MUON__MR 12 /* 12 x 32 tile = 24 zmm accumulators */
-#define MUON__NR 32
-#elif defined(__AVX__)
-#define MUON__MR 2 /* 2 x 48 tile = 12 ymm accumulators (16 ymm registers): measured on AVX2 + FMA,
-                      1024^2 sgemm 0.54-0.58x one-thread OpenBLAS vs 0.47-0.51x for 4 x 24 */
-#define MUON__NR 48
-#else
-#define MUON__MR 8 /* SSE2 / generic: 8 x 8 tile */
-#define MUON__NR 8
-#endif
-#endif
-#define MUON__KC 256 /* k-chunk: fixed for all targets (it defines the summation order) */
-#define MUON__MC 96  /* rows of A packed per block (multiple of MR) */
-#define MUON__NC 288 /* minimum columns of op(B) packed per block (multiple of NR); grows with the buffer */
-
-/* Minimum pack floats for the packed (fast) path; a smaller pack buffer selects the unpacked path.
-   = MC*KC + KC*NC = 96 K floats (384 KiB).  A bigger buffer is used for wider B blocks (faster, same bits). */
-#define MUON__GEMM_PACK_FLOATS ((size_t)MUON__MC * MUON__KC + (size_t)MUON__KC * MUON__NC)
-
-/* Unpacked-path register tile. */
-#define MUON__UMR 4
-#define MUON__UNR 32
-
-#define MUON__MIN(a, b) ((a) < (b) ? (a) : (b))
-
-/* ----------------------------- oracle ----------------------------------- */
-
-MUON__UNUSED static void muon__sgemm_naive(int transb, int M, int N, int K, float alpha, const float *A, int lda,
-                              const float *B, int ldb, float beta, float *C, int ldc)
-{
-    int i, j, p;
-    for (i = 0; i < M; i++) {
-        for (j = 0; j < N; j++) {
-            double s = 0.0;
-            for (p = 0; p < K; p++) {
-                double b = transb ? (double)B[(size_t)j * ldb + p] : (double)B[(size_t)p * ldb + j];
-                s += (double)A[(size_t)i * lda + p] * b;
-            }
-            s *= (double)alpha;
-            if (beta != 0.0f) s += (double)beta * (double)C[(size_t)i * ldc + j];
-            C[(size_t)i * ldc + j] = (float)s;
-        }
-    }
-}
-
-/* ------------------------------ helpers --------------------------------- */
-
-/* C[m x n] = beta * C  (beta == 0: write zeros, C never read). */
-static void muon__scale_c(int m, int n, float beta, float *C, int ldc)
-{
-    int i, j;
-    for (i = 0; i < m; i++) {
-        float *c = C + (size_t)i * ldc;
-        if (beta == 0.0f) {
-            for (j = 0; j < n; j++) c[j] = 0.0f;
-        } else {
-            for (j = 0; j < n; j++) c[j] = beta * c[j];
-        }
-    }
-}
-
-/* Copy the strictly-lower triangle of C[N x N] onto the upper triangle. */
-static void muon__mirror_lower(int N, float *C, int ldc)
-{
-    int ib, jb, i, j;
-    const int BS = 64;
-    for (ib = 0; ib < N; ib += BS) {
-        int ie = MUON__MIN(ib + BS, N);
-        for (jb = ib; jb < N; jb += BS) {
-            int je = MUON__MIN(jb + BS, N);
-            for (i = ib; i < ie; i++) {
-                float *dst = C + (size_t)i * ldc;
-                for (j = (jb > i + 1 ? jb : i + 1); j < je; j++) dst[j] = C[(size_t)j * ldc + i];
-            }
-        }
-    }
-}
-
-/* Store an m x n accumulator tile (row stride ld_acc) into C.
-   first && beta == 0  -> C = alpha*acc            (C not read)
-   first               -> C = alpha*acc + beta*C
-   !first              -> C = alpha*acc + C                                       */
-static void muon__store_tile(const float *MUON__RESTRICT acc, int ld_acc, int m, int n, float *MUON__RESTRICT C,
-                             int ldc, float alpha, float beta, int first)
-{
-    int i, j;
-    if (first && beta == 0.0f) {
-        for (i = 0; i < m; i++) {
-            float *c = C + (size_t)i * ldc;
-            const float *a = acc + (size_t)i * ld_acc;
-            for (j = 0; j < n; j++) c[j] = alpha * a[j];
-        }
-    } else {
-        float bt = first ? beta : 1.0f;
-        for (i = 0; i < m; i++) {
-            float *c = C + (size_t)i * ldc;
-            const float *a = acc + (size_t)i * ld_acc;
-            for (j = 0; j < n; j++) c[j] = MUON__FMA(bt, c[j], alpha * a[j]);
-        }
-    }
-}
-
-/* ---------------------------- packed path ------------------------------- */
-
-/* Pack rows [0,mc) x cols [0,kc) of A into MR-row micro-panels: ap[p*MR + i], zero padded. */
-static void muon__pack_a(int mc, int kc, const float *MUON__RESTRICT A, int lda, float *MUON__RESTRICT ap)
-{
-    int ir, i, p;
-    for (ir = 0; ir < mc; ir += MUON__MR) {
-        int mr = MUON__MIN(MUON__MR, mc - ir);
-        const float *a = A + (size_t)ir * lda;
-        if (mr == MUON__MR) {
-            for (p = 0; p < kc; p++)
-                for (i = 0; i < MUON__MR; i++) ap[(size_t)p * MUON__MR + i] = a[(size_t)i * lda + p];
-        } else {
-            for (p = 0; p < kc; p++) {
-                for (i = 0; i < mr; i++) ap[(size_t)p * MUON__MR + i] = a[(size_t)i * lda + p];
-                for (; i < MUON__MR; i++) ap[(size_t)p * MUON__MR + i] = 0.0f;
-            }
-        }
-        ap += (size_t)MUON__MR * kc;
-    }
-}
-
-/* Pack op(B)[0,kc) x [0,nc) into NR-column micro-panels: bp[p*NR + j], zero padded.
-   transb == 0: op(B)[p][j] = B[p*ldb + j];  transb == 1: op(B)[p][j] = B[j*ldb + p]. */
-static void muon__pack_b(int transb, int kc, int nc, const float *MUON__RESTRICT B, int ldb,
-                         float *MUON__RESTRICT bp)
-{
-    int jr, j, p;
-    for (jr = 0; jr < nc; jr += MUON__NR) {
-        int nr = MUON__MIN(MUON__NR, nc - jr);
-        if (!transb && nr == MUON__NR) {
-            for (p = 0; p < kc; p++) {
-                const float *b = B + (size_t)p * ldb + jr;
-                float *d = bp + (size_t)p * MUON__NR;
-                for (j = 0; j < MUON__NR; j++) d[j] = b[j];
-            }
-        } else if (!transb) {
-            for (p = 0; p < kc; p++) {
-                const float *b = B + (size_t)p * ldb + jr;
-                float *d = bp + (size_t)p * MUON__NR;
-                for (j = 0; j < nr; j++) d[j] = b[j];
-                for (; j < MUON__NR; j++) d[j] = 0.0f;
-            }
-        } else {
-            for (j = 0; j < nr; j++) {
-                const float *b = B + (size_t)(jr + j) * ldb;
-                for (p = 0; p < kc; p++) bp[(size_t)p * MUON__NR + j] = b[p];
-            }
-            for (; j < MUON__NR; j++)
-                for (p = 0; p < kc; p++) bp[(size_t)p * MUON__NR + j] = 0.0f;
-        }
-        bp += (size_t)MUON__NR * kc;
-    }
-}
-
-/* Micro-kernel: acc[MR][NR] = sum_p ap[p*MR+i] * bp[p*NR+j], then store m x n of it into C. */
-MUON__KERNEL_ATTR static void muon__kernel(int kc, const float *MUON__RESTRICT ap, const float *MUON__RESTRICT bp,
-                         float *MUON__RESTRICT C, int ldc, int m, int n, float alpha, float beta, int first)
-{
-    float acc[MUON__MR][MUON__NR];
-    int i, j, p;
-    for (i = 0; i < MUON__MR; i++)
-        for (j = 0; j < MUON__NR; j++) acc[i][j] = 0.0f;
-    for (p = 0; p < kc; p++) {
-        const float *b = bp + (size_t)p * MUON__NR;
-        const float *a = ap + (size_t)p * MUON__MR;
-        for (i = 0; i < MUON__MR; i++) {
-            const float ai = a[i];
-            for (j = 0; j < MUON__NR; j++) acc[i][j] = MUON__FMA(ai, b[j], acc[i][j]);
-        }
-    }
-    muon__store_tile(&acc[0][0], MUON__NR, m, n, C, ldc, alpha, beta, first);
-}
-
-/* lower != 0: only micro-tiles touching the diagonal or below are computed (syrk), where row i
-   of A and C is row diag + i of the whole. */
-static void muon__gemm_packed(int transb, int M, int N, int K, float alpha, const float *A, int lda,
-                              const float *B, int ldb, float beta, float *C, int ldc, float *pack,
-                              size_t pack_floats, int lower, int diag)
-{
-    float *apack = pack;
-    float *bpack = pack + (size_t)MUON__MC * MUON__KC;
-    /* widest B block the buffer holds (multiple of NR, >= MUON__NC); never changes the results */
-    size_t ncmax_z = (pack_floats - (size_t)MUON__MC * MUON__KC) / MUON__KC / MUON__NR * MUON__NR;
-    int ncmax = ncmax_z >= (size_t)N ? N : (int)ncmax_z;
-    int jc, pc, ic, jr, ir;
-    for (jc = 0; jc < N; jc += ncmax) {
-        int nc = MUON__MIN(ncmax, N - jc);
-        for (pc = 0; pc < K; pc += MUON__KC) {
-            int kc = MUON__MIN(MUON__KC, K - pc);
-            int first = (pc == 0);
-            const float *bsrc = transb ? B + (size_t)jc * ldb + pc : B + (size_t)pc * ldb + jc;
-            muon__pack_b(transb, kc, nc, bsrc, ldb, bpack);
-            for (ic = 0; ic < M; ic += MUON__MC) {
-                int mc = MUON__MIN(MUON__MC, M - ic);
-                if (lower && diag + ic + mc <= jc) continue; /* whole block strictly above the diagonal */
-                muon__pack_a(mc, kc, A + (size_t)ic * lda + pc, lda, apack);
-                for (jr = 0; jr < nc; jr += MUON__NR) {
-                    int nr = MUON__MIN(MUON__NR, nc - jr);
-                    const float *bp = bpack + (size_t)jr * kc;
-                    for (ir = 0; ir < mc; ir += MUON__MR) {
-                        int mr = MUON__MIN(MUON__MR, mc - ir);
-                        if (lower && diag + ic + ir + mr - 1 < jc + jr) continue; /* tile strictly above diagonal */
-                        muon__kernel(kc, apack + (size_t)ir * kc, bp, C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
-                                     mr, nr, alpha, beta, first);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/* --------------------------- unpacked path ------------------------------ */
-
-/* transb == 0, no scratch: UMR x UNR register tile read straight from A and B. */
-static void muon__gemm_nopack_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                                 int ldb, float beta, float *C, int ldc)
-{
-    int i0, j0, i, j, p;
-    float acc[MUON__UMR][MUON__UNR];
-    for (j0 = 0; j0 < N; j0 += MUON__UNR) {
-        int nr = MUON__MIN(MUON__UNR, N - j0);
-        for (i0 = 0; i0 < M; i0 += MUON__UMR) {
-            int mr = MUON__MIN(MUON__UMR, M - i0);
-            const float *a = A + (size_t)i0 * lda;
-            const float *b = B + j0;
-            for (i = 0; i < MUON__UMR; i++)
-                for (j = 0; j < MUON__UNR; j++) acc[i][j] = 0.0f;
-            if (mr == MUON__UMR && nr == MUON__UNR) {
-                for (p = 0; p < K; p++) {
-                    const float *bb = b + (size_t)p * ldb;
-                    for (i = 0; i < MUON__UMR; i++) {
-                        const float ai = a[(size_t)i * lda + p];
-                        for (j = 0; j < MUON__UNR; j++) acc[i][j] = MUON__FMA(ai, bb[j], acc[i][j]);
-                    }
-                }
-            } else {
-                for (p = 0; p < K; p++) {
-                    const float *bb = b + (size_t)p * ldb;
-                    for (i = 0; i < mr; i++) {
-                        const float ai = a[(size_t)i * lda + p];
-                        for (j = 0; j < nr; j++) acc[i][j] = MUON__FMA(ai, bb[j], acc[i][j]);
-                    }
-                }
-            }
-            muon__store_tile(&acc[0][0], MUON__UNR, mr, nr, C + (size_t)i0 * ldc + j0, ldc, alpha, beta, 1);
-        }
-    }
-}
-
-/* transb == 1, no scratch: 4x4 tile of dot products (sequential over p).
-   lower != 0: skip tiles strictly above the diagonal (syrk; row i is row diag + i of the whole). */
-static void muon__gemm_nopack_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
-                                 int ldb, float beta, float *C, int ldc, int lower, int diag)
-{
-    int i0, j0, i, j, p;
-    float acc[4][4];
-    for (i0 = 0; i0 < M; i0 += 4) {
-        int mr = MUON__MIN(4, M - i0);
-        for (j0 = 0; j0 < N; j0 += 4) {
-            int nr = MUON__MIN(4, N - j0);
-            if (lower && diag + i0 + mr - 1 < j0) break;
-            for (i = 0; i < 4; i++)
-                for (j = 0; j < 4; j++) acc[i][j] = 0.0f;
-            if (mr == 4 && nr == 4) {
-                const float *a0 = A + (size_t)i0 * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
-                const float *b0 = B + (size_t)j0 * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
-                float c00 = 0, c01 = 0, c02 = 0, c03 = 0, c10 = 0, c11 = 0, c12 = 0, c13 = 0;
-                float c20 = 0, c21 = 0, c22 = 0, c23 = 0, c30 = 0, c31 = 0, c32 = 0, c33 = 0;
-                for (p = 0; p < K; p++) {
-                    float x0 = a0[p], x1 = a1[p], x2 = a2[p], x3 = a3[p];
-                    float y0 = b0[p], y1 = b1[p], y2 = b2[p], y3 = b3[p];
-                    c00 = MUON__FMA(x0, y0, c00); c01 = MUON__FMA(x0, y1, c01);
-                    c02 = MUON__FMA(x0, y2, c02); c03 = MUON__FMA(x0, y3, c03);
-                    c10 = MUON__FMA(x1, y0, c10); c11 = MUON__FMA(x1, y1, c11);
-                    c12 = MUON__FMA(x1, y2, c12); c13 = MUON__FMA(x1, y3, c13);
-                    c20 = MUON__FMA(x2, y0, c20); c21 = MUON__FMA(x2, y1, c21);
-                    c22 = MUON__FMA(x2, y2, c22); c23 = MUON__FMA(x2, y3, c23);
-                    c30 = MUON__FMA(x3, y0, c30); c31 = MUON__FMA(x3, y1, c31);
-                    c32 = MUON__FMA(x3, y2, c32); c33 = MUON__FMA(x3, y3, c33);
-                }
-                acc[0][0] = c00; acc[0][1] = c01; acc[0][2] = c02; acc[0][3] = c03;
-                acc[1][0] = c10; acc[1][1] = c11; acc[1][2] = c12; acc[1][3] = c13;
-                acc[2][0] = c20; acc[2][1] = c21; acc[2][2] = c22; acc[2][3] = c23;
-                acc[3][0] = c30; acc[3][1] = c31; acc[3][2] = c32; acc[3][3] = c33;
-            } else {
-                for (i = 0; i < mr; i++)
-                    for (j = 0; j < nr; j++) {
-                        const float *a = A + (size_t)(i0 + i) * lda, *b = B + (size_t)(j0 + j) * ldb;
-                        float s = 0.0f;
-                        for (p = 0; p < K; p++) s = MUON__FMA(a[p], b[p], s);
-                        acc[i][j] = s;
-                    }
-            }
-            muon__store_tile(&acc[0][0], 4, mr, nr, C + (size_t)i0 * ldc + j0, ldc, alpha, beta, 1);
-        }
-    }
-}
-
-/* ------------------------------ public ---------------------------------- */
-
-/* Rows [r0, r1) of C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major (see the header
-   comment); lower: of the lower triangle of C = alpha A A^T + beta C (N = M), columns [0, r1).
-   Every element is summed the same way whatever rows a call covers. */
-static void muon__gemm_rows(int transb, int lower, int r0, int r1, int N, int K, float alpha, const float *A,
-                            int lda, const float *B, int ldb, float beta, float *C, int ldc, float *pack,
-                            size_t pack_floats)
-{
-    int i, M = r1 - r0;
-    A += (size_t)r0 * lda;
-    C += (size_t)r0 * ldc;
-    if (lower) N = r1;
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0) {
-        if (!lower) muon__scale_c(M, N, beta, C, ldc);
-        else for (i = 0; i < M; i++) muon__scale_c(1, r0 + i + 1, beta, C + (size_t)i * ldc, ldc);
-    } else if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
-        muon__gemm_packed(transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats, lower, r0);
-    } else if (!transb) {
-        muon__gemm_nopack_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    } else {
-        muon__gemm_nopack_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, lower, r0);
-    }
-}
-
-/* C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major.  See header comment. */
-MUON__UNUSED static void muon__sgemm(int transb, int M, int N, int K, float alpha, const float *A, int lda,
-                        const float *B, int ldb, float beta, float *C, int ldc, float *pack, size_t pack_floats)
-{
-    muon__gemm_rows(transb, 0, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats);
-}
-
-/* C[N x N] = alpha * A[N x K] * A^T + beta * C.  Only the lower triangle of C is read (beta != 0);
-   the lower triangle is computed and mirrored, so the full C is symmetric on return.
-   The lower-triangle results are bit-identical to muon__sgemm(1, N, N, K, alpha, A, lda, A, lda, ...)
-   with the same pack_floats. */
-MUON__UNUSED static void muon__ssyrk(int N, int K, float alpha, const float *A, int lda, float beta, float *C, int ldc,
-                        float *pack, size_t pack_floats)
-{
-    if (N <= 0) return;
-    muon__gemm_rows(1, 1, 0, N, N, K, alpha, A, lda, A, lda, beta, C, ldc, pack, pack_floats);
-    muon__mirror_lower(N, C, ldc);
-}
-
-
-/* ---------------------------------------------------------------------------------------------
-   Newton-Schulz. X is (m, n), m <= n, row-major, orthogonalised in place:
-     X = X / max(|X|_F, eps)
-     for k: A = X X^T;  B = b_k A + c_k A A;  X = a_k X + B X
-   The symmetric products X X^T and A A (= A A^T) compute one triangle. torch fuses the last two
-   into addmm; so do we (B starts as a copy of A, X's successor as a copy of X), which also puts
-   the bf16 roundings exactly where torch has them. */
-typedef struct muon__gemm_ctx {
-  int cblas;
-  int symmetric;
-  float *pack;
-  size_t pack_floats;
-  const muon__cpu *cpu;            /* threads for the built-in GEMM; NULL: this one only   */
-  float *packs;                    /* threads - 1 more packs of pack_floats (pack != NULL) */
-} muon__gemm_ctx;
-
-/* One built-in GEMM split by rows over the CPU backend's threads, each slice with its own pack;
-   a lower (syrk) one in slices of equal area. No element's sum depends on the split. */
-typedef struct muon__gemm_job {
-  const muon__gemm_ctx *g;
-  int transb, lower, M, N, K, lda, ldb, ldc, tasks;
-  float alpha, beta;
-  const float *A, *B;
-  float *C;
-} muon__gemm_job;
-
-static int muon__gemm_job_row(const muon__gemm_job *j, int t) {
-  double f = (double)t / j->tasks;
-  if (t >= j->tasks) return j->M;
-  if (j->lower) f = sqrt(f);
-  return (int)(f * j->M) / MUON__MR * MUON__MR;
-}
-
-static void muon__gemm_task(void *arg, int t) {
-  const muon__gemm_job *j = (const muon__gemm_job *)arg;
-  float *pack = t == 0 || !j->g->pack ? j->g->pack : j->g->packs + (size_t)(t - 1) * j->g->pack_floats;
-  muon__gemm_rows(j->transb, j->lower, muon__gemm_job_row(j, t), muon__gemm_job_row(j, t + 1), j->N, j->K, j->alpha,
-                  j->A, j->lda, j->B, j->ldb, j->beta, j->C, j->ldc, pack, j->g->pack_floats);
-}
-
-/* Threads worth using on an M x N x K product: none below MUON__SPLIT_MACS multiply-adds, and
-   at least 4 micro-tile rows each. (Tests lower the thresholds; no result depends on them.) */
-#ifndef MUON__SPLIT_MACS
-#define MUON__SPLIT_MACS 4194304.0
-#endif
-#ifndef MUON__SPLIT_ELEMENTS
-#define MUON__SPLIT_ELEMENTS 65536
-#endif
-static int muon__gemm_tasks(const muon__gemm_ctx *g, int M, int N, int K) {
-  int t = g->cpu ? g->cpu->threads : 1;
-  if ((double)M * N * K < MUON__SPLIT_MACS) return 1;
-  if (t > M / (4 * MUON__MR)) t = M / (4 * MUON__MR);
-  return t > 1 ? t : 1;
-}
-
-static void muon__gemm_split(const muon__gemm_ctx *g, int transb, int lower, int M, int N, int K, float alpha,
-                             const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-  muon__gemm_job j;
-  j.g = g; j.transb = transb; j.lower = lower; j.M = M; j.N = N; j.K = K;
-  j.lda = lda; j.ldb = ldb; j.ldc = ldc; j.alpha = alpha; j.beta = beta; j.A = A; j.B = B; j.C = C;
-  j.tasks = muon__gemm_tasks(g, M, N, K);
-  muon__parallel(g->cpu, j.tasks, muon__gemm_task, &j);
-}
-
-/* C[N x N] = alpha * A[N x K] * A^T + beta * C, all of C written. */
-static void muon__gram(const muon__gemm_ctx *g, int N, int K, float alpha, const float *A, int lda, float beta,
-                       float *C, int ldc) {
-#ifdef MUON_USE_CBLAS
-  if (g->cblas) {
-    if (g->symmetric) {
-      cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, N, K, alpha, A, lda, beta, C, ldc);
-      muon__mirror_lower(N, C, ldc);
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, K, alpha, A, lda, A, lda, beta, C, ldc);
-    }
-    return;
-  }
-#endif
-  if (N <= 0) return;
-  muon__gemm_split(g, 1, g->symmetric, N, N, K, alpha, A, lda, A, lda, beta, C, ldc);
-  if (g->symmetric) muon__mirror_lower(N, C, ldc);
-}
-
-/* C[M x N] = alpha * A[M x K] * B[K x N] + beta * C. */
-static void muon__matmul(const muon__gemm_ctx *g, int M, int N, int K, float alpha, const float *A, int lda,
-                         const float *B, int ldb, float beta, float *C, int ldc) {
-#ifdef MUON_USE_CBLAS
-  if (g->cblas) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    return;
-  }
-#endif
-  muon__gemm_split(g, 0, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
-/* GEMM pack floats for an m x n operand: used only when it fits in m*n, so the NS workspace stays
-   within 2mn + 2m^2 (Y, A, B, pack). */
-static size_t muon__ns_pack_floats(int m, int n) {
-  size_t mn = (size_t)m * (size_t)n, pack = (size_t)MUON__GEMM_PACK_FLOATS;
-  return pack && mn >= pack ? pack : 0;
-}
-
-/* Does this operand run the Gram iteration? Only where it saves flops: n >= 2m. */
-static int muon__use_gram(const muon_hparams *hp, int m, int n) {
-  return hp->ns_algorithm == MUON_NS_GRAM && (long long)n >= 2 * (long long)m;
-}
-
-/* Y (m x n), then m x m matrices: A and B (standard), R, B, Q, T, S (Gram); then the pack. */
-static size_t muon__ns_ws_floats(int m, int n, int gram) {
-  return (size_t)m * n + (gram ? 5 : 2) * (size_t)m * m + muon__ns_pack_floats(m, n);
-}
-
-MUON_API size_t muon_ns_workspace_floats(int rows, int cols) {
-  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return rows > 0 && cols > 0 ? muon__ns_ws_floats(m, n, (long long)n >= 2 * (long long)m) : 0;
-}
-
-static int muon__use_cblas(const muon_hparams *hp) {
-#ifdef MUON_USE_CBLAS
-  return hp->gemm != MUON_GEMM_BUILTIN;
-#else
-  (void)hp;
-  return 0;
-#endif
-}
-
-/* Gram Newton-Schulz on the normalised m x n X (n >= 2m): with X_k = Q_k X_0 and R_k = X_k X_k^T,
-   iteration k forms P = a I + b R + c R^2 and moves Q <- P Q, R <- P^2 R (all polynomials in
-   R_0, so they commute); X = Q X_0 once at the end. A restart before iteration k makes X_0 = Q X_0,
-   R = X_0 X_0^T and Q = I again, which bounds the error the m x m products accumulate. */
-static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__gemm_ctx *g, int bf16) {
-  size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
-  float *Y = ws, *R = ws + mn, *B = R + mm, *Q = B + mm, *T = Q + mm, *S = T + mm, *x0 = X, *t;
-  int k, fresh = 1;   /* fresh: Q is the identity, not stored */
-  muon__gram(g, m, n, 1.0f, x0, n, 0.0f, R, m);                 /* R = X_0 X_0^T   (m, m) */
-  if (bf16) muon__bf16_round(R, mm);
-  for (k = 0; k < hp->ns_steps; k++) {
-    float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], c = hp->ns_coefficients[k][2];
-    int last = k + 1 == hp->ns_steps, restart_next = !last && ((hp->ns_restarts >> (k + 1)) & 1u);
-    memcpy(B, R, mm * sizeof(float));
-    muon__gram(g, m, m, c, R, m, b, B, m);                       /* B = b R + c R R^T */
-    for (i = 0; i < (size_t)m; i++) B[i * m + i] += a;           /* P = a I + B, rounded once */
-    if (bf16) muon__bf16_round(B, mm);
-    if (fresh) { memcpy(Q, B, mm * sizeof(float)); fresh = 0; }  /* Q = P */
-    else {
-      muon__matmul(g, m, m, m, 1.0f, B, m, Q, m, 0.0f, T, m);    /* Q = P Q */
-      if (bf16) muon__bf16_round(T, mm);
-      t = Q; Q = T; T = t;
-    }
-    if (last) break;
-    if (restart_next) {                                          /* X_0 = Q X_0, R = X_0 X_0^T, Q = I */
-      float *y = x0 == X ? Y : X;
-      muon__matmul(g, m, n, m, 1.0f, Q, m, x0, n, 0.0f, y, n);
-      if (bf16) muon__bf16_round(y, mn);
-      x0 = y;
-      muon__gram(g, m, n, 1.0f, x0, n, 0.0f, R, m);
-      if (bf16) muon__bf16_round(R, mm);
-      fresh = 1;
-      continue;
-    }
-    muon__gram(g, m, m, 1.0f, B, m, 0.0f, S, m);                 /* S = P P^T = P^2 */
-    if (bf16) muon__bf16_round(S, mm);
-    muon__matmul(g, m, m, m, 1.0f, S, m, R, m, 0.0f, T, m);      /* R = P^2 R */
-    if (bf16) muon__bf16_round(T, mm);
-    t = R; R = T; T = t;
-  }
-  {
-    float *y = x0 == X ? Y : X;                                  /* X = Q X_0 */
-    if (fresh) memcpy(y, x0, mn * sizeof(float));
-    else muon__matmul(g, m, n, m, 1.0f, Q, m, x0, n, 0.0f, y, n);
-    if (bf16) muon__bf16_round(y, mn);
-    if (y != X) memcpy(X, y, mn * sizeof(float));
-  }
-}
-
-/* ws holds muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) floats, and with cpu's threads
-   threads - 1 more GEMM packs (muon__ns_pack_floats each). */
-static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__cpu *cpu) {
-  size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
-  int gram = muon__use_gram(hp, m, n);
-  float *Y = ws, *A = ws + mn, *B = A + mm, *x = X, *t;
-  int bf16 = hp->precision == MUON_PRECISION_BF16, k;
-  double ss = 0;
-  float norm, d;
-  muon__gemm_ctx g;
-  g.cblas = muon__use_cblas(hp);
-  g.symmetric = hp->symmetric;
-  g.pack = ws + mn + (gram ? 5 : 2) * mm;
-  g.pack_floats = muon__ns_pack_floats(m, n);
-  g.cpu = cpu;
-  g.packs = g.pack + g.pack_floats;
-
-  if (bf16) muon__bf16_round(x, mn);
-  for (i = 0; i < mn; i++) ss += (double)x[i] * x[i];
-  norm = (float)sqrt(ss);
-  if (bf16) norm = muon__bf16(norm);
-  d = norm > hp->eps ? norm : hp->eps;
-  if (bf16) d = muon__bf16(d);
-  for (i = 0; i < mn; i++) x[i] = x[i] / d;
-  if (bf16) muon__bf16_round(x, mn);
-  if (gram) { muon__gram_iterations(X, m, n, hp, ws, &g, bf16); return; }
-
-  for (k = 0; k < hp->ns_steps; k++) {
-    float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], c = hp->ns_coefficients[k][2];
-    muon__gram(&g, m, n, 1.0f, x, n, 0.0f, A, m);                 /* A = X X^T        (m, m) */
-    if (bf16) muon__bf16_round(A, mm);
-    memcpy(B, A, mm * sizeof(float));
-    muon__gram(&g, m, m, c, A, m, b, B, m);                       /* B = b A + c A A  (m, m) */
-    if (bf16) muon__bf16_round(B, mm);
-    memcpy(Y, x, mn * sizeof(float));
-    muon__matmul(&g, m, n, m, 1.0f, B, m, x, n, a, Y, n);         /* Y = a X + B X    (m, n) */
-    if (bf16) muon__bf16_round(Y, mn);
-    t = x; x = Y; Y = t;
-  }
-  if (x != X) memcpy(X, x, mn * sizeof(float));
-}
-
-/* NorMuon (Li et al. 2025) of one orthogonalised operand X, m x n, in place; len = per_column ?
-   n : m statistics, each over cnt = per_column ? m : n elements (sums in double, in the order below):
-     q_i   = (1/cnt) sum x^2 over statistic i's elements
-     v'_i  = v_i + (1 - beta2)(q_i - v_i)                                 (torch's lerp_)
-     s_i   = ROWS:   1 / (sqrt(v'_i) + 1e-10)                  (the paper's reference)
-             LARGER: 1 / sqrt(max(v'_i, 1e-10))                (nanochat, modded-nanogpt)
-     |O|   = sqrt(sum_i cnt q_i),  |O'| = sqrt(sum_i cnt q_i s_i^2)
-     x    *= s_i * |O| / (ROWS: |O'| + 1e-10;  LARGER: max(|O'|, 1e-10))
-   A row's sum runs in 8 lanes (element j in lane j % 8) added in lane order; a column's runs
-   down the rows. The norms come from the q_i, as nanochat computes them; the paper takes them from the scaled
-   matrix, the same value up to rounding. v'_i goes to v_new; v is only read. */
-static float muon__normuon_scale(float v, int kind) {
-  return kind == MUON_NORMUON_ROWS ? 1.0f / (sqrtf(v) + 1e-10f) : 1.0f / sqrtf(v > 1e-10f ? v : 1e-10f);
-}
-
-static void muon__normuon(float *X, int m, int n, int per_column, const float *v, float *v_new, int kind, float beta2) {
-  int len = per_column ? n : m, cnt = per_column ? m : n, i, j, b;
-  float w = 1.0f - beta2;
-  double before = 0, after = 0, scale;
-  for (i = 0; i < len; i++) v_new[i] = 0;
-  if (per_column) {
-    for (j = 0; j < n; j += 16) {                   /* 16 columns at a time, rows in order */
-      double acc[16] = {0};
-      int nb = n - j < 16 ? n - j : 16;
-      if (nb == 16)                                 /* a constant bound: vectorised at -O2 too */
-        for (i = 0; i < m; i++) {
-          const float *x = X + (size_t)i * n + j;
-          for (b = 0; b < 16; b++) acc[b] += (double)x[b] * x[b];
-        }
-      else
-        for (i = 0; i < m; i++)
-          for (b = 0; b < nb; b++) { double x = X[(size_t)i * n + j + b]; acc[b] += x * x; }
-      for (b = 0; b < nb; b++) v_new[j + b] = (float)(acc[b] / cnt);
-    }
-  } else {
-    for (i = 0; i < m; i++) {                       /* 8 lanes (column j in lane j % 8), summed in order */
-      double acc[8] = {0}, sum = 0;
-      const float *x = X + (size_t)i * n;
-      for (j = 0; j + 8 <= n; j += 8)
-        for (b = 0; b < 8; b++) acc[b] += (double)x[j + b] * x[j + b];
-      for (b = 0; j + b < n; b++) acc[b] += (double)x[j + b] * x[j + b];
-      for (b = 0; b < 8; b++) sum += acc[b];
-      v_new[i] = (float)(sum / cnt);
-    }
-  }
-  for (i = 0; i < len; i++) {
-    float q = v_new[i], s;
-    v_new[i] = w < 0.5f ? v[i] + w * (q - v[i]) : q - (q - v[i]) * (1.0f - w);
-    s = muon__normuon_scale(v_new[i], kind);
-    before += (double)cnt * q;
-    after += (double)cnt * q * s * s;
-  }
-  after = sqrt(after);
-  scale = sqrt(before) / (kind == MUON_NORMUON_ROWS ? after + 1e-10 : (after > 1e-10 ? after : 1e-10));
-  for (j = 0; j < n; j += 256) {                    /* the factors of 256 columns, then rows */
-    float f[256];
-    int nb = n - j < 256 ? n - j : 256;
-    for (b = 0; per_column && b < nb; b++) f[b] = (float)(muon__normuon_scale(v_new[j + b], kind) * scale);
-    for (i = 0; i < m; i++) {
-      float *x = X + (size_t)i * n + j, r = per_column ? 0 : (float)(muon__normuon_scale(v_new[i], kind) * scale);
-      if (per_column) for (b = 0; b < nb; b++) x[b] *= f[b];
-      else for (b = 0; b < nb; b++) x[b] *= r;
-    }
-  }
-}
-
-/* ---------------------------------------------------------------------------------------------
-   The CPU compute backend: host memory, the element-wise formulas and the Newton-Schulz above.
-   ctx is a muon__cpu (NULL: malloc/free, one thread). */
-static void *muon__cpu_alloc(void *ctx, size_t bytes) {
-  return ctx ? muon__alloc(((const muon__cpu *)ctx)->allocator, bytes) : malloc(bytes ? bytes : 1);
-}
-static void muon__cpu_free(void *ctx, void *ptr) {
-  if (ctx) muon__free(((const muon__cpu *)ctx)->allocator, ptr); else free(ptr);
-}
-static muon_status muon__cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, int to_host, int from_host) {
-  (void)ctx; (void)to_host; (void)from_host;
-  if (bytes) memcpy(dst, src, bytes);
-  return MUON_OK;
-}
-static muon_status muon__cpu_zero(void *ctx, void *dst, size_t bytes) {
-  (void)ctx;
-  if (bytes) memset(dst, 0, bytes);
-  return MUON_OK;
-}
-
-static int muon__cpu_threads(const void *ctx) { return ctx ? ((const muon__cpu *)ctx)->threads : 1; }
-
-/* Row segment by row segment (see muon__next_seg): contiguous copies for wide matrices, strided
-   for tall ones whose operand is the transpose. */
-static muon_status muon__cpu_pack(void *ctx, const muon_piece_copy *ops, int n, float *pieces, float *operands, int to_operand) {
-  int i;
-  (void)ctx;
-  for (i = 0; i < n; i++) {
-    const muon_piece_copy *op = &ops[i];
-    muon__piece p;
-    muon__seg sg;
-    float *piece = pieces + op->piece, *X = operands + op->operand;
-    long long k;
-    int rows = op->rows, cols = op->cols;
-    p.r0 = op->r0; p.c0 = op->c0; p.h = op->h; p.w = op->w; p.f0 = op->f0; p.f1 = op->f1;
-    sg = muon__segs(&p);
-    while (muon__next_seg(&p, &sg)) {
-      if (rows <= cols) {
-        float *x = X + sg.row * cols + sg.col;
-        if (to_operand) memcpy(x, piece + sg.off, (size_t)sg.len * sizeof(float));
-        else memcpy(piece + sg.off, x, (size_t)sg.len * sizeof(float));
-      } else if (to_operand) {
-        for (k = 0; k < sg.len; k++) X[(sg.col + k) * rows + sg.row] = piece[sg.off + k];
-      } else {
-        for (k = 0; k < sg.len; k++) piece[sg.off + k] = X[(sg.col + k) * rows + sg.row];
-      }
-    }
-  }
-  return MUON_OK;
-}
-
-/* Element-wise slots over the CPU backend's threads: n elements in one contiguous range per
-   task (from MUON__SPLIT_ELEMENTS on; each element is computed alone, so no split changes a bit). */
-typedef struct muon__ew_job {
-  int kind;                        /* 0 momentum, 1 apply, 2 AdamW */
-  size_t n, per_task;
-  void *param;
-  const void *grad;
-  float *momentum, *u, *m, *v;
-  const float *O;
-  int update;
-  const muon_momentum_args *ma;
-  const muon_apply_args *aa;
-  const muon_adamw_args *wa;
-} muon__ew_job;
-
-static void muon__ew_task(void *arg, int t) {
-  const muon__ew_job *j = (const muon__ew_job *)arg;
-  size_t i = (size_t)t * j->per_task, end = i + j->per_task < j->n ? i + j->per_task : j->n;
-  if (j->kind == 0 && j->u) for (; i < end; i++) j->u[i] = muon__momentum_at(j->momentum, i, j->grad, j->ma, j->update);
-  else if (j->kind == 0) for (; i < end; i++) (void)muon__momentum_at(j->momentum, i, j->grad, j->ma, j->update);
-  else if (j->kind == 1) for (; i < end; i++) muon__apply_store(j->param, i, j->O, j->aa);
-  else for (; i < end; i++) muon__adamw_store(j->param, i, j->grad, j->m, j->v, j->wa);
-}
-
-static void muon__ew_run(void *ctx, muon__ew_job *j) {
-  size_t T = (size_t)muon__cpu_threads(ctx);
-  if (j->n < MUON__SPLIT_ELEMENTS) T = 1;
-  j->per_task = ((j->n + T - 1) / T + 63) / 64 * 64;
-  if (j->n) muon__parallel((const muon__cpu *)ctx, (int)((j->n + j->per_task - 1) / j->per_task), muon__ew_task, j);
-}
-
-static muon_status muon__cpu_momentum(void *ctx, size_t n, float *momentum, const void *grad,
-                                      const muon_momentum_args *a, int update, float *u) {
-  muon__ew_job j;
-  memset(&j, 0, sizeof j);
-  j.kind = 0; j.n = n; j.momentum = momentum; j.grad = grad; j.ma = a; j.update = update; j.u = u;
-  muon__ew_run(ctx, &j);
-  return MUON_OK;
-}
-
-/* A batch on T threads: whole rounds of T operands side by side (task t: operands t, t + T, ...,
-   each in its own workspace), then the rest one at a time with their GEMMs split. */
-typedef struct muon__ns_job {
-  float *X, *ws;
-  int m, n, tasks, whole;          /* whole: the operands run side by side */
-  size_t ws_floats;                /* one operand's workspace, unthreaded */
-  const muon_hparams *hp;
-} muon__ns_job;
-
-static void muon__ns_task(void *arg, int t) {
-  const muon__ns_job *j = (const muon__ns_job *)arg;
-  int b;
-  for (b = t; b < j->whole; b += j->tasks)
-    muon__newton_schulz(j->X + (size_t)b * j->m * j->n, j->m, j->n, j->hp, j->ws + (size_t)t * j->ws_floats, NULL);
-}
-
-static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
-  size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
-  size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
-  int T = muon__cpu_threads(ctx);
-  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
-}
-
-static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
-  muon__ns_job j;
-  int b, T = muon__cpu_threads(ctx);
-  j.X = X; j.ws = (float *)ws; j.m = m; j.n = n; j.hp = hp;
-  j.ws_floats = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
-  j.tasks = T;
-  j.whole = T > 1 ? batch / T * T : 0;
-  if (j.whole) muon__parallel((const muon__cpu *)ctx, T, muon__ns_task, &j);
-  for (b = j.whole; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws, (const muon__cpu *)ctx);
-  return MUON_OK;
-}
-
-/* Flops of one Newton-Schulz iteration: 4 m^2 n + 2 m^3, m <= n (owners and threads are
-   balanced by it). */
-static double muon__ns_cost(int rows, int cols) {
-  double m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return 4 * m * m * n + 2 * m * m * m;
-}
-
-/* A round's operands on T threads. Those on CBLAS, whose GEMMs are never split, are balanced
-   across the threads whatever their shapes: in decreasing cost (muon__ns_cost, ties by index), each
-   to the thread with the least work so far (ties: the lowest), run whole in its own workspace;
-   every task works the assignment out alike. Those on the built-in GEMM go batch by batch
-   (muon__cpu_newton_schulz: side by side, a remainder with its GEMMs split). No result depends
-   on any of it. */
-typedef struct muon__ns_many_job {
-  float *const *X;
-  const int *m, *n;
-  const muon_hparams *const *hp;
-  int count, tasks;
-  float *ws;
-  size_t ws_floats;                /* the largest balanced operand's workspace, unthreaded */
-} muon__ns_many_job;
-
-static int muon__ns_before(const muon__ns_many_job *j, int i, int k) {
-  double a = muon__ns_cost(j->m[i], j->n[i]), b = muon__ns_cost(j->m[k], j->n[k]);
-  return a > b || (a == b && i < k);
-}
-
-static void muon__ns_many_task(void *arg, int t) {
-  const muon__ns_many_job *j = (const muon__ns_many_job *)arg;
-  double load[MUON__MAX_THREADS];
-  int i, q, prev = -1;
-  for (q = 0; q < j->tasks; q++) load[q] = 0;
-  for (;;) {
-    int next = -1, best = 0;
-    for (i = 0; i < j->count; i++)   /* the first balanced operand after prev in the order */
-      if (muon__use_cblas(j->hp[i]) && (prev < 0 || muon__ns_before(j, prev, i)) && (next < 0 || muon__ns_before(j, i, next))) next = i;
-    if (next < 0) return;
-    for (q = 1; q < j->tasks; q++)
-      if (load[q] < load[best]) best = q;
-    load[best] += muon__ns_cost(j->m[next], j->n[next]);
-    if (best == t) muon__newton_schulz(j->X[next], j->m[next], j->n[next], j->hp[next], j->ws + (size_t)t * j->ws_floats, NULL);
-    prev = next;
-  }
-}
-
-static muon_status muon__cpu_newton_schulz_many(void *ctx, int count, float *const *X, const int *m, const int *n,
-                                                const muon_hparams *const *hp, void *ws) {
-  muon__ns_many_job j;
-  int i, k, T = muon__cpu_threads(ctx), balanced = 0;
-  j.X = X; j.m = m; j.n = n; j.hp = hp; j.count = count; j.tasks = T; j.ws = (float *)ws; j.ws_floats = 0;
-  for (i = 0; i < count; i++) {
-    size_t one;
-    if (!muon__use_cblas(hp[i])) continue;
-    balanced++;
-    one = muon__ns_ws_floats(m[i], n[i], muon__use_gram(hp[i], m[i], n[i]));
-    if (one > j.ws_floats) j.ws_floats = one;
-  }
-  if (T > 1 && balanced > 1) muon__parallel((const muon__cpu *)ctx, T, muon__ns_many_task, &j);
-  for (i = 0; i < count; i = k) {
-    k = i + 1;
-    if (muon__use_cblas(hp[i])) {
-      if (T < 2 || balanced < 2) muon__newton_schulz(X[i], m[i], n[i], hp[i], (float *)ws, (const muon__cpu *)ctx);
-      continue;
-    }
-    while (k < count && hp[k] == hp[i] && m[k] == m[i] && n[k] == n[i] && X[k] == X[i] + (size_t)(k - i) * m[i] * n[i]) k++;
-    muon__cpu_newton_schulz(ctx, X[i], k - i, m[i], n[i], hp[i], ws);
-  }
-  return MUON_OK;
-}
-
-static muon_status muon__cpu_apply(void *ctx, size_t n, void *param, const float *O, const muon_apply_args *a) {
-  muon__ew_job j;
-  memset(&j, 0, sizeof j);
-  j.kind = 1; j.n = n; j.param = param; j.O = O; j.aa = a;
-  muon__ew_run(ctx, &j);
-  return MUON_OK;
-}
-
-static muon_status muon__cpu_adamw(void *ctx, size_t n, void *param, const void *grad, float *m, float *v,
-                                   const muon_adamw_args *a) {
-  muon__ew_job j;
-  memset(&j, 0, sizeof j);
-  j.kind = 2; j.n = n; j.param = param; j.grad = grad; j.m = m; j.v = v; j.wa = a;
-  muon__ew_run(ctx, &j);
-  return MUON_OK;
-}
-
-static muon_status muon__cpu_nonfinite(void *ctx, const void *x, muon_dtype dtype, size_t n, int *flag) {
-  size_t i;
-  int bad = 0;
-  (void)ctx;
-  for (i = 0; i < n && !bad; i++)
-    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u : !muon__finite(((const float *)x)[i]);
-  *flag = bad;
-  return MUON_OK;
-}
-
-static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype, size_t n) {
-  size_t i;
-  (void)ctx;
-  for (i = 0; i < n; i++)
-    muon__store(dst, dst_dtype == MUON_DTYPE_BF16, i, muon__load(src, src_dtype == MUON_DTYPE_BF16, i), 0, 0);
-  return MUON_OK;
-}
-
-static muon_status muon__cpu_sync(void *ctx) { (void)ctx; return MUON_OK; }
-static muon_status muon__cpu_normuon(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
-                                     const muon_hparams *hp) {
-  (void)ctx;
-  muon__normuon(X, m, n, per_column, v, v_new, (int)hp->normuon, hp->normuon_beta2);
-  return MUON_OK;
-}
-
-static const muon_compute_vtable muon__cpu_vtable = {
-  MUON_COMPUTE_VTABLE_VERSION,
-  /* .memory             = */ MUON_MEMORY_HOST,
-  /* .alloc              = */ muon__cpu_alloc,
-  /* .free               = */ muon__cpu_free,
-  /* .alloc_host         = */ NULL,
-  /* .free_host          = */ NULL,
-  /* .copy               = */ muon__cpu_copy,
-  /* .zero               = */ muon__cpu_zero,
-  /* .pack               = */ muon__cpu_pack,
-  /* .momentum           = */ muon__cpu_momentum,
-  /* .ns_workspace       = */ muon__cpu_ns_workspace,
-  /* .newton_schulz      = */ muon__cpu_newton_schulz,
-  /* .apply              = */ muon__cpu_apply,
-  /* .adamw              = */ muon__cpu_adamw,
-  /* .nonfinite          = */ muon__cpu_nonfinite,
-  /* .cast               = */ muon__cpu_cast,
-  /* .sync               = */ muon__cpu_sync,
-  /* .error              = */ NULL,
-  /* .destroy            = */ NULL,
-  /* .normuon            = */ muon__cpu_normuon,
-  /* .newton_schulz_many = */ muon__cpu_newton_schulz_many
-};
-
-MUON_API muon_compute muon_compute_cpu(void) {
-  muon_compute c;
-  c.vt = &muon__cpu_vtable;
-  c.ctx = NULL;
-  return c;
-}
-
-MUON_API void muon_compute_destroy(muon_compute *compute) {
-  if (!compute) return;
-  if (compute->vt && compute->vt->destroy) compute->vt->destroy(compute->ctx);
-  memset(compute, 0, sizeof *compute);
-}
-
-MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long index) {
-  return muon__random_bits(seed, index);
-}
-
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-compute-wrappers ---------------------------------------------------------------------
    Compute wrappers: every backend call of the core goes through these, which count and turn a
    failure into a message that names the operation and the backend's own text. */
 static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const char *op) {
@@ -3605,28 +2532,7 @@ static muon_piece_copy muon__whole(int rows, int cols, size_t piece, size_t oper
   return op;
 }
 
-/* The operand of a whole matrix (transposed when tall) goes through the CPU backend's pack. */
-MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp) {
-  char msg[400];
-  int m, n;
-  float *X;
-  muon_piece_copy op;
-  if (!in || !out || !hp || rows <= 0 || cols <= 0) return !hp || !in || !out ? MUON_ERR_ARG : MUON_ERR_SHAPE;
-  if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
-  m = rows < cols ? rows : cols;
-  n = rows < cols ? cols : rows;
-  if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
-  X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n))) * sizeof(float));
-  if (!X) return MUON_ERR_NOMEM;
-  op = muon__whole(rows, cols, 0, 0);
-  (void)muon__cpu_pack(NULL, &op, 1, (float *)in, X, 1);   /* only reads `in` */
-  muon__newton_schulz(X, m, n, hp, X + (size_t)m * n, NULL);
-  (void)muon__cpu_pack(NULL, &op, 1, out, X, 0);
-  free(X);
-  return MUON_OK;
-}
-
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-serial -------------------------------------------------------------------------------
    Little-endian serialisation, shared by the plan fingerprints and the state blob. */
 static void muon__put32(unsigned char **p, uint32_t v) {
   int i;
@@ -3662,7 +2568,7 @@ static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
   muon__put32(p, (uint32_t)hp->adjust_lr); muon__put32(p, (uint32_t)hp->ns_steps);
   for (k = 0; k < hp->ns_steps; k++) muon__put_floats(p, hp->ns_coefficients[k], 3);
   muon__put_float(p, hp->eps); muon__put32(p, (uint32_t)hp->precision);
-  muon__put32(p, (uint32_t)hp->gemm); muon__put32(p, (uint32_t)hp->symmetric);
+  muon__put32(p, (uint32_t)hp->symmetric);
   muon__put32(p, (uint32_t)hp->cautious_wd);
   muon__put32(p, (uint32_t)hp->ns_algorithm); muon__put32(p, (uint32_t)hp->ns_restarts);
   muon__put32(p, (uint32_t)hp->normuon); muon__put_float(p, hp->normuon_beta2);
@@ -3739,14 +2645,14 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
     hp->ns_coefficients[k][2] = muon__record_float(&r, d.ns_coefficients[k][2]);
   }
   hp->eps = muon__record_float(&r, d.eps); hp->precision = (muon_precision)muon__record_u32(&r, (uint32_t)d.precision);
-  hp->gemm = (muon_gemm)muon__record_u32(&r, (uint32_t)d.gemm); hp->symmetric = (int)muon__record_u32(&r, (uint32_t)d.symmetric);
+  hp->symmetric = (int)muon__record_u32(&r, (uint32_t)d.symmetric);
   hp->cautious_wd = (int)muon__record_u32(&r, (uint32_t)d.cautious_wd);
   hp->ns_algorithm = (muon_ns_algorithm)muon__record_u32(&r, (uint32_t)d.ns_algorithm);
   hp->ns_restarts = muon__record_u32(&r, d.ns_restarts);
   hp->normuon = (muon_normuon)muon__record_u32(&r, (uint32_t)d.normuon);
   hp->normuon_beta2 = muon__record_float(&r, d.normuon_beta2);
 }
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-comm-wrappers ------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. The
    first three touch the communicator only, never the optimizer's state: the communication thread
    calls them too. */
@@ -3821,7 +2727,7 @@ static muon_status muon__comm_wait(muon_optimizer *opt, const char *op) {
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-plan ---------------------------------------------------------------------------------
    Plan: who holds which piece, who owns each matrix, which rank sends each piece, and the
    rounds. Built from one allgather of every rank's matrix list, so every rank computes the same
    plan without further talk; failures found here are therefore the same on every rank. */
@@ -3942,6 +2848,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   memset(pl, 0, sizeof *pl);
 }
 
+/* ---- >>impl-plan-owners Plan: fingerprints, the tiling check and owners ---------------------- */
 static unsigned long long muon__ns_hash(const muon_hparams *hp) {
   unsigned char buf[4 * (9 + 3 * MUON_NS_MAX_STEPS)], *p = buf;
   int k;
@@ -3949,7 +2856,6 @@ static unsigned long long muon__ns_hash(const muon_hparams *hp) {
   for (k = 0; k < hp->ns_steps; k++) muon__put_floats(&p, hp->ns_coefficients[k], 3);
   muon__put_floats(&p, &hp->eps, 1);
   muon__put32(&p, (uint32_t)hp->precision);
-  muon__put32(&p, (uint32_t)muon__use_cblas(hp));
   muon__put32(&p, (uint32_t)hp->symmetric);
   muon__put32(&p, (uint32_t)hp->ns_algorithm);
   muon__put32(&p, hp->ns_algorithm == MUON_NS_GRAM ? (uint32_t)hp->ns_restarts : 0u);
@@ -4118,6 +3024,7 @@ static muon_status muon__assign(muon_optimizer *opt) {
   return st;
 }
 
+/* ---- >>impl-plan-rounds Plan: sources, rounds, batches and the exchange buffers -------------- */
 /* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
    (in a row-major mesh: the same replica group); of a Partial matrix, each part of each piece. */
 static void muon__choose_sources(muon__global *x) {
@@ -4178,7 +3085,10 @@ static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
   int g, r = 0, P = pl->P, p;
   /* One device on the CPU backend's threads: 64 MiB of operands per thread (up to 4), so that a
      round has enough of them to keep every thread busy to its end. */
-  if (!opt->distributed && opt->compute.ctx == &opt->cpu) budget *= (size_t)(opt->cpu.threads < 4 ? opt->cpu.threads : 4);
+  if (!opt->distributed && muon__is_cpu(&opt->compute)) {
+    int t = muon__cpu_threads(opt->compute.ctx);
+    budget *= (size_t)(t < 4 ? t : 4);
+  }
   if (pl->pipelined && !opt->dist.round_bytes) {
     /* Overlap needs rounds: about 2 (prefetch + 1) of them, each at least 1 MiB per owner. */
     size_t most = 0;
@@ -4322,6 +3232,7 @@ static int muon__plan_batches(muon_optimizer *opt) {
   return most;
 }
 
+/* ---- >>impl-plan-build Plan: building it from every rank's entries --------------------------- */
 static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
   muon__plan *pl = &opt->plan;
   int P = opt->plan.P, me = opt->plan.me, r, i, g, total = 0;
@@ -4528,6 +3439,7 @@ static void muon__prefix(size_t *displs, const size_t *counts, int P) {
 /* NorMuon's second moment v: one float per row (or column) of a matrix, kept by its owner only
    (muon__matrix.normuon). Planning places it: the owner keeps its v, takes it from the holder
    that had it (the previous owner, or a loaded checkpoint), or starts it at zero. */
+/* ---- >>impl-normuon NorMuon second moments: owner state that moves when owners change -------- */
 /* The length of v (0: NorMuon off), and whether its statistics run along the columns of the NS
    operand (the transpose when rows > cols): one decision, so length and axis cannot disagree. */
 static int muon__normuon_axis(const muon_hparams *hp, int rows, int cols, int *per_column) {
@@ -4720,6 +3632,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   return local;
 }
 
+/* ---- >>impl-partial Partial matrices: the whole momentum on the owner alone ------------------ */
 static void muon__partial_drop(muon_optimizer *opt, muon__matrix *x) {
   muon__compute_free(opt, x->momentum);
   opt->stats.state_bytes -= x->momentum_size * sizeof(float);
@@ -4864,6 +3777,7 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
   return MUON_OK;
 }
 
+/* ---- >>impl-plan-run Planning: one device, and every rank together --------------------------- */
 /* Without a dist config each rank is a world of its own: every matrix it holds is a global
    one that it owns, and the step runs the same rounds with nothing to exchange. */
 static muon_status muon__plan_local(muon_optimizer *opt) {
@@ -5050,7 +3964,7 @@ MUON_API int muon_owned(const muon_optimizer *opt, int *out, int cap) {
 }
 
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-plan-text ----------------------------------------------------------------------------
    The plan as text: what each rank holds of each matrix (as it described it, and as elements of
    the full matrix), who orthogonalises it in which round, and per rank the work and the bytes of
    a step. Every rank knows the whole plan, so any rank can write it. */
@@ -5170,7 +4084,7 @@ static void muon__log_plan(muon_optimizer *opt) {
   muon__free(&opt->allocator, text);
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-step ---------------------------------------------------------------------------------
    The step. Per round: U of each piece to its owner (gather) -> Newton-Schulz on the owner -> O
    back to every holder (redistribute). Without a dist config every rank owns what it holds and
    the rounds move nothing. Momentum and parameters change only after every round succeeded and
@@ -5245,7 +4159,7 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
   return MUON_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-agree --------------------------------------------------------------------------------
    Agreement. Every distributed step (and muon_plan) starts with one allgather of a fixed-size
    record per rank: whether the rank steps or plans, whether its plan is current, digests of
    every setting that must match, and its gradient verdicts. Every rank reads the same records
@@ -5497,6 +4411,7 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
 }
 
 
+/* ---- >>impl-xfer Exchanges: one alltoallv each, its wire format, staging, the communication thread ---- */
 /* A failure of this rank's own work (the compute backend) during the rounds does not stop the
    rank: it keeps taking part in every collective, with whatever its buffers hold, so that its
    peers are not left waiting, and reports the failure at the commit vote. Only a failed
@@ -5729,6 +4644,7 @@ static muon_status muon__xfer_finish(muon_optimizer *opt, muon__xfer *x) {
   return muon__xfer_end(opt, x);
 }
 
+/* ---- >>impl-rounds Rounds: gather U to the owners, Newton-Schulz there, O back to every holder ---- */
 /* NorMuon on the owner: O of global x (its NS operand) and its v, the new v staged for the
    commit (muon__normuon). */
 static muon_status muon__normuon_apply(muon_optimizer *opt, const muon__global *x, float *operand) {
@@ -6086,6 +5002,7 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
   return MUON_OK;
 }
 
+/* ---- >>impl-adamw AdamW params: stochastic-rounding seeds and the Partial (ZeRO-1) exchange ---- */
 /* The stochastic-rounding seed of one matrix or AdamW param at this step: a function of the
    user's seed, the step and the name (with the layout key), the same on every rank. */
 static unsigned long long muon__seed(const muon_optimizer *opt, const char *name, long long key, int index) {
@@ -6300,6 +5217,7 @@ static muon_status muon__adamw_exchange(muon_optimizer *opt) {
   return MUON_OK;
 }
 
+/* ---- >>impl-commit Commit and vote: every rank applies, or none does ------------------------- */
 /* Apply: momentum and parameters from the stashed O, then AdamW, once everything before has
    succeeded. On a device the work is queued; a failure surfaces at the next step's first sync. */
 static muon_status muon__commit(muon_optimizer *opt) {
@@ -6410,6 +5328,7 @@ static muon_status muon__vote(muon_optimizer *opt) {
   return MUON_OK;
 }
 
+/* ---- >>impl-api-step muon_plan and muon_step ------------------------------------------------- */
 MUON_API muon_status muon_plan(muon_optimizer *opt) {
   int replanned;
   if (!opt) return MUON_ERR_ARG;
@@ -6479,7 +5398,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
   return MUON_OK;
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-state --------------------------------------------------------------------------------
    State blob, little-endian:
      "MUONSTAT" | u32 version 1 | u32 matrices | u32 adamw params | u32 0 | u64 steps
      | u32 rank | u32 world size                                     (0 and 1 on one device)
@@ -7063,7 +5982,7 @@ MUON_API muon_status muon_state_load_file(muon_optimizer *opt, const char *path)
   return st;
 }
 
-/* ---------------------------------------------------------------------------------------------
+/* >>impl-reshard ------------------------------------------------------------------------------
    Resharding. Every saved piece is placed in its full tensor by its layout (a matrix) or its
    range (an AdamW param); whatever it shares with this rank's pieces is copied into host
    staging. The optimizer changes only after every element of every local piece has arrived. */
@@ -7371,8 +6290,8 @@ MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *c
 }
 
 
-/* ---------------------------------------------------------------------------------------------
-   Verifying a setup (the seeds' validation guide): whole matrices assembled from the pieces by
+/* >>impl-verify -------------------------------------------------------------------------------
+   Verifying a setup: whole matrices assembled from the pieces by
    their layouts, a dump of all of them, and a check of every layout against the framework's own
    element positions. Collective, for checks rather than every step: each matrix's pieces go to
    every rank by one allgather, which is simple and shares no code with the step's exchange. */
@@ -7664,6 +6583,1221 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
     }
     muon__free(&opt->allocator, blocks);
   }
+  return MUON_OK;
+}
+
+/* =============================================================================================
+   >>impl-cpu-backend  THE CPU BACKEND (desc.compute NULL, muon_cpu_create): its threads, its
+   GEMM, Newton-Schulz and its slots. The core above reaches it through the compute vtable, and
+   through the few functions declared before the core: muon__cpu_init (the optimizer's own CPU
+   backend), muon__cpu_threads and muon__is_cpu (round sizes on one device), muon__ns_cost
+   (owners are balanced by it) and the workspace formulas.
+   ============================================================================================= */
+/* >>impl-threads ------------------------------------------------------------------------------
+   Threads of the CPU backend: muon_cpu_desc.threads.count resolved once, at creation, and
+   muon's own pool. The pool's workers wait for a generation number to move; task 0 runs on the
+   caller. */
+#define MUON__MAX_THREADS 1024
+
+static muon_status muon__thread_count(const muon_threads *t, int *count, char *msg, size_t size) {
+  const char *env = getenv("MUON_THREADS");
+  *count = 1;
+  if (t->count < 0 || t->count > MUON__MAX_THREADS) {
+    snprintf(msg, size, "MUON_ERR_ARG: muon_cpu_desc.threads.count must be in [0, %d] (got %d)", MUON__MAX_THREADS, t->count);
+    return MUON_ERR_ARG;
+  }
+  if (t->count) *count = t->count;
+  else if (env && *env) {
+    char *end;
+    long v = strtol(env, &end, 10);
+    if (*end || v < 1 || v > MUON__MAX_THREADS) {
+      snprintf(msg, size, "MUON_ERR_ARG: environment MUON_THREADS='%.40s' is not a thread count in [1, %d]", env, MUON__MAX_THREADS);
+      return MUON_ERR_ARG;
+    }
+    *count = (int)v;
+  }
+  if (*count > 1 && !t->parallel_for && !MUON__POOL) {
+    snprintf(msg, size, "MUON_ERR_ARG: %d threads asked for, but this build has no thread pool (MUON_NO_THREADS, or not POSIX): set muon_cpu_desc.threads.parallel_for",
+             *count);
+    return MUON_ERR_ARG;
+  }
+  return MUON_OK;
+}
+
+#if MUON__POOL
+struct muon__pool {
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  pthread_t *workers;
+  int n_workers, busy, stop;
+  unsigned long generation;
+  muon_task_fn fn;
+  void *arg;
+  int n_tasks;
+};
+
+typedef struct muon__worker_arg { muon__pool *pool; int task; } muon__worker_arg;
+
+static void muon__noop_task(void *arg, int task) { (void)arg; (void)task; }
+
+static void *muon__pool_worker(void *p) {
+  muon__worker_arg w = *(const muon__worker_arg *)p;
+  muon__pool *pool = w.pool;
+  unsigned long seen = 0;
+  pthread_mutex_lock(&pool->mu);
+  for (;;) {
+    while (!pool->stop && pool->generation == seen) pthread_cond_wait(&pool->go, &pool->mu);
+    if (pool->stop) break;
+    seen = pool->generation;
+    if (w.task < pool->n_tasks) {
+      muon_task_fn fn = pool->fn;
+      void *arg = pool->arg;
+      pthread_mutex_unlock(&pool->mu);
+      fn(arg, w.task);
+      pthread_mutex_lock(&pool->mu);
+    }
+    if (--pool->busy == 0) pthread_cond_signal(&pool->done);
+  }
+  pthread_mutex_unlock(&pool->mu);
+  return NULL;
+}
+
+static void muon__pool_run(void *user, int n, muon_task_fn fn, void *arg) {
+  muon__pool *pool = (muon__pool *)user;
+  pthread_mutex_lock(&pool->mu);
+  pool->fn = fn;
+  pool->arg = arg;
+  pool->n_tasks = n;
+  pool->busy = pool->n_workers;
+  pool->generation++;
+  pthread_cond_broadcast(&pool->go);
+  pthread_mutex_unlock(&pool->mu);
+  fn(arg, 0);
+  pthread_mutex_lock(&pool->mu);
+  while (pool->busy) pthread_cond_wait(&pool->done, &pool->mu);
+  pthread_mutex_unlock(&pool->mu);
+}
+
+static void muon__pool_stop(muon__cpu *cpu) {
+  muon__pool *pool = cpu->pool;
+  int w;
+  if (!pool) return;
+  pthread_mutex_lock(&pool->mu);
+  pool->stop = 1;
+  pthread_cond_broadcast(&pool->go);
+  pthread_mutex_unlock(&pool->mu);
+  for (w = 0; w < pool->n_workers; w++) pthread_join(pool->workers[w], NULL);
+  pthread_cond_destroy(&pool->go);
+  pthread_cond_destroy(&pool->done);
+  pthread_mutex_destroy(&pool->mu);
+  muon__free(cpu->allocator, pool->workers);
+  muon__free(cpu->allocator, pool);
+  cpu->pool = NULL;
+  cpu->parallel_for = NULL;
+}
+
+/* threads - 1 workers; the caller is the last one. */
+static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
+  int n = cpu->threads - 1, w, err = 0;
+  muon__worker_arg *args;
+  muon__pool *pool = (muon__pool *)muon__alloc(cpu->allocator, sizeof *pool);
+  args = (muon__worker_arg *)muon__alloc(cpu->allocator, (size_t)n * sizeof *args);
+  if (pool) pool->workers = (pthread_t *)muon__alloc(cpu->allocator, (size_t)n * sizeof(pthread_t));
+  if (!pool || !args || !pool->workers) {
+    if (pool) muon__free(cpu->allocator, pool->workers);
+    muon__free(cpu->allocator, pool);
+    muon__free(cpu->allocator, args);
+    snprintf(msg, size, "MUON_ERR_NOMEM: allocating the CPU backend's thread pool (%d threads) failed", cpu->threads);
+    return MUON_ERR_NOMEM;
+  }
+  pool->n_workers = 0;
+  pool->busy = 0;
+  pool->stop = 0;
+  pool->generation = 0;
+  pool->fn = NULL;
+  pool->arg = NULL;
+  pool->n_tasks = 0;
+  pthread_mutex_init(&pool->mu, NULL);
+  pthread_cond_init(&pool->go, NULL);
+  pthread_cond_init(&pool->done, NULL);
+  cpu->pool = pool;
+  for (w = 0; w < n && !err; w++) {
+    args[w].pool = pool;
+    args[w].task = w + 1;
+    if ((err = pthread_create(&pool->workers[w], NULL, muon__pool_worker, &args[w])) == 0) pool->n_workers++;
+  }
+  /* every worker has copied its argument once it has taken the lock: a run flushes them */
+  cpu->parallel_for = muon__pool_run;
+  cpu->user = pool;
+  muon__pool_run(pool, 1, muon__noop_task, NULL);
+  muon__free(cpu->allocator, args);
+  if (err) {
+    muon__pool_stop(cpu);
+    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: starting thread %d of %d failed: %s", w + 1, n + 1, strerror(err));
+    return MUON_ERR_NOMEM;
+  }
+  return MUON_OK;
+}
+#else
+static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
+  (void)cpu;
+  snprintf(msg, size, "MUON_ERR_ARG: this build has no thread pool");
+  return MUON_ERR_ARG;
+}
+static void muon__pool_stop(muon__cpu *cpu) { (void)cpu; }
+#endif
+
+/* A CPU backend's context from its desc: the GEMM chosen, the thread count resolved, and muon's
+   own pool started when there are threads and no parallel_for. */
+static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const muon_allocator *a, char *msg, size_t size) {
+  muon_status st;
+  memset(cpu, 0, sizeof *cpu);
+  cpu->allocator = a;
+  cpu->threads = 1;
+  if ((unsigned)d->gemm > (unsigned)MUON_GEMM_CBLAS) {
+    snprintf(msg, size, "MUON_ERR_ARG: muon_cpu_desc.gemm is not a muon_gemm (got %d)", (int)d->gemm);
+    return MUON_ERR_ARG;
+  }
+#ifdef MUON_USE_CBLAS
+  cpu->cblas = d->gemm != MUON_GEMM_BUILTIN;
+#else
+  if (d->gemm == MUON_GEMM_CBLAS) {
+    snprintf(msg, size, "MUON_ERR_ARG: muon_cpu_desc.gemm is MUON_GEMM_CBLAS but muon.h was compiled without MUON_USE_CBLAS");
+    return MUON_ERR_ARG;
+  }
+#endif
+  if ((st = muon__thread_count(&d->threads, &cpu->threads, msg, size)) != MUON_OK) return st;
+  if (cpu->threads > 1 && d->threads.parallel_for) {
+    cpu->parallel_for = d->threads.parallel_for;
+    cpu->user = d->threads.user;
+  } else if (cpu->threads > 1 && (st = muon__pool_start(cpu, msg, size)) != MUON_OK) {
+    cpu->threads = 1;
+    return st;
+  }
+  return MUON_OK;
+}
+
+/* fn(arg, t) for t in [0, n): on the CPU backend's threads, or in order on this one. */
+static void muon__parallel(const muon__cpu *cpu, int n, muon_task_fn fn, void *arg) {
+  int t;
+  if (n > 1 && cpu && cpu->parallel_for) cpu->parallel_for(cpu->user, n, fn, arg);
+  else for (t = 0; t < n; t++) fn(arg, t);
+}
+
+/* >>impl-gemm ---------------------------------------------------------------------------------
+   CPU GEMM: plain C99 loops the compiler vectorises (GotoBLAS/BLIS loop nest: pack A into MR-row
+   and op(B) into NR-column micro-panels, a register-blocked MR x NR micro-kernel). No intrinsics
+   and no alignment-dependent paths: each C element is summed in order over k inside each KC
+   chunk, so the bits depend only on (M, N, K), whether the packed path runs, and whether the
+   target has FMA. muon__sgemm_naive is the oracle the fast kernels are tested against.
+   Unpacked:  acc = sum_k a_k b_k;  C = alpha acc + beta C.
+   Packed:    K in KC chunks; chunk 0 does C = alpha acc + beta C, later ones C = alpha acc + C. */
+#if defined(__GNUC__) || defined(__clang__)
+#define MUON__RESTRICT __restrict
+#else
+#define MUON__RESTRICT
+#endif
+
+
+/* Fused multiply-add where the hardware has it (deterministic: always fused
+   for a given build), otherwise a plain multiply + add. */
+#if defined(__FP_FAST_FMAF) || defined(__FMA__)
+#define MUON__FMA(a, b, c) fmaf((a), (b), (c))
+#else
+#define MUON__FMA(a, b, c) ((a) * (b) + (c))
+#endif
+
+/* gcc's default tuning for most AVX-512 CPUs prefers 256-bit vectors; the micro-kernel is
+   register-blocked for 32 512-bit registers, so ask for 512-bit vectors on that one function.
+   This is only an optimisation hint (no intrinsics); other compilers/targets ignore it. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__) && !defined(MUON__NO_WIDE_KERNEL)
+#define MUON__WIDE_KERNEL 1
+#define MUON__KERNEL_ATTR __attribute__((target("prefer-vector-width=512")))
+#else
+#define MUON__KERNEL_ATTR
+#endif
+
+/* Register tile (micro-kernel) and cache blocking.
+   MR/NR only change speed, never results: every C element is always summed sequentially over k
+   inside each KC chunk.  KC is the only blocking parameter that affects the rounding. */
+#ifndef MUON__MR
+#if defined(MUON__WIDE_KERNEL)
+#define MUON__MR 12 /* 12 x 32 tile = 24 zmm accumulators */
+#define MUON__NR 32
+#elif defined(__AVX__)
+#define MUON__MR 2 /* 2 x 48 tile = 12 ymm accumulators (16 ymm registers): measured on AVX2 + FMA,
+                      1024^2 sgemm 0.54-0.58x one-thread OpenBLAS vs 0.47-0.51x for 4 x 24 */
+#define MUON__NR 48
+#else
+#define MUON__MR 8 /* SSE2 / generic: 8 x 8 tile */
+#define MUON__NR 8
+#endif
+#endif
+#define MUON__KC 256 /* k-chunk: fixed for all targets (it defines the summation order) */
+#define MUON__MC 96  /* rows of A packed per block (multiple of MR) */
+#define MUON__NC 288 /* minimum columns of op(B) packed per block (multiple of NR); grows with the buffer */
+
+/* Minimum pack floats for the packed (fast) path; a smaller pack buffer selects the unpacked path.
+   = MC*KC + KC*NC = 96 K floats (384 KiB).  A bigger buffer is used for wider B blocks (faster, same bits). */
+#define MUON__GEMM_PACK_FLOATS ((size_t)MUON__MC * MUON__KC + (size_t)MUON__KC * MUON__NC)
+
+/* Unpacked-path register tile. */
+#define MUON__UMR 4
+#define MUON__UNR 32
+
+
+/* ----------------------------- oracle ----------------------------------- */
+
+MUON__UNUSED static void muon__sgemm_naive(int transb, int M, int N, int K, float alpha, const float *A, int lda,
+                              const float *B, int ldb, float beta, float *C, int ldc)
+{
+    int i, j, p;
+    for (i = 0; i < M; i++) {
+        for (j = 0; j < N; j++) {
+            double s = 0.0;
+            for (p = 0; p < K; p++) {
+                double b = transb ? (double)B[(size_t)j * ldb + p] : (double)B[(size_t)p * ldb + j];
+                s += (double)A[(size_t)i * lda + p] * b;
+            }
+            s *= (double)alpha;
+            if (beta != 0.0f) s += (double)beta * (double)C[(size_t)i * ldc + j];
+            C[(size_t)i * ldc + j] = (float)s;
+        }
+    }
+}
+
+/* ------------------------------ helpers --------------------------------- */
+
+/* C[m x n] = beta * C  (beta == 0: write zeros, C never read). */
+static void muon__scale_c(int m, int n, float beta, float *C, int ldc)
+{
+    int i, j;
+    for (i = 0; i < m; i++) {
+        float *c = C + (size_t)i * ldc;
+        if (beta == 0.0f) {
+            for (j = 0; j < n; j++) c[j] = 0.0f;
+        } else {
+            for (j = 0; j < n; j++) c[j] = beta * c[j];
+        }
+    }
+}
+
+/* Copy the strictly-lower triangle of C[N x N] onto the upper triangle. */
+static void muon__mirror_lower(int N, float *C, int ldc)
+{
+    int ib, jb, i, j;
+    const int BS = 64;
+    for (ib = 0; ib < N; ib += BS) {
+        int ie = MUON__MIN(ib + BS, N);
+        for (jb = ib; jb < N; jb += BS) {
+            int je = MUON__MIN(jb + BS, N);
+            for (i = ib; i < ie; i++) {
+                float *dst = C + (size_t)i * ldc;
+                for (j = (jb > i + 1 ? jb : i + 1); j < je; j++) dst[j] = C[(size_t)j * ldc + i];
+            }
+        }
+    }
+}
+
+/* Store an m x n accumulator tile (row stride ld_acc) into C.
+   first && beta == 0  -> C = alpha*acc            (C not read)
+   first               -> C = alpha*acc + beta*C
+   !first              -> C = alpha*acc + C                                       */
+static void muon__store_tile(const float *MUON__RESTRICT acc, int ld_acc, int m, int n, float *MUON__RESTRICT C,
+                             int ldc, float alpha, float beta, int first)
+{
+    int i, j;
+    if (first && beta == 0.0f) {
+        for (i = 0; i < m; i++) {
+            float *c = C + (size_t)i * ldc;
+            const float *a = acc + (size_t)i * ld_acc;
+            for (j = 0; j < n; j++) c[j] = alpha * a[j];
+        }
+    } else {
+        float bt = first ? beta : 1.0f;
+        for (i = 0; i < m; i++) {
+            float *c = C + (size_t)i * ldc;
+            const float *a = acc + (size_t)i * ld_acc;
+            for (j = 0; j < n; j++) c[j] = MUON__FMA(bt, c[j], alpha * a[j]);
+        }
+    }
+}
+
+/* ---------------------------- packed path ------------------------------- */
+
+/* Pack rows [0,mc) x cols [0,kc) of A into MR-row micro-panels: ap[p*MR + i], zero padded. */
+static void muon__pack_a(int mc, int kc, const float *MUON__RESTRICT A, int lda, float *MUON__RESTRICT ap)
+{
+    int ir, i, p;
+    for (ir = 0; ir < mc; ir += MUON__MR) {
+        int mr = MUON__MIN(MUON__MR, mc - ir);
+        const float *a = A + (size_t)ir * lda;
+        if (mr == MUON__MR) {
+            for (p = 0; p < kc; p++)
+                for (i = 0; i < MUON__MR; i++) ap[(size_t)p * MUON__MR + i] = a[(size_t)i * lda + p];
+        } else {
+            for (p = 0; p < kc; p++) {
+                for (i = 0; i < mr; i++) ap[(size_t)p * MUON__MR + i] = a[(size_t)i * lda + p];
+                for (; i < MUON__MR; i++) ap[(size_t)p * MUON__MR + i] = 0.0f;
+            }
+        }
+        ap += (size_t)MUON__MR * kc;
+    }
+}
+
+/* Pack op(B)[0,kc) x [0,nc) into NR-column micro-panels: bp[p*NR + j], zero padded.
+   transb == 0: op(B)[p][j] = B[p*ldb + j];  transb == 1: op(B)[p][j] = B[j*ldb + p]. */
+static void muon__pack_b(int transb, int kc, int nc, const float *MUON__RESTRICT B, int ldb,
+                         float *MUON__RESTRICT bp)
+{
+    int jr, j, p;
+    for (jr = 0; jr < nc; jr += MUON__NR) {
+        int nr = MUON__MIN(MUON__NR, nc - jr);
+        if (!transb && nr == MUON__NR) {
+            for (p = 0; p < kc; p++) {
+                const float *b = B + (size_t)p * ldb + jr;
+                float *d = bp + (size_t)p * MUON__NR;
+                for (j = 0; j < MUON__NR; j++) d[j] = b[j];
+            }
+        } else if (!transb) {
+            for (p = 0; p < kc; p++) {
+                const float *b = B + (size_t)p * ldb + jr;
+                float *d = bp + (size_t)p * MUON__NR;
+                for (j = 0; j < nr; j++) d[j] = b[j];
+                for (; j < MUON__NR; j++) d[j] = 0.0f;
+            }
+        } else {
+            for (j = 0; j < nr; j++) {
+                const float *b = B + (size_t)(jr + j) * ldb;
+                for (p = 0; p < kc; p++) bp[(size_t)p * MUON__NR + j] = b[p];
+            }
+            for (; j < MUON__NR; j++)
+                for (p = 0; p < kc; p++) bp[(size_t)p * MUON__NR + j] = 0.0f;
+        }
+        bp += (size_t)MUON__NR * kc;
+    }
+}
+
+/* Micro-kernel: acc[MR][NR] = sum_p ap[p*MR+i] * bp[p*NR+j], then store m x n of it into C. */
+MUON__KERNEL_ATTR static void muon__kernel(int kc, const float *MUON__RESTRICT ap, const float *MUON__RESTRICT bp,
+                         float *MUON__RESTRICT C, int ldc, int m, int n, float alpha, float beta, int first)
+{
+    float acc[MUON__MR][MUON__NR];
+    int i, j, p;
+    for (i = 0; i < MUON__MR; i++)
+        for (j = 0; j < MUON__NR; j++) acc[i][j] = 0.0f;
+    for (p = 0; p < kc; p++) {
+        const float *b = bp + (size_t)p * MUON__NR;
+        const float *a = ap + (size_t)p * MUON__MR;
+        for (i = 0; i < MUON__MR; i++) {
+            const float ai = a[i];
+            for (j = 0; j < MUON__NR; j++) acc[i][j] = MUON__FMA(ai, b[j], acc[i][j]);
+        }
+    }
+    muon__store_tile(&acc[0][0], MUON__NR, m, n, C, ldc, alpha, beta, first);
+}
+
+/* lower != 0: only micro-tiles touching the diagonal or below are computed (syrk), where row i
+   of A and C is row diag + i of the whole. */
+static void muon__gemm_packed(int transb, int M, int N, int K, float alpha, const float *A, int lda,
+                              const float *B, int ldb, float beta, float *C, int ldc, float *pack,
+                              size_t pack_floats, int lower, int diag)
+{
+    float *apack = pack;
+    float *bpack = pack + (size_t)MUON__MC * MUON__KC;
+    /* widest B block the buffer holds (multiple of NR, >= MUON__NC); never changes the results */
+    size_t ncmax_z = (pack_floats - (size_t)MUON__MC * MUON__KC) / MUON__KC / MUON__NR * MUON__NR;
+    int ncmax = ncmax_z >= (size_t)N ? N : (int)ncmax_z;
+    int jc, pc, ic, jr, ir;
+    for (jc = 0; jc < N; jc += ncmax) {
+        int nc = MUON__MIN(ncmax, N - jc);
+        for (pc = 0; pc < K; pc += MUON__KC) {
+            int kc = MUON__MIN(MUON__KC, K - pc);
+            int first = (pc == 0);
+            const float *bsrc = transb ? B + (size_t)jc * ldb + pc : B + (size_t)pc * ldb + jc;
+            muon__pack_b(transb, kc, nc, bsrc, ldb, bpack);
+            for (ic = 0; ic < M; ic += MUON__MC) {
+                int mc = MUON__MIN(MUON__MC, M - ic);
+                if (lower && diag + ic + mc <= jc) continue; /* whole block strictly above the diagonal */
+                muon__pack_a(mc, kc, A + (size_t)ic * lda + pc, lda, apack);
+                for (jr = 0; jr < nc; jr += MUON__NR) {
+                    int nr = MUON__MIN(MUON__NR, nc - jr);
+                    const float *bp = bpack + (size_t)jr * kc;
+                    for (ir = 0; ir < mc; ir += MUON__MR) {
+                        int mr = MUON__MIN(MUON__MR, mc - ir);
+                        if (lower && diag + ic + ir + mr - 1 < jc + jr) continue; /* tile strictly above diagonal */
+                        muon__kernel(kc, apack + (size_t)ir * kc, bp, C + (size_t)(ic + ir) * ldc + jc + jr, ldc,
+                                     mr, nr, alpha, beta, first);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* --------------------------- unpacked path ------------------------------ */
+
+/* transb == 0, no scratch: UMR x UNR register tile read straight from A and B. */
+static void muon__gemm_nopack_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                                 int ldb, float beta, float *C, int ldc)
+{
+    int i0, j0, i, j, p;
+    float acc[MUON__UMR][MUON__UNR];
+    for (j0 = 0; j0 < N; j0 += MUON__UNR) {
+        int nr = MUON__MIN(MUON__UNR, N - j0);
+        for (i0 = 0; i0 < M; i0 += MUON__UMR) {
+            int mr = MUON__MIN(MUON__UMR, M - i0);
+            const float *a = A + (size_t)i0 * lda;
+            const float *b = B + j0;
+            for (i = 0; i < MUON__UMR; i++)
+                for (j = 0; j < MUON__UNR; j++) acc[i][j] = 0.0f;
+            if (mr == MUON__UMR && nr == MUON__UNR) {
+                for (p = 0; p < K; p++) {
+                    const float *bb = b + (size_t)p * ldb;
+                    for (i = 0; i < MUON__UMR; i++) {
+                        const float ai = a[(size_t)i * lda + p];
+                        for (j = 0; j < MUON__UNR; j++) acc[i][j] = MUON__FMA(ai, bb[j], acc[i][j]);
+                    }
+                }
+            } else {
+                for (p = 0; p < K; p++) {
+                    const float *bb = b + (size_t)p * ldb;
+                    for (i = 0; i < mr; i++) {
+                        const float ai = a[(size_t)i * lda + p];
+                        for (j = 0; j < nr; j++) acc[i][j] = MUON__FMA(ai, bb[j], acc[i][j]);
+                    }
+                }
+            }
+            muon__store_tile(&acc[0][0], MUON__UNR, mr, nr, C + (size_t)i0 * ldc + j0, ldc, alpha, beta, 1);
+        }
+    }
+}
+
+/* transb == 1, no scratch: 4x4 tile of dot products (sequential over p).
+   lower != 0: skip tiles strictly above the diagonal (syrk; row i is row diag + i of the whole). */
+static void muon__gemm_nopack_nt(int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                                 int ldb, float beta, float *C, int ldc, int lower, int diag)
+{
+    int i0, j0, i, j, p;
+    float acc[4][4];
+    for (i0 = 0; i0 < M; i0 += 4) {
+        int mr = MUON__MIN(4, M - i0);
+        for (j0 = 0; j0 < N; j0 += 4) {
+            int nr = MUON__MIN(4, N - j0);
+            if (lower && diag + i0 + mr - 1 < j0) break;
+            for (i = 0; i < 4; i++)
+                for (j = 0; j < 4; j++) acc[i][j] = 0.0f;
+            if (mr == 4 && nr == 4) {
+                const float *a0 = A + (size_t)i0 * lda, *a1 = a0 + lda, *a2 = a1 + lda, *a3 = a2 + lda;
+                const float *b0 = B + (size_t)j0 * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+                float c00 = 0, c01 = 0, c02 = 0, c03 = 0, c10 = 0, c11 = 0, c12 = 0, c13 = 0;
+                float c20 = 0, c21 = 0, c22 = 0, c23 = 0, c30 = 0, c31 = 0, c32 = 0, c33 = 0;
+                for (p = 0; p < K; p++) {
+                    float x0 = a0[p], x1 = a1[p], x2 = a2[p], x3 = a3[p];
+                    float y0 = b0[p], y1 = b1[p], y2 = b2[p], y3 = b3[p];
+                    c00 = MUON__FMA(x0, y0, c00); c01 = MUON__FMA(x0, y1, c01);
+                    c02 = MUON__FMA(x0, y2, c02); c03 = MUON__FMA(x0, y3, c03);
+                    c10 = MUON__FMA(x1, y0, c10); c11 = MUON__FMA(x1, y1, c11);
+                    c12 = MUON__FMA(x1, y2, c12); c13 = MUON__FMA(x1, y3, c13);
+                    c20 = MUON__FMA(x2, y0, c20); c21 = MUON__FMA(x2, y1, c21);
+                    c22 = MUON__FMA(x2, y2, c22); c23 = MUON__FMA(x2, y3, c23);
+                    c30 = MUON__FMA(x3, y0, c30); c31 = MUON__FMA(x3, y1, c31);
+                    c32 = MUON__FMA(x3, y2, c32); c33 = MUON__FMA(x3, y3, c33);
+                }
+                acc[0][0] = c00; acc[0][1] = c01; acc[0][2] = c02; acc[0][3] = c03;
+                acc[1][0] = c10; acc[1][1] = c11; acc[1][2] = c12; acc[1][3] = c13;
+                acc[2][0] = c20; acc[2][1] = c21; acc[2][2] = c22; acc[2][3] = c23;
+                acc[3][0] = c30; acc[3][1] = c31; acc[3][2] = c32; acc[3][3] = c33;
+            } else {
+                for (i = 0; i < mr; i++)
+                    for (j = 0; j < nr; j++) {
+                        const float *a = A + (size_t)(i0 + i) * lda, *b = B + (size_t)(j0 + j) * ldb;
+                        float s = 0.0f;
+                        for (p = 0; p < K; p++) s = MUON__FMA(a[p], b[p], s);
+                        acc[i][j] = s;
+                    }
+            }
+            muon__store_tile(&acc[0][0], 4, mr, nr, C + (size_t)i0 * ldc + j0, ldc, alpha, beta, 1);
+        }
+    }
+}
+
+/* ------------------------------ public ---------------------------------- */
+
+/* Rows [r0, r1) of C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major (see the header
+   comment); lower: of the lower triangle of C = alpha A A^T + beta C (N = M), columns [0, r1).
+   Every element is summed the same way whatever rows a call covers. */
+static void muon__gemm_rows(int transb, int lower, int r0, int r1, int N, int K, float alpha, const float *A,
+                            int lda, const float *B, int ldb, float beta, float *C, int ldc, float *pack,
+                            size_t pack_floats)
+{
+    int i, M = r1 - r0;
+    A += (size_t)r0 * lda;
+    C += (size_t)r0 * ldc;
+    if (lower) N = r1;
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        if (!lower) muon__scale_c(M, N, beta, C, ldc);
+        else for (i = 0; i < M; i++) muon__scale_c(1, r0 + i + 1, beta, C + (size_t)i * ldc, ldc);
+    } else if (pack != NULL && pack_floats >= MUON__GEMM_PACK_FLOATS) {
+        muon__gemm_packed(transb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats, lower, r0);
+    } else if (!transb) {
+        muon__gemm_nopack_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    } else {
+        muon__gemm_nopack_nt(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, lower, r0);
+    }
+}
+
+/* C[M x N] = alpha * A[M x K] * op(B) + beta * C, row-major.  See header comment. */
+MUON__UNUSED static void muon__sgemm(int transb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc, float *pack, size_t pack_floats)
+{
+    muon__gemm_rows(transb, 0, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, pack, pack_floats);
+}
+
+/* C[N x N] = alpha * A[N x K] * A^T + beta * C.  Only the lower triangle of C is read (beta != 0);
+   the lower triangle is computed and mirrored, so the full C is symmetric on return.
+   The lower-triangle results are bit-identical to muon__sgemm(1, N, N, K, alpha, A, lda, A, lda, ...)
+   with the same pack_floats. */
+MUON__UNUSED static void muon__ssyrk(int N, int K, float alpha, const float *A, int lda, float beta, float *C, int ldc,
+                        float *pack, size_t pack_floats)
+{
+    if (N <= 0) return;
+    muon__gemm_rows(1, 1, 0, N, N, K, alpha, A, lda, A, lda, beta, C, ldc, pack, pack_floats);
+    muon__mirror_lower(N, C, ldc);
+}
+
+
+/* >>impl-ns -----------------------------------------------------------------------------------
+   Newton-Schulz. X is (m, n), m <= n, row-major, orthogonalised in place:
+     X = X / max(|X|_F, eps)
+     for k: A = X X^T;  B = b_k A + c_k A A;  X = a_k X + B X
+   The symmetric products X X^T and A A (= A A^T) compute one triangle. torch fuses the last two
+   into addmm; so do we (B starts as a copy of A, X's successor as a copy of X), which also puts
+   the bf16 roundings exactly where torch has them. */
+typedef struct muon__gemm_ctx {
+  int cblas;
+  int symmetric;
+  float *pack;
+  size_t pack_floats;
+  const muon__cpu *cpu;            /* threads for the built-in GEMM; NULL: this one only   */
+  float *packs;                    /* threads - 1 more packs of pack_floats (pack != NULL) */
+} muon__gemm_ctx;
+
+/* One built-in GEMM split by rows over the CPU backend's threads, each slice with its own pack;
+   a lower (syrk) one in slices of equal area. No element's sum depends on the split. */
+typedef struct muon__gemm_job {
+  const muon__gemm_ctx *g;
+  int transb, lower, M, N, K, lda, ldb, ldc, tasks;
+  float alpha, beta;
+  const float *A, *B;
+  float *C;
+} muon__gemm_job;
+
+static int muon__gemm_job_row(const muon__gemm_job *j, int t) {
+  double f = (double)t / j->tasks;
+  if (t >= j->tasks) return j->M;
+  if (j->lower) f = sqrt(f);
+  return (int)(f * j->M) / MUON__MR * MUON__MR;
+}
+
+static void muon__gemm_task(void *arg, int t) {
+  const muon__gemm_job *j = (const muon__gemm_job *)arg;
+  float *pack = t == 0 || !j->g->pack ? j->g->pack : j->g->packs + (size_t)(t - 1) * j->g->pack_floats;
+  muon__gemm_rows(j->transb, j->lower, muon__gemm_job_row(j, t), muon__gemm_job_row(j, t + 1), j->N, j->K, j->alpha,
+                  j->A, j->lda, j->B, j->ldb, j->beta, j->C, j->ldc, pack, j->g->pack_floats);
+}
+
+/* Threads worth using on an M x N x K product: none below MUON__SPLIT_MACS multiply-adds, and
+   at least 4 micro-tile rows each. (Tests lower the thresholds; no result depends on them.) */
+#ifndef MUON__SPLIT_MACS
+#define MUON__SPLIT_MACS 4194304.0
+#endif
+#ifndef MUON__SPLIT_ELEMENTS
+#define MUON__SPLIT_ELEMENTS 65536
+#endif
+static int muon__gemm_tasks(const muon__gemm_ctx *g, int M, int N, int K) {
+  int t = g->cpu ? g->cpu->threads : 1;
+  if ((double)M * N * K < MUON__SPLIT_MACS) return 1;
+  if (t > M / (4 * MUON__MR)) t = M / (4 * MUON__MR);
+  return t > 1 ? t : 1;
+}
+
+static void muon__gemm_split(const muon__gemm_ctx *g, int transb, int lower, int M, int N, int K, float alpha,
+                             const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  muon__gemm_job j;
+  j.g = g; j.transb = transb; j.lower = lower; j.M = M; j.N = N; j.K = K;
+  j.lda = lda; j.ldb = ldb; j.ldc = ldc; j.alpha = alpha; j.beta = beta; j.A = A; j.B = B; j.C = C;
+  j.tasks = muon__gemm_tasks(g, M, N, K);
+  muon__parallel(g->cpu, j.tasks, muon__gemm_task, &j);
+}
+
+/* C[N x N] = alpha * A[N x K] * A^T + beta * C, all of C written. */
+static void muon__gram(const muon__gemm_ctx *g, int N, int K, float alpha, const float *A, int lda, float beta,
+                       float *C, int ldc) {
+#ifdef MUON_USE_CBLAS
+  if (g->cblas) {
+    if (g->symmetric) {
+      cblas_ssyrk(CblasRowMajor, CblasLower, CblasNoTrans, N, K, alpha, A, lda, beta, C, ldc);
+      muon__mirror_lower(N, C, ldc);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, N, K, alpha, A, lda, A, lda, beta, C, ldc);
+    }
+    return;
+  }
+#endif
+  if (N <= 0) return;
+  muon__gemm_split(g, 1, g->symmetric, N, N, K, alpha, A, lda, A, lda, beta, C, ldc);
+  if (g->symmetric) muon__mirror_lower(N, C, ldc);
+}
+
+/* C[M x N] = alpha * A[M x K] * B[K x N] + beta * C. */
+static void muon__matmul(const muon__gemm_ctx *g, int M, int N, int K, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc) {
+#ifdef MUON_USE_CBLAS
+  if (g->cblas) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#endif
+  muon__gemm_split(g, 0, 0, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* GEMM pack floats for an m x n operand: used only when it fits in m*n, so the NS workspace stays
+   within 2mn + 2m^2 (Y, A, B, pack). */
+static size_t muon__ns_pack_floats(int m, int n) {
+  size_t mn = (size_t)m * (size_t)n, pack = (size_t)MUON__GEMM_PACK_FLOATS;
+  return pack && mn >= pack ? pack : 0;
+}
+
+/* Does this operand run the Gram iteration? Only where it saves flops: n >= 2m. */
+static int muon__use_gram(const muon_hparams *hp, int m, int n) {
+  return hp->ns_algorithm == MUON_NS_GRAM && (long long)n >= 2 * (long long)m;
+}
+
+/* Y (m x n), then m x m matrices: A and B (standard), R, B, Q, T, S (Gram); then the pack. */
+static size_t muon__ns_ws_floats(int m, int n, int gram) {
+  return (size_t)m * n + (gram ? 5 : 2) * (size_t)m * m + muon__ns_pack_floats(m, n);
+}
+
+MUON_API size_t muon_ns_workspace_floats(int rows, int cols) {
+  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+  return rows > 0 && cols > 0 ? muon__ns_ws_floats(m, n, (long long)n >= 2 * (long long)m) : 0;
+}
+
+/* Whether a CPU backend's GEMMs are CBLAS's (a NULL ctx: MUON_GEMM_AUTO). */
+static int muon__use_cblas(const muon__cpu *cpu) {
+#ifdef MUON_USE_CBLAS
+  return cpu ? cpu->cblas : 1;
+#else
+  (void)cpu;
+  return 0;
+#endif
+}
+
+/* Gram Newton-Schulz on the normalised m x n X (n >= 2m): with X_k = Q_k X_0 and R_k = X_k X_k^T,
+   iteration k forms P = a I + b R + c R^2 and moves Q <- P Q, R <- P^2 R (all polynomials in
+   R_0, so they commute); X = Q X_0 once at the end. A restart before iteration k makes X_0 = Q X_0,
+   R = X_0 X_0^T and Q = I again, which bounds the error the m x m products accumulate. */
+static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__gemm_ctx *g, int bf16) {
+  size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
+  float *Y = ws, *R = ws + mn, *B = R + mm, *Q = B + mm, *T = Q + mm, *S = T + mm, *x0 = X, *t;
+  int k, fresh = 1;   /* fresh: Q is the identity, not stored */
+  muon__gram(g, m, n, 1.0f, x0, n, 0.0f, R, m);                 /* R = X_0 X_0^T   (m, m) */
+  if (bf16) muon__bf16_round(R, mm);
+  for (k = 0; k < hp->ns_steps; k++) {
+    float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], c = hp->ns_coefficients[k][2];
+    int last = k + 1 == hp->ns_steps, restart_next = !last && ((hp->ns_restarts >> (k + 1)) & 1u);
+    memcpy(B, R, mm * sizeof(float));
+    muon__gram(g, m, m, c, R, m, b, B, m);                       /* B = b R + c R R^T */
+    for (i = 0; i < (size_t)m; i++) B[i * m + i] += a;           /* P = a I + B, rounded once */
+    if (bf16) muon__bf16_round(B, mm);
+    if (fresh) { memcpy(Q, B, mm * sizeof(float)); fresh = 0; }  /* Q = P */
+    else {
+      muon__matmul(g, m, m, m, 1.0f, B, m, Q, m, 0.0f, T, m);    /* Q = P Q */
+      if (bf16) muon__bf16_round(T, mm);
+      t = Q; Q = T; T = t;
+    }
+    if (last) break;
+    if (restart_next) {                                          /* X_0 = Q X_0, R = X_0 X_0^T, Q = I */
+      float *y = x0 == X ? Y : X;
+      muon__matmul(g, m, n, m, 1.0f, Q, m, x0, n, 0.0f, y, n);
+      if (bf16) muon__bf16_round(y, mn);
+      x0 = y;
+      muon__gram(g, m, n, 1.0f, x0, n, 0.0f, R, m);
+      if (bf16) muon__bf16_round(R, mm);
+      fresh = 1;
+      continue;
+    }
+    muon__gram(g, m, m, 1.0f, B, m, 0.0f, S, m);                 /* S = P P^T = P^2 */
+    if (bf16) muon__bf16_round(S, mm);
+    muon__matmul(g, m, m, m, 1.0f, S, m, R, m, 0.0f, T, m);      /* R = P^2 R */
+    if (bf16) muon__bf16_round(T, mm);
+    t = R; R = T; T = t;
+  }
+  {
+    float *y = x0 == X ? Y : X;                                  /* X = Q X_0 */
+    if (fresh) memcpy(y, x0, mn * sizeof(float));
+    else muon__matmul(g, m, n, m, 1.0f, Q, m, x0, n, 0.0f, y, n);
+    if (bf16) muon__bf16_round(y, mn);
+    if (y != X) memcpy(X, y, mn * sizeof(float));
+  }
+}
+
+/* ws holds muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) floats, and with cpu's threads
+   threads - 1 more GEMM packs (muon__ns_pack_floats each). */
+static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws, int cblas, const muon__cpu *cpu) {
+  size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
+  int gram = muon__use_gram(hp, m, n);
+  float *Y = ws, *A = ws + mn, *B = A + mm, *x = X, *t;
+  int bf16 = hp->precision == MUON_PRECISION_BF16, k;
+  double ss = 0;
+  float norm, d;
+  muon__gemm_ctx g;
+  g.cblas = cblas;
+  g.symmetric = hp->symmetric;
+  g.pack = ws + mn + (gram ? 5 : 2) * mm;
+  g.pack_floats = muon__ns_pack_floats(m, n);
+  g.cpu = cpu;
+  g.packs = g.pack + g.pack_floats;
+
+  if (bf16) muon__bf16_round(x, mn);
+  for (i = 0; i < mn; i++) ss += (double)x[i] * x[i];
+  norm = (float)sqrt(ss);
+  if (bf16) norm = muon__bf16(norm);
+  d = norm > hp->eps ? norm : hp->eps;
+  if (bf16) d = muon__bf16(d);
+  for (i = 0; i < mn; i++) x[i] = x[i] / d;
+  if (bf16) muon__bf16_round(x, mn);
+  if (gram) { muon__gram_iterations(X, m, n, hp, ws, &g, bf16); return; }
+
+  for (k = 0; k < hp->ns_steps; k++) {
+    float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], c = hp->ns_coefficients[k][2];
+    muon__gram(&g, m, n, 1.0f, x, n, 0.0f, A, m);                 /* A = X X^T        (m, m) */
+    if (bf16) muon__bf16_round(A, mm);
+    memcpy(B, A, mm * sizeof(float));
+    muon__gram(&g, m, m, c, A, m, b, B, m);                       /* B = b A + c A A  (m, m) */
+    if (bf16) muon__bf16_round(B, mm);
+    memcpy(Y, x, mn * sizeof(float));
+    muon__matmul(&g, m, n, m, 1.0f, B, m, x, n, a, Y, n);         /* Y = a X + B X    (m, n) */
+    if (bf16) muon__bf16_round(Y, mn);
+    t = x; x = Y; Y = t;
+  }
+  if (x != X) memcpy(X, x, mn * sizeof(float));
+}
+
+/* NorMuon (Li et al. 2025) of one orthogonalised operand X, m x n, in place; len = per_column ?
+   n : m statistics, each over cnt = per_column ? m : n elements (sums in double, in the order below):
+     q_i   = (1/cnt) sum x^2 over statistic i's elements
+     v'_i  = v_i + (1 - beta2)(q_i - v_i)                                 (torch's lerp_)
+     s_i   = ROWS:   1 / (sqrt(v'_i) + 1e-10)                  (the paper's reference)
+             LARGER: 1 / sqrt(max(v'_i, 1e-10))                (nanochat, modded-nanogpt)
+     |O|   = sqrt(sum_i cnt q_i),  |O'| = sqrt(sum_i cnt q_i s_i^2)
+     x    *= s_i * |O| / (ROWS: |O'| + 1e-10;  LARGER: max(|O'|, 1e-10))
+   A row's sum runs in 8 lanes (element j in lane j % 8) added in lane order; a column's runs
+   down the rows. The norms come from the q_i, as nanochat computes them; the paper takes them from the scaled
+   matrix, the same value up to rounding. v'_i goes to v_new; v is only read. */
+static float muon__normuon_scale(float v, int kind) {
+  return kind == MUON_NORMUON_ROWS ? 1.0f / (sqrtf(v) + 1e-10f) : 1.0f / sqrtf(v > 1e-10f ? v : 1e-10f);
+}
+
+static void muon__normuon(float *X, int m, int n, int per_column, const float *v, float *v_new, int kind, float beta2) {
+  int len = per_column ? n : m, cnt = per_column ? m : n, i, j, b;
+  float w = 1.0f - beta2;
+  double before = 0, after = 0, scale;
+  for (i = 0; i < len; i++) v_new[i] = 0;
+  if (per_column) {
+    for (j = 0; j < n; j += 16) {                   /* 16 columns at a time, rows in order */
+      double acc[16] = {0};
+      int nb = n - j < 16 ? n - j : 16;
+      if (nb == 16)                                 /* a constant bound: vectorised at -O2 too */
+        for (i = 0; i < m; i++) {
+          const float *x = X + (size_t)i * n + j;
+          for (b = 0; b < 16; b++) acc[b] += (double)x[b] * x[b];
+        }
+      else
+        for (i = 0; i < m; i++)
+          for (b = 0; b < nb; b++) { double x = X[(size_t)i * n + j + b]; acc[b] += x * x; }
+      for (b = 0; b < nb; b++) v_new[j + b] = (float)(acc[b] / cnt);
+    }
+  } else {
+    for (i = 0; i < m; i++) {                       /* 8 lanes (column j in lane j % 8), summed in order */
+      double acc[8] = {0}, sum = 0;
+      const float *x = X + (size_t)i * n;
+      for (j = 0; j + 8 <= n; j += 8)
+        for (b = 0; b < 8; b++) acc[b] += (double)x[j + b] * x[j + b];
+      for (b = 0; j + b < n; b++) acc[b] += (double)x[j + b] * x[j + b];
+      for (b = 0; b < 8; b++) sum += acc[b];
+      v_new[i] = (float)(sum / cnt);
+    }
+  }
+  for (i = 0; i < len; i++) {
+    float q = v_new[i], s;
+    v_new[i] = w < 0.5f ? v[i] + w * (q - v[i]) : q - (q - v[i]) * (1.0f - w);
+    s = muon__normuon_scale(v_new[i], kind);
+    before += (double)cnt * q;
+    after += (double)cnt * q * s * s;
+  }
+  after = sqrt(after);
+  scale = sqrt(before) / (kind == MUON_NORMUON_ROWS ? after + 1e-10 : (after > 1e-10 ? after : 1e-10));
+  for (j = 0; j < n; j += 256) {                    /* the factors of 256 columns, then rows */
+    float f[256];
+    int nb = n - j < 256 ? n - j : 256;
+    for (b = 0; per_column && b < nb; b++) f[b] = (float)(muon__normuon_scale(v_new[j + b], kind) * scale);
+    for (i = 0; i < m; i++) {
+      float *x = X + (size_t)i * n + j, r = per_column ? 0 : (float)(muon__normuon_scale(v_new[i], kind) * scale);
+      if (per_column) for (b = 0; b < nb; b++) x[b] *= f[b];
+      else for (b = 0; b < nb; b++) x[b] *= r;
+    }
+  }
+}
+
+/* >>impl-cpu ----------------------------------------------------------------------------------
+   The CPU compute backend: host memory, the element-wise formulas and the Newton-Schulz above.
+   ctx is a muon__cpu (NULL: malloc/free, one thread). */
+static void *muon__cpu_alloc(void *ctx, size_t bytes) {
+  return ctx ? muon__alloc(((const muon__cpu *)ctx)->allocator, bytes) : malloc(bytes ? bytes : 1);
+}
+static void muon__cpu_free(void *ctx, void *ptr) {
+  if (ctx) muon__free(((const muon__cpu *)ctx)->allocator, ptr); else free(ptr);
+}
+static muon_status muon__cpu_copy(void *ctx, void *dst, const void *src, size_t bytes, int to_host, int from_host) {
+  (void)ctx; (void)to_host; (void)from_host;
+  if (bytes) memcpy(dst, src, bytes);
+  return MUON_OK;
+}
+static muon_status muon__cpu_zero(void *ctx, void *dst, size_t bytes) {
+  (void)ctx;
+  if (bytes) memset(dst, 0, bytes);
+  return MUON_OK;
+}
+
+static int muon__cpu_threads(const void *ctx) { return ctx ? ((const muon__cpu *)ctx)->threads : 1; }
+
+/* Row segment by row segment (see muon__next_seg): contiguous copies for wide matrices, strided
+   for tall ones whose operand is the transpose. */
+static muon_status muon__cpu_pack(void *ctx, const muon_piece_copy *ops, int n, float *pieces, float *operands, int to_operand) {
+  int i;
+  (void)ctx;
+  for (i = 0; i < n; i++) {
+    const muon_piece_copy *op = &ops[i];
+    muon__piece p;
+    muon__seg sg;
+    float *piece = pieces + op->piece, *X = operands + op->operand;
+    long long k;
+    int rows = op->rows, cols = op->cols;
+    p.r0 = op->r0; p.c0 = op->c0; p.h = op->h; p.w = op->w; p.f0 = op->f0; p.f1 = op->f1;
+    sg = muon__segs(&p);
+    while (muon__next_seg(&p, &sg)) {
+      if (rows <= cols) {
+        float *x = X + sg.row * cols + sg.col;
+        if (to_operand) memcpy(x, piece + sg.off, (size_t)sg.len * sizeof(float));
+        else memcpy(piece + sg.off, x, (size_t)sg.len * sizeof(float));
+      } else if (to_operand) {
+        for (k = 0; k < sg.len; k++) X[(sg.col + k) * rows + sg.row] = piece[sg.off + k];
+      } else {
+        for (k = 0; k < sg.len; k++) piece[sg.off + k] = X[(sg.col + k) * rows + sg.row];
+      }
+    }
+  }
+  return MUON_OK;
+}
+
+/* Element-wise slots over the CPU backend's threads: n elements in one contiguous range per
+   task (from MUON__SPLIT_ELEMENTS on; each element is computed alone, so no split changes a bit). */
+typedef struct muon__ew_job {
+  int kind;                        /* 0 momentum, 1 apply, 2 AdamW */
+  size_t n, per_task;
+  void *param;
+  const void *grad;
+  float *momentum, *u, *m, *v;
+  const float *O;
+  int update;
+  const muon_momentum_args *ma;
+  const muon_apply_args *aa;
+  const muon_adamw_args *wa;
+} muon__ew_job;
+
+static void muon__ew_task(void *arg, int t) {
+  const muon__ew_job *j = (const muon__ew_job *)arg;
+  size_t i = (size_t)t * j->per_task, end = i + j->per_task < j->n ? i + j->per_task : j->n;
+  if (j->kind == 0 && j->u) for (; i < end; i++) j->u[i] = muon__momentum_at(j->momentum, i, j->grad, j->ma, j->update);
+  else if (j->kind == 0) for (; i < end; i++) (void)muon__momentum_at(j->momentum, i, j->grad, j->ma, j->update);
+  else if (j->kind == 1) for (; i < end; i++) muon__apply_store(j->param, i, j->O, j->aa);
+  else for (; i < end; i++) muon__adamw_store(j->param, i, j->grad, j->m, j->v, j->wa);
+}
+
+static void muon__ew_run(void *ctx, muon__ew_job *j) {
+  size_t T = (size_t)muon__cpu_threads(ctx);
+  if (j->n < MUON__SPLIT_ELEMENTS) T = 1;
+  j->per_task = ((j->n + T - 1) / T + 63) / 64 * 64;
+  if (j->n) muon__parallel((const muon__cpu *)ctx, (int)((j->n + j->per_task - 1) / j->per_task), muon__ew_task, j);
+}
+
+static muon_status muon__cpu_momentum(void *ctx, size_t n, float *momentum, const void *grad,
+                                      const muon_momentum_args *a, int update, float *u) {
+  muon__ew_job j;
+  memset(&j, 0, sizeof j);
+  j.kind = 0; j.n = n; j.momentum = momentum; j.grad = grad; j.ma = a; j.update = update; j.u = u;
+  muon__ew_run(ctx, &j);
+  return MUON_OK;
+}
+
+/* A batch on T threads: whole rounds of T operands side by side (task t: operands t, t + T, ...,
+   each in its own workspace), then the rest one at a time with their GEMMs split. */
+typedef struct muon__ns_job {
+  float *X, *ws;
+  int m, n, tasks, whole, cblas;   /* whole: the operands run side by side */
+  size_t ws_floats;                /* one operand's workspace, unthreaded */
+  const muon_hparams *hp;
+} muon__ns_job;
+
+static void muon__ns_task(void *arg, int t) {
+  const muon__ns_job *j = (const muon__ns_job *)arg;
+  int b;
+  for (b = t; b < j->whole; b += j->tasks)
+    muon__newton_schulz(j->X + (size_t)b * j->m * j->n, j->m, j->n, j->hp, j->ws + (size_t)t * j->ws_floats, j->cblas, NULL);
+}
+
+static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
+  size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
+  size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
+  int T = muon__cpu_threads(ctx);
+  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
+}
+
+static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
+  muon__ns_job j;
+  int b, T = muon__cpu_threads(ctx);
+  j.X = X; j.ws = (float *)ws; j.m = m; j.n = n; j.hp = hp; j.cblas = muon__use_cblas((const muon__cpu *)ctx);
+  j.ws_floats = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
+  j.tasks = T;
+  j.whole = T > 1 ? batch / T * T : 0;
+  if (j.whole) muon__parallel((const muon__cpu *)ctx, T, muon__ns_task, &j);
+  for (b = j.whole; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws, j.cblas, (const muon__cpu *)ctx);
+  return MUON_OK;
+}
+
+/* Flops of one Newton-Schulz iteration: 4 m^2 n + 2 m^3, m <= n (owners and threads are
+   balanced by it). */
+static double muon__ns_cost(int rows, int cols) {
+  double m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+  return 4 * m * m * n + 2 * m * m * m;
+}
+
+/* A round's operands on T threads. Those on CBLAS, whose GEMMs are never split, are balanced
+   across the threads whatever their shapes: in decreasing cost (muon__ns_cost, ties by index), each
+   to the thread with the least work so far (ties: the lowest), run whole in its own workspace;
+   every task works the assignment out alike. Those on the built-in GEMM go batch by batch
+   (muon__cpu_newton_schulz: side by side, a remainder with its GEMMs split). No result depends
+   on any of it. */
+typedef struct muon__ns_many_job {
+  float *const *X;
+  const int *m, *n;
+  const muon_hparams *const *hp;
+  int count, tasks, cblas;
+  float *ws;
+  size_t ws_floats;                /* the largest balanced operand's workspace, unthreaded */
+} muon__ns_many_job;
+
+static int muon__ns_before(const muon__ns_many_job *j, int i, int k) {
+  double a = muon__ns_cost(j->m[i], j->n[i]), b = muon__ns_cost(j->m[k], j->n[k]);
+  return a > b || (a == b && i < k);
+}
+
+static void muon__ns_many_task(void *arg, int t) {
+  const muon__ns_many_job *j = (const muon__ns_many_job *)arg;
+  double load[MUON__MAX_THREADS];
+  int i, q, prev = -1;
+  for (q = 0; q < j->tasks; q++) load[q] = 0;
+  for (;;) {
+    int next = -1, best = 0;
+    for (i = 0; i < j->count; i++)   /* the first balanced operand after prev in the order */
+      if (j->cblas && (prev < 0 || muon__ns_before(j, prev, i)) && (next < 0 || muon__ns_before(j, i, next))) next = i;
+    if (next < 0) return;
+    for (q = 1; q < j->tasks; q++)
+      if (load[q] < load[best]) best = q;
+    load[best] += muon__ns_cost(j->m[next], j->n[next]);
+    if (best == t) muon__newton_schulz(j->X[next], j->m[next], j->n[next], j->hp[next], j->ws + (size_t)t * j->ws_floats, 1, NULL);
+    prev = next;
+  }
+}
+
+static muon_status muon__cpu_newton_schulz_many(void *ctx, int count, float *const *X, const int *m, const int *n,
+                                                const muon_hparams *const *hp, void *ws) {
+  muon__ns_many_job j;
+  int i, k, T = muon__cpu_threads(ctx), balanced = 0;
+  j.X = X; j.m = m; j.n = n; j.hp = hp; j.count = count; j.tasks = T; j.ws = (float *)ws; j.ws_floats = 0;
+  j.cblas = muon__use_cblas((const muon__cpu *)ctx);
+  for (i = 0; i < count; i++) {
+    size_t one;
+    if (!j.cblas) continue;
+    balanced++;
+    one = muon__ns_ws_floats(m[i], n[i], muon__use_gram(hp[i], m[i], n[i]));
+    if (one > j.ws_floats) j.ws_floats = one;
+  }
+  if (T > 1 && balanced > 1) muon__parallel((const muon__cpu *)ctx, T, muon__ns_many_task, &j);
+  for (i = 0; i < count; i = k) {
+    k = i + 1;
+    if (j.cblas) {
+      if (T < 2 || balanced < 2) muon__newton_schulz(X[i], m[i], n[i], hp[i], (float *)ws, 1, (const muon__cpu *)ctx);
+      continue;
+    }
+    while (k < count && hp[k] == hp[i] && m[k] == m[i] && n[k] == n[i] && X[k] == X[i] + (size_t)(k - i) * m[i] * n[i]) k++;
+    muon__cpu_newton_schulz(ctx, X[i], k - i, m[i], n[i], hp[i], ws);
+  }
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_apply(void *ctx, size_t n, void *param, const float *O, const muon_apply_args *a) {
+  muon__ew_job j;
+  memset(&j, 0, sizeof j);
+  j.kind = 1; j.n = n; j.param = param; j.O = O; j.aa = a;
+  muon__ew_run(ctx, &j);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_adamw(void *ctx, size_t n, void *param, const void *grad, float *m, float *v,
+                                   const muon_adamw_args *a) {
+  muon__ew_job j;
+  memset(&j, 0, sizeof j);
+  j.kind = 2; j.n = n; j.param = param; j.grad = grad; j.m = m; j.v = v; j.wa = a;
+  muon__ew_run(ctx, &j);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_nonfinite(void *ctx, const void *x, muon_dtype dtype, size_t n, int *flag) {
+  size_t i;
+  int bad = 0;
+  (void)ctx;
+  for (i = 0; i < n && !bad; i++)
+    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u : !muon__finite(((const float *)x)[i]);
+  *flag = bad;
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype, size_t n) {
+  size_t i;
+  (void)ctx;
+  for (i = 0; i < n; i++)
+    muon__store(dst, dst_dtype == MUON_DTYPE_BF16, i, muon__load(src, src_dtype == MUON_DTYPE_BF16, i), 0, 0);
+  return MUON_OK;
+}
+
+static muon_status muon__cpu_sync(void *ctx) { (void)ctx; return MUON_OK; }
+/* A context of muon_cpu_create's (the optimizer's own CPU context is never handed out). */
+static void muon__cpu_destroy(void *ctx) {
+  muon__cpu *cpu = (muon__cpu *)ctx;
+  muon_allocator a;
+  if (!cpu) return;
+  a = cpu->own;
+  muon__pool_stop(cpu);
+  muon__free(&a, cpu);
+}
+static muon_status muon__cpu_normuon(void *ctx, float *X, int m, int n, int per_column, const float *v, float *v_new,
+                                     const muon_hparams *hp) {
+  (void)ctx;
+  muon__normuon(X, m, n, per_column, v, v_new, (int)hp->normuon, hp->normuon_beta2);
+  return MUON_OK;
+}
+
+static const muon_compute_vtable muon__cpu_vtable = {
+  MUON_COMPUTE_VTABLE_VERSION,
+  /* .memory             = */ MUON_MEMORY_HOST,
+  /* .alloc              = */ muon__cpu_alloc,
+  /* .free               = */ muon__cpu_free,
+  /* .alloc_host         = */ NULL,
+  /* .free_host          = */ NULL,
+  /* .copy               = */ muon__cpu_copy,
+  /* .zero               = */ muon__cpu_zero,
+  /* .pack               = */ muon__cpu_pack,
+  /* .momentum           = */ muon__cpu_momentum,
+  /* .ns_workspace       = */ muon__cpu_ns_workspace,
+  /* .newton_schulz      = */ muon__cpu_newton_schulz,
+  /* .apply              = */ muon__cpu_apply,
+  /* .adamw              = */ muon__cpu_adamw,
+  /* .nonfinite          = */ muon__cpu_nonfinite,
+  /* .cast               = */ muon__cpu_cast,
+  /* .sync               = */ muon__cpu_sync,
+  /* .error              = */ NULL,
+  /* .destroy            = */ muon__cpu_destroy,
+  /* .normuon            = */ muon__cpu_normuon,
+  /* .newton_schulz_many = */ muon__cpu_newton_schulz_many
+};
+
+MUON_API muon_cpu_desc muon_cpu_default_desc(void) {
+  muon_cpu_desc d;
+  memset(&d, 0, sizeof d);
+  d.gemm = MUON_GEMM_AUTO;
+  return d;
+}
+
+MUON_API muon_status muon_cpu_create(muon_compute *out, const muon_cpu_desc *desc) {
+  muon_cpu_desc d = desc ? *desc : muon_cpu_default_desc();
+  muon_allocator a = d.allocator;
+  muon__cpu *cpu;
+  char msg[300];
+  muon_status st;
+  if (!out) { muon_set_create_error("MUON_ERR_ARG: muon_cpu_create: out is NULL"); return MUON_ERR_ARG; }
+  memset(out, 0, sizeof *out);
+  if (!a.alloc != !a.free) {
+    muon_set_create_error("MUON_ERR_ARG: muon_cpu_desc.allocator: set both alloc and free, or neither");
+    return MUON_ERR_ARG;
+  }
+  if (!a.alloc) { a.alloc = muon__default_alloc; a.free = muon__default_free; a.user_data = NULL; }
+  if (!(cpu = (muon__cpu *)muon__alloc(&a, sizeof *cpu))) {
+    muon_set_create_error("MUON_ERR_NOMEM: muon_cpu_create: allocating the context failed");
+    return MUON_ERR_NOMEM;
+  }
+  if ((st = muon__cpu_init(cpu, &d, &a, msg, sizeof msg)) != MUON_OK) {
+    muon__free(&a, cpu);
+    muon_set_create_error("%s", msg);
+    return st;
+  }
+  cpu->own = a;
+  cpu->allocator = &cpu->own;
+  out->vt = &muon__cpu_vtable;
+  out->ctx = cpu;
+  return MUON_OK;
+}
+
+static int muon__is_cpu(const muon_compute *c) { return c->vt == &muon__cpu_vtable; }
+
+MUON_API muon_compute muon_compute_cpu(void) {
+  muon_compute c;
+  c.vt = &muon__cpu_vtable;
+  c.ctx = NULL;
+  return c;
+}
+
+MUON_API void muon_compute_destroy(muon_compute *compute) {
+  if (!compute) return;
+  if (compute->vt && compute->vt->destroy) compute->vt->destroy(compute->ctx);
+  memset(compute, 0, sizeof *compute);
+}
+
+MUON_API unsigned muon_random_bits(unsigned long long seed, unsigned long long index) {
+  return muon__random_bits(seed, index);
+}
+
+/* The operand of a whole matrix (transposed when tall) goes through the CPU backend's pack. */
+MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp) {
+  char msg[400];
+  int m, n;
+  float *X;
+  muon_piece_copy op;
+  if (!in || !out || !hp || rows <= 0 || cols <= 0) return !hp || !in || !out ? MUON_ERR_ARG : MUON_ERR_SHAPE;
+  if (muon__check_hparams(hp, msg, sizeof msg) != MUON_OK) return MUON_ERR_ARG;
+  m = rows < cols ? rows : cols;
+  n = rows < cols ? cols : rows;
+  if ((size_t)m * n > MUON__MAX_FLOATS / 4) return MUON_ERR_SHAPE;   /* its workspace would overflow size_t */
+  X = (float *)malloc(((size_t)m * n + muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n))) * sizeof(float));
+  if (!X) return MUON_ERR_NOMEM;
+  op = muon__whole(rows, cols, 0, 0);
+  (void)muon__cpu_pack(NULL, &op, 1, (float *)in, X, 1);   /* only reads `in` */
+  muon__newton_schulz(X, m, n, hp, X + (size_t)m * n, muon__use_cblas(NULL), NULL);
+  (void)muon__cpu_pack(NULL, &op, 1, out, X, 0);
+  free(X);
   return MUON_OK;
 }
 

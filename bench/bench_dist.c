@@ -164,9 +164,15 @@ static double min_of(const double *a, int n) { double m = a[0]; int i; for (i = 
 static double sum_of(const double *a, int n) { double s = 0; int i; for (i = 0; i < n; i++) s += a[i]; return s; }
 
 static muon_desc make_desc(const bench *b, int cfg) {
+  static muon_compute cpu;   /* --gemm is the CPU backend's setting; one for the whole run */
   muon_desc d = muon_default_desc();
+  if (!cpu.vt) {
+    muon_cpu_desc cd = muon_cpu_default_desc();
+    cd.gemm = b->gemm;
+    if (muon_cpu_create(&cpu, &cd) != MUON_OK) die(b, "muon_cpu_create", muon_error(NULL));
+  }
+  d.compute = &cpu;
   d.hparams.lr = 0.02f;
-  d.hparams.gemm = b->gemm;
   if (cfg == C_BF16NS || cfg == C_BF16NS32) d.hparams.precision = MUON_PRECISION_BF16;
   return d;
 }

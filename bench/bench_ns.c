@@ -4,7 +4,7 @@
      a. the CBLAS (OpenBLAS) sgemm rate at 1024^2 - "the ceiling" - and muon's built-in GEMM
         (muon__sgemm, the static function the library's NS uses) at the same size;
      b. muon_newton_schulz for 512x512, 1024x1024, 1024x4096, 4096x1024 with
-        hp.gemm in {BUILTIN, CBLAS} x hp.symmetric in {0, 1}: ms, effective GFLOP/s (flops of the
+        muon_cpu_desc.gemm in {BUILTIN, CBLAS} x hp.symmetric in {0, 1}: ms, effective GFLOP/s (flops of the
         plain algorithm, steps*(4 m^2 n + 2 m^3), m = min dim, n = max dim, for every variant, so
         the symmetric saving shows as a higher rate), ideal/measured time against the ceiling, and
         the symmetric / plain speedup per GEMM.
@@ -19,7 +19,7 @@
 
    usage: OPENBLAS_NUM_THREADS=1 build/bench_ns [--quick] [--budget S] [--out FILE]
      --quick    512 and 1024 only (and 2 layers in e)
-     --threads  section e alone (desc.threads: 1 vs 2 threads)
+     --threads  section e alone (muon_cpu_desc.threads: 1 vs 2 threads)
      --budget   seconds per (shape, variant), all repetitions together (default 8)
      --out      where to write the CBLAS NS times for bench_numpy.py (default build/bench_ns.txt;
                 "-" for none)
@@ -41,6 +41,35 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* The GEMM is the CPU backend's setting: one single-thread backend per muon_gemm, made once. */
+static const muon_compute *cpu_backend(muon_gemm gemm, int threads) {
+  static muon_compute made[3][2];
+  muon_compute *c = &made[gemm][threads > 1];
+  if (!c->vt) {
+    muon_cpu_desc d = muon_cpu_default_desc();
+    d.gemm = gemm;
+    d.threads.count = threads;
+    if (muon_cpu_create(c, &d) != MUON_OK) { fprintf(stderr, "bench_ns: %s\n", muon_error(NULL)); exit(1); }
+  }
+  return c;
+}
+
+/* muon_newton_schulz through a CPU backend with that GEMM (its pack and newton_schulz slots). */
+static muon_status ns_with(muon_gemm gemm, const float *in, int rows, int cols, float *out, const muon_hparams *hp) {
+  const muon_compute *c = cpu_backend(gemm, 1);
+  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+  muon_piece_copy op = muon__whole(rows, cols, 0, 0);
+  float *X = (float *)malloc((size_t)m * n * sizeof(float));
+  void *ws = malloc(c->vt->ns_workspace(c->ctx, 1, m, n, hp) + 1);
+  muon_status st = X && ws ? MUON_OK : MUON_ERR_NOMEM;
+  if (st == MUON_OK && (st = c->vt->pack(c->ctx, &op, 1, (float *)in, X, 1)) == MUON_OK &&
+      (st = c->vt->newton_schulz(c->ctx, X, 1, m, n, hp, ws)) == MUON_OK)
+    st = c->vt->pack(c->ctx, &op, 1, out, X, 0);
+  free(X);
+  free(ws);
+  return st;
+}
 
 #ifndef MUON__GEMM_PACK_FLOATS
 #define MUON__GEMM_PACK_FLOATS 0
@@ -150,10 +179,9 @@ static void time_pair(variant *v, int rows, int cols, int reps_wanted, double bu
         muon_status st;
         x.kind = i % 2 ? 1 - j : j;
         if (!on[x.kind]) continue;
-        hp.gemm = v[x.kind].gemm;
         hp.symmetric = v[x.kind].symmetric;
         t0 = now_s();
-        st = muon_newton_schulz(in, rows, cols, out, &hp);
+        st = ns_with(v[x.kind].gemm, in, rows, cols, out, &hp);
         x.dt = now_s() - t0;
         if (st != MUON_OK) {
           fprintf(stderr, "muon_newton_schulz(%dx%d, %s): %s\n", rows, cols, v[x.kind].name, muon_status_string(st));
@@ -226,10 +254,9 @@ static double gram_section(int quick) {
           int alg = r % 2 ? 1 - a : a;
           muon_hparams hp = muon_default_hparams();
           double t0;
-          hp.gemm = gemms[gi];
           hp.ns_algorithm = alg ? MUON_NS_GRAM : MUON_NS_STANDARD;
           t0 = now_s();
-          if (muon_newton_schulz(in, rows, cols, o, &hp) != MUON_OK) { fprintf(stderr, "bench_ns: Gram section failed\n"); exit(1); }
+          if (ns_with(gemms[gi], in, rows, cols, o, &hp) != MUON_OK) { fprintf(stderr, "bench_ns: Gram section failed\n"); exit(1); }
           t[alg][r] = now_s() - t0;
         }
       sp = median(t[0], reps) / median(t[1], reps);
@@ -270,7 +297,7 @@ static double normuon_section(int quick) {
       w[a] = (float *)malloc(sz * sizeof(float));
       if (!w[a] || !g) { fprintf(stderr, "out of memory\n"); exit(1); }
       fill(w[a], sz, 50u + (unsigned)s);
-      d.hparams.gemm = MUON_GEMM_CBLAS;
+      d.compute = cpu_backend(MUON_GEMM_CBLAS, 1);
       d.hparams.normuon = a ? MUON_NORMUON_LARGER : MUON_NORMUON_OFF;
       m.name = "w"; m.param = w[a]; m.grad = g; m.rows = rows; m.cols = cols;
       if (muon_create(&opt[a], &d) != MUON_OK || muon_add_matrix(opt[a], &m, NULL) != MUON_OK) { fprintf(stderr, "bench_ns: NorMuon setup failed\n"); exit(1); }
@@ -307,7 +334,7 @@ static double normuon_section(int quick) {
   return worst;
 }
 
-/* e. desc.threads: one muon_step on one device over GPT-2 small's matrices (per layer 768x2304,
+/* e. muon_cpu_desc.threads: one muon_step on one device over GPT-2 small's matrices (per layer 768x2304,
    768x768, 768x3072, 3072x768; --quick: 2 layers, else 12), 1 thread vs 2 of muon's pool, with
    the built-in GEMM and with CBLAS (OpenBLAS single-threaded: muon's threads call it side by
    side); steps interleaved, medians; the parameters must come out bitwise equal. */
@@ -316,7 +343,7 @@ static double threads_section(int quick) {
   int layers = quick ? 2 : 12, gi, worst_set = 0;
   double worst = 0;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  printf("\n-- e. threads (desc.threads.count): one muon_step, GPT-2 small's %d-layer matrix list, one device, fp32;\n"
+  printf("\n-- e. threads (muon_cpu_desc.threads.count): one muon_step, GPT-2 small's %d-layer matrix list, one device, fp32;\n"
          "      median s of 3 steps after a warm-up, interleaved; %ld cores online --\n", layers, cores);
   printf("  %-8s %12s %12s %9s %s\n", "gemm", "1 thread s", "2 threads s", "speedup", "bits");
   for (gi = 0; gi < 2; gi++) {
@@ -332,8 +359,7 @@ static double threads_section(int quick) {
     }
     for (a = 0; a < 2; a++) {
       muon_desc d = muon_default_desc();
-      d.hparams.gemm = gi ? MUON_GEMM_CBLAS : MUON_GEMM_BUILTIN;
-      d.threads.count = a + 1;
+      d.compute = cpu_backend(gi ? MUON_GEMM_CBLAS : MUON_GEMM_BUILTIN, a + 1);
       if (muon_create(&opt[a], &d) != MUON_OK) { fprintf(stderr, "bench_ns: %s\n", muon_error(NULL)); exit(1); }
       for (k = 0; k < 4; k++) {
         muon_matrix m = muon_default_matrix();

@@ -417,6 +417,8 @@ static void ex_late(const ex_world *w, muon_optimizer *opt, muon_optimizer *ref,
 static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, int n_specs, muon_auto_desc *auto_desc,
                   const muon_dist_config *cfg_in, int layouts) {
   muon_desc desc = muon_default_desc(), ref_desc;
+  muon_cpu_desc one_thread = muon_cpu_default_desc();
+  muon_compute ref_cpu = { NULL, NULL };
   muon_dist_config cfg = auto_desc ? muon_auto_config(auto_desc) : *cfg_in;
   long long step0_sent = 0, whole = 1, pure = 1, full_bytes = 0, aw_bytes = 0;
   muon_optimizer *opt, *ref;
@@ -450,7 +452,11 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   ref_desc = desc;
   ref_desc.comm = NULL;
   ref_desc.dist = NULL;
-  ref_desc.threads.count = 1;   /* the reference: one device, one thread, whatever MUON_THREADS says */
+  one_thread.threads.count = 1;   /* the reference: one device, one thread, whatever MUON_THREADS says */
+  if (!desc.compute) {
+    if (muon_cpu_create(&ref_cpu, &one_thread) != MUON_OK) ex_die(w, "muon_cpu_create", muon_error(NULL));
+    ref_desc.compute = &ref_cpu;
+  }
   if (muon_create(&opt, &desc) != MUON_OK || muon_create(&ref, &ref_desc) != MUON_OK) ex_die(w, "muon_create", "failed");
   /* Local indices, for the per-matrix arrays of muon_auto_config. */
   for (i = 0, local = 0; i < n_specs; i++) {
@@ -761,6 +767,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   free(sl); free(tp_dims); free(experts); free(all_sums); free(late_owner);
   muon_destroy(opt);
   muon_destroy(ref);
+  muon_compute_destroy(&ref_cpu);
   for (k = 0; k < 4; k++) { ex_device_free(ex__late_dev[k]); ex__late_dev[k] = NULL; }
   return bad ? 1 : 0;
 }

@@ -799,11 +799,12 @@ static void case_state_values(void) {
   again = (unsigned char *)malloc(n);
   CHECK(muon_state_save(A.opt, orig, n) == MUON_OK, "save: %s", muon_error(A.opt));
   /* Offsets, from the layout documented above muon_state_save: header 40, group counts 8, one
-     group of 4 * (16 + 3 ns_steps) bytes, one AdamW group of 24, then the matrices (rows, cols,
+     group's record (u32 length, 4 * (15 + 3 ns_steps) bytes), one AdamW group's (u32 length, 24
+     bytes), then the matrices (rows, cols,
      size, name hash: 24 bytes), each with its layout record of 12 + 32 * MUON_MAX_LEVELS bytes
      and a NorMuon length (0 here: no NorMuon, no floats follow) after the momentum. */
   muon_get_group(A.opt, 0, &hp);
-  off = 40 + 8 + 4 * (16 + 3 * (size_t)hp.ns_steps) + 24;
+  off = 40 + 8 + 4 + 4 * (15 + 3 * (size_t)hp.ns_steps) + 4 + 24;
   mom0 = off + 24;                                              /* matrix 0's first momentum float */
   for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 24 + 4 * mn + 12 + 32 * MUON_MAX_LEVELS + 4; }
   adam = off;                                                   /* AdamW param 0: size, step, name hash, full size, offset (40 bytes), m, v */

@@ -368,6 +368,40 @@ static void test_bad_arguments(void) {
    test_trainer.c check the rest). */
 static muon_status self_join(void *ctx, int ticket) { (void)ctx; (void)ticket; return MUON_OK; }
 
+/* The CPU backend's own settings: refused by muon_cpu_create naming the field, *out cleared,
+   the reason in muon_error(NULL); the edges accepted. */
+static void test_cpu_desc(void) {
+  static const struct { int gemm, threads; const char *needle; } bad[] = {
+    { 3, 0, "muon_cpu_desc.gemm is not a muon_gemm (got 3)" }, { -1, 0, "muon_cpu_desc.gemm is not a muon_gemm (got -1)" },
+#ifndef MUON_USE_CBLAS
+    { MUON_GEMM_CBLAS, 0, "muon_cpu_desc.gemm is MUON_GEMM_CBLAS but muon.h was compiled without MUON_USE_CBLAS" },
+#endif
+    { MUON_GEMM_AUTO, -1, "muon_cpu_desc.threads.count must be in [0, 1024] (got -1)" },
+    { MUON_GEMM_AUTO, 5000, "muon_cpu_desc.threads.count must be in [0, 1024] (got 5000)" },
+  };
+  size_t i;
+  muon_compute c;
+  muon_cpu_desc d;
+  TEST_CASE("muon_cpu_create: a bad gemm or thread count is MUON_ERR_ARG naming the field, in muon_error(NULL); *out cleared");
+  for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    muon_status st;
+    d = muon_cpu_default_desc();
+    d.gemm = (muon_gemm)bad[i].gemm;
+    d.threads.count = bad[i].threads;
+    c.vt = muon_compute_cpu().vt;
+    c.ctx = &d;
+    st = muon_cpu_create(&c, &d);
+    CHECK(st == MUON_ERR_ARG && !c.vt && !c.ctx && HAS(muon_error(NULL), bad[i].needle), "case %zu: %s, '%s'", i, muon_status_string(st), muon_error(NULL));
+  }
+  CHECK(muon_cpu_create(NULL, NULL) == MUON_ERR_ARG && HAS(muon_error(NULL), "muon_cpu_create: out is NULL"), "NULL out: %s", muon_error(NULL));
+  d = muon_cpu_default_desc();
+  d.gemm = MUON_GEMM_BUILTIN;
+  d.threads.count = 2;
+  CHECK(muon_cpu_create(&c, &d) == MUON_OK && c.vt == muon_compute_cpu().vt && c.ctx, "BUILTIN, 2 threads: %s", muon_error(NULL));
+  muon_compute_destroy(&c);
+  CHECK(!c.vt && !c.ctx, "muon_compute_destroy clears it");
+}
+
 static void test_bad_desc(void) {
   muon_comm self = muon_comm_self(), c;
   muon_comm_vtable vt;
@@ -429,7 +463,7 @@ static void test_bad_desc(void) {
 
 /* ---- 2. hyperparameters -------------------------------------------------------------------- */
 enum { F_LR, F_WD, F_MOM, F_NESTEROV, F_STYLE, F_ADJUST, F_STEPS, F_COEF_FIRST, F_COEF_LAST, F_EPS, F_ALGO,
-       F_RESTARTS, F_PRECISION, F_NORMUON, F_BETA2, F_GEMM, F_SYM, F_CAUTIOUS };
+       F_RESTARTS, F_PRECISION, F_NORMUON, F_BETA2, F_SYM, F_CAUTIOUS };
 
 static void hp_set(muon_hparams *h, int field, double v) {
   switch (field) {
@@ -448,7 +482,6 @@ static void hp_set(muon_hparams *h, int field, double v) {
   case F_PRECISION: h->precision = (muon_precision)(int)v; break;
   case F_NORMUON: h->normuon = (muon_normuon)(int)v; break;
   case F_BETA2: h->normuon = MUON_NORMUON_ROWS; h->normuon_beta2 = (float)v; break;
-  case F_GEMM: h->gemm = (muon_gemm)(int)v; break;
   case F_SYM: h->symmetric = (int)v; break;
   default: h->cautious_wd = (int)v; break;
   }
@@ -473,10 +506,6 @@ static const struct { int field; double value; const char *needle; } hp_bad[] = 
   { F_NORMUON, 3, "muon_hparams.normuon " }, { F_NORMUON, -1, "muon_hparams.normuon " },
   { F_BETA2, 1.0, "muon_hparams.normuon_beta2 " }, { F_BETA2, -0.1, "muon_hparams.normuon_beta2 " },
   { F_BETA2, NAN, "muon_hparams.normuon_beta2 " }, { F_BETA2, INFINITY, "muon_hparams.normuon_beta2 " },
-  { F_GEMM, 3, "muon_hparams.gemm " }, { F_GEMM, -1, "muon_hparams.gemm " },
-#ifndef MUON_USE_CBLAS
-  { F_GEMM, MUON_GEMM_CBLAS, "muon_hparams.gemm " },
-#endif
   { F_SYM, 2, "muon_hparams.symmetric " }, { F_SYM, -1, "muon_hparams.symmetric " },
   { F_CAUTIOUS, 2, "muon_hparams.cautious_wd " }, { F_CAUTIOUS, -1, "muon_hparams.cautious_wd " },
 };
@@ -486,7 +515,7 @@ static const struct { int field; double value; } hp_good[] = {
   { F_LR, 0 }, { F_WD, 0 }, { F_MOM, 0 }, { F_MOM, 0.999 }, { F_NESTEROV, 0 }, { F_STYLE, MUON_MOMENTUM_SGD },
   { F_ADJUST, MUON_ADJUST_LR_SPECTRAL_UNCLAMPED }, { F_STEPS, 1 }, { F_STEPS, MUON_NS_MAX_STEPS }, { F_EPS, 1e-30 },
   { F_ALGO, MUON_NS_GRAM }, { F_RESTARTS, 0 }, { F_RESTARTS, 1 << 4 }, { F_PRECISION, MUON_PRECISION_BF16 },
-  { F_NORMUON, MUON_NORMUON_LARGER }, { F_BETA2, 0 }, { F_GEMM, MUON_GEMM_BUILTIN }, { F_SYM, 0 }, { F_CAUTIOUS, 1 },
+  { F_NORMUON, MUON_NORMUON_LARGER }, { F_BETA2, 0 }, { F_SYM, 0 }, { F_CAUTIOUS, 1 },
 };
 
 static void test_hparams(void) {
@@ -1126,12 +1155,12 @@ static void reseal(unsigned char *b, size_t n) {
 }
 
 /* Offsets in the version-1 blob of `model` on one device (see the state format in muon.h):
-   header 40, group counts 8, the Muon group's record (u32 length, then 4 * (16 + 3 * 5)), the
+   header 40, group counts 8, the Muon group's record (u32 length, then 4 * (15 + 3 * 5)), the
    AdamW group's (u32 length, then 24); matrix w1:
    rows, cols, u64 size, u64 name hash, 60 floats of momentum, the layout record (12 + 32 * 8),
    u32 NorMuon length; then w2 (96 floats); then AdamW b: u64 size, step, name hash, full size,
    offset, 8 + 8 floats of moments; the u64 checksum. */
-enum { B_GROUP = 48, B_AGROUP = B_GROUP + 4 + 124, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
+enum { B_GROUP = 48, B_AGROUP = B_GROUP + 4 + 120, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
        B_W2 = B_LAYOUT + 268 + 4, B_AW = B_W2 + 24 + 384 + 268 + 4, B_SIZE = B_AW + 40 + 64 + 8 };
 
 /* A copy of blob with up to three u32 fields replaced (at < 0: none), resealed. */
@@ -1310,7 +1339,7 @@ static void test_blob_records(void) {
     blob = (unsigned char *)malloc(n);
     CHECK(muon_state_save(o, blob, n) == MUON_OK, "save");
     snap_take(o, &s);
-    b = forge(blob, n, B_GROUP + 4 + 116, MUON_NORMUON_LARGER, -1, 0, -1, 0);   /* the group's normuon field */
+    b = forge(blob, n, B_GROUP + 4 + 112, MUON_NORMUON_LARGER, -1, 0, -1, 0);   /* the group's normuon field */
     blobs[0] = b;
     sizes[0] = n;
     CHECK(muon_state_load(o, b, n) == MUON_ERR_STATE && HAS(muon_error(o), "NorMuon second moment of 6 floats for matrix 'w1' (6 x 10), its group wants 10"),
@@ -1459,6 +1488,7 @@ int main(int argc, char **argv) {
   test_null_optimizer();
   test_bad_arguments();
   test_bad_desc();
+  test_cpu_desc();
   test_hparams();
   test_adamw_hparams();
   test_registration();

@@ -15,7 +15,9 @@
    - two calls give identical bits (determinism), in-place (in == out) gives the same bits, and
      the input is not modified;
    - the output holds no NaN/Inf (an all-zero input must give zeros: the eps path).
-   Without MUON_USE_CBLAS, hp.gemm = MUON_GEMM_CBLAS must be MUON_ERR_ARG. Builds as C99 and C++. */
+   MUON_GEMM_AUTO runs muon_newton_schulz itself; the others a CPU backend made with that
+   muon_cpu_desc.gemm (its pack and newton_schulz slots, as muon_newton_schulz uses them).
+   Without MUON_USE_CBLAS, MUON_GEMM_CBLAS must be MUON_ERR_ARG. Builds as C99 and C++. */
 #define MUON_IMPLEMENTATION
 #include "../muon.h"
 #include "test.h"
@@ -115,6 +117,32 @@ static const char *gemm_name(muon_gemm g) {
 
 static char title[512];
 
+/* muon_newton_schulz on a CPU backend with the GEMM `gemm` (MUON_GEMM_AUTO: the function itself). */
+static muon_status ns_with(muon_gemm gemm, const float *in, int rows, int cols, float *out, const muon_hparams *hp) {
+  muon_cpu_desc cd = muon_cpu_default_desc();
+  muon_compute c;
+  muon_piece_copy op;
+  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
+  float *X;
+  void *ws;
+  muon_status st;
+  if (gemm == MUON_GEMM_AUTO) return muon_newton_schulz(in, rows, cols, out, hp);
+  cd.gemm = gemm;
+  cd.threads.count = 1;
+  if ((st = muon_cpu_create(&c, &cd)) != MUON_OK) return st;
+  X = (float *)malloc((size_t)m * n * sizeof(float));
+  ws = malloc(c.vt->ns_workspace(c.ctx, 1, m, n, hp) + 1);
+  op = muon__whole(rows, cols, 0, 0);
+  if (!X || !ws) st = MUON_ERR_NOMEM;
+  else if ((st = c.vt->pack(c.ctx, &op, 1, (float *)in, X, 1)) == MUON_OK &&
+           (st = c.vt->newton_schulz(c.ctx, X, 1, m, n, hp, ws)) == MUON_OK)
+    st = c.vt->pack(c.ctx, &op, 1, out, X, 0);
+  free(X);
+  free(ws);
+  muon_compute_destroy(&c);
+  return st;
+}
+
 static void run_variant(const ns_case *c, muon_gemm gemm) {
   size_t n = (size_t)c->rows * (size_t)c->cols, bad;
   float *out = (float *)xcalloc(n, sizeof(float));
@@ -134,12 +162,11 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
     muon_set_ns_preset(&hp, (muon_ns_preset)c->preset);
     hp.precision = (muon_precision)c->precision;
     hp.eps = (float)c->eps;
-    hp.gemm = gemm;
     hp.symmetric = sym;
     hp.ns_algorithm = (muon_ns_algorithm)c->algorithm;
     hp.ns_restarts = c->restarts;
     memcpy(in, c->in, n * sizeof(float));
-    st = muon_newton_schulz(in, c->rows, c->cols, out, &hp);
+    st = ns_with(gemm, in, c->rows, c->cols, out, &hp);
     CHECK(st == MUON_OK, "symmetric %d: muon_newton_schulz: %s", sym, muon_status_string(st));
     if (st != MUON_OK) continue;
     CHECK(memcmp(in, c->in, n * sizeof(float)) == 0, "symmetric %d: the input was modified", sym);
@@ -168,18 +195,18 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
     if (n >= 98304) continue;   /* under ASan the repeats of a real-size case take a minute; once is the memory check */
 #endif
     /* determinism: the same call again gives the same bits */
-    st = muon_newton_schulz(in, c->rows, c->cols, out2, &hp);
+    st = ns_with(gemm, in, c->rows, c->cols, out2, &hp);
     CHECK(st == MUON_OK && memcmp(out, out2, n * sizeof(float)) == 0,
           "symmetric %d: a second call gave different bits", sym);
     /* in place */
     memcpy(inplace, c->in, n * sizeof(float));
-    st = muon_newton_schulz(inplace, c->rows, c->cols, inplace, &hp);
+    st = ns_with(gemm, inplace, c->rows, c->cols, inplace, &hp);
     CHECK(st == MUON_OK && memcmp(out, inplace, n * sizeof(float)) == 0,
           "symmetric %d: in-place (in == out) gave different bits", sym);
     if (c->polar) {   /* Gram computes standard NS's polynomial: as far from the polar factor */
       double dg = polar_distance(out, c->polar, n), ds, lim = c->precision ? 2e-2 : NS_GRAM_FP32_TOL;
       hp.ns_algorithm = MUON_NS_STANDARD;
-      st = muon_newton_schulz(in, c->rows, c->cols, out2, &hp);
+      st = ns_with(gemm, in, c->rows, c->cols, out2, &hp);
       ds = polar_distance(out2, c->polar, n);
       if (NS_GRAM_DRIFTS(c)) CHECK(st == MUON_OK && dg > ds, "symmetric %d: bf16 Gram without restarts should drift from the polar factor: Gram %.6g, standard %.6g", sym, dg, ds);
       else CHECK(st == MUON_OK && fabs(dg - ds) <= lim, "symmetric %d: distance to the polar factor: Gram %.6g, standard %.6g (limit %.0e apart)", sym, dg, ds, lim);
@@ -298,8 +325,7 @@ int main(int argc, char **argv) {
     float x[6] = {1, 2, 3, 4, 5, 6}, y[6];
     muon_hparams hp = muon_default_hparams();
     muon_status st;
-    hp.gemm = MUON_GEMM_CBLAS;
-    st = muon_newton_schulz(x, 2, 3, y, &hp);
+    st = ns_with(MUON_GEMM_CBLAS, x, 2, 3, y, &hp);
     CHECK(st == MUON_ERR_ARG, "got %s", muon_status_string(st));
   }
 #endif

@@ -1,4 +1,4 @@
-/* test_parallel.c - the CPU backend's threads (desc.threads) change no bit.
+/* test_parallel.c - the CPU backend's threads (muon_cpu_desc.threads) change no bit.
 
    One model - batches of same-shape matrices (packed and unpacked GEMM paths), a lone large
    square, a tall one, a Gram-NS batch of three, bf16 precision, a bf16 parameter with stochastic
@@ -146,6 +146,8 @@ static void free_state(state *st) {
 /* Three steps of the model in st with the given threads; st's buffers get the results. */
 static int run(state *st, muon_threads threads, const char *what) {
   muon_desc d = muon_default_desc();
+  muon_cpu_desc cd = muon_cpu_default_desc();
+  muon_compute cpu;
   muon_optimizer *opt = NULL;
   muon_hparams hp[4];
   int i, k, idx[N_SPECS], aidx[2], ok = 1;
@@ -153,9 +155,15 @@ static int run(state *st, muon_threads threads, const char *what) {
   d.hparams.lr = 0.02f;
   d.rounding = MUON_ROUND_STOCHASTIC;
   d.seed = 7;
-  d.threads = threads;
+  cd.threads = threads;
+  if ((s = muon_cpu_create(&cpu, &cd)) != MUON_OK) {
+    CHECK(0, "%s: muon_cpu_create: %s", what, muon_error(NULL));
+    return 0;
+  }
+  d.compute = &cpu;
   if ((s = muon_create(&opt, &d)) != MUON_OK) {
     CHECK(0, "%s: muon_create: %s", what, muon_error(NULL));
+    muon_compute_destroy(&cpu);
     return 0;
   }
   for (i = 0; i < 4; i++) hp[i] = d.hparams;
@@ -206,6 +214,7 @@ static int run(state *st, muon_threads threads, const char *what) {
     CHECK(muon_state_save(opt, st->blob, st->blob_size) == MUON_OK, "%s: save", what);
   }
   muon_destroy(opt);
+  muon_compute_destroy(&cpu);
   return ok;
 }
 
@@ -322,59 +331,83 @@ int main(void) {
       free_state(&got);
     }
 
-  TEST_CASE("thread counts: bad ones are MUON_ERR_ARG naming the field or the variable; MUON_THREADS is read");
+  TEST_CASE("thread counts: bad ones are MUON_ERR_ARG naming the field or the variable; MUON_THREADS is read by muon_cpu_create and by muon_create's own CPU backend");
   {
     muon_desc d = muon_default_desc();
+    muon_cpu_desc cd = muon_cpu_default_desc();
+    muon_compute c;
     muon_optimizer *opt = NULL;
     muon_status s;
-    d.threads.count = -1;
-    s = muon_create(&opt, &d);
-    CHECK(s == MUON_ERR_ARG && !opt && strstr(muon_error(NULL), "threads.count"), "count -1: %s", muon_error(NULL));
-    d.threads.count = 5000;
-    s = muon_create(&opt, &d);
+    cd.threads.count = -1;
+    s = muon_cpu_create(&c, &cd);
+    CHECK(s == MUON_ERR_ARG && !c.vt && strstr(muon_error(NULL), "muon_cpu_desc.threads.count"), "count -1: %s", muon_error(NULL));
+    cd.threads.count = 5000;
+    s = muon_cpu_create(&c, &cd);
     CHECK(s == MUON_ERR_ARG && strstr(muon_error(NULL), "5000"), "count 5000: %s", muon_error(NULL));
-    d.threads.count = 0;
+    cd.threads.count = 0;
     setenv("MUON_THREADS", "two", 1);
-    s = muon_create(&opt, &d);
+    s = muon_cpu_create(&c, &cd);
     CHECK(s == MUON_ERR_ARG && strstr(muon_error(NULL), "MUON_THREADS='two'"), "MUON_THREADS=two: %s", muon_error(NULL));
-    setenv("MUON_THREADS", "3", 1);
-    d.threads.parallel_for = backwards;
     s = muon_create(&opt, &d);
-    CHECK(s == MUON_OK && opt && opt->cpu.threads == 3, "MUON_THREADS=3: %s", muon_error(opt));
+    CHECK(s == MUON_ERR_ARG && !opt && strstr(muon_error(NULL), "MUON_THREADS='two'"), "muon_create, MUON_THREADS=two: %s", muon_error(NULL));
+    setenv("MUON_THREADS", "3", 1);
+    cd.threads.parallel_for = backwards;
+    s = muon_cpu_create(&c, &cd);
+    CHECK(s == MUON_OK && muon__cpu_threads(c.ctx) == 3, "MUON_THREADS=3: %s", muon_error(NULL));
+    muon_compute_destroy(&c);
+    s = muon_create(&opt, &d);
+#ifdef MUON_NO_THREADS
+    CHECK(s == MUON_ERR_ARG && strstr(muon_error(NULL), "no thread pool"), "muon_create, MUON_THREADS=3, no pool in this build: %s", muon_error(NULL));
+#else
+    CHECK(s == MUON_OK && opt && opt->cpu.threads == 3 && opt->cpu.pool, "muon_create, MUON_THREADS=3: %s", muon_error(NULL));
+#endif
     muon_destroy(opt);
     opt = NULL;
     unsetenv("MUON_THREADS");
-    d.threads.parallel_for = NULL;
-    d.threads.count = 2;
-    s = muon_create(&opt, &d);
+    cd.threads.parallel_for = NULL;
+    cd.threads.count = 2;
+    s = muon_cpu_create(&c, &cd);
 #ifdef MUON_NO_THREADS
     CHECK(s == MUON_ERR_ARG && strstr(muon_error(NULL), "no thread pool"), "no pool in this build: %s", muon_error(NULL));
 #else
-    CHECK(s == MUON_OK && opt && opt->cpu.pool, "2 threads: %s", muon_error(opt));
+    CHECK(s == MUON_OK && ((const muon__cpu *)c.ctx)->pool, "2 threads: %s", muon_error(NULL));
 #endif
-    muon_destroy(opt);
+    muon_compute_destroy(&c);
   }
 #ifndef MUON_NO_THREADS
-  TEST_CASE("muon_create with a pool of 3 threads, each allocation failing in turn: MUON_ERR_NOMEM naming it, nothing leaked");
+  TEST_CASE("muon_cpu_create with a pool of 3 threads, and muon_create with MUON_THREADS=3, each allocation failing in turn: MUON_ERR_NOMEM naming it, nothing leaked");
   {
-    int k, sites = 0;
-    for (k = 0; k < 64; k++) {
-      fail_alloc fa = { 0, 0, 0 };
-      muon_desc d = muon_default_desc();
-      muon_optimizer *opt = NULL;
-      muon_status s;
-      fa.fail_at = k;
-      d.allocator.alloc = fa_alloc;
-      d.allocator.free = fa_free;
-      d.allocator.user_data = &fa;
-      d.threads.count = 3;
-      s = muon_create(&opt, &d);
-      if (s == MUON_OK) { muon_destroy(opt); CHECK(fa.live == 0, "%ld blocks leaked by destroy", fa.live); break; }
-      sites++;
-      CHECK(s == MUON_ERR_NOMEM && !opt && strstr(muon_error(NULL), "allocating"), "site %d: %s: %s", k, muon_status_string(s), muon_error(NULL));
-      CHECK(fa.live == 0, "site %d: %ld blocks leaked", k, fa.live);
+    int k, sites = 0, way;
+    for (way = 0; way < 2; way++) {
+      if (way) setenv("MUON_THREADS", "3", 1);
+      for (k = 0, sites = 0; k < 64; k++) {
+        fail_alloc fa = { 0, 0, 0 };
+        muon_desc d = muon_default_desc();
+        muon_cpu_desc cd = muon_cpu_default_desc();
+        muon_allocator a;
+        muon_compute c;
+        muon_optimizer *opt = NULL;
+        muon_status s;
+        fa.fail_at = k;
+        a.alloc = fa_alloc;
+        a.free = fa_free;
+        a.user_data = &fa;
+        cd.allocator = a;
+        cd.threads.count = 3;
+        d.allocator = a;
+        s = way ? muon_create(&opt, &d) : muon_cpu_create(&c, &cd);
+        if (s == MUON_OK) {
+          if (way) muon_destroy(opt); else muon_compute_destroy(&c);
+          CHECK(fa.live == 0, "%ld blocks leaked by destroy", fa.live);
+          break;
+        }
+        sites++;
+        CHECK(s == MUON_ERR_NOMEM && !opt && strstr(muon_error(NULL), "allocating"), "site %d: %s: %s", k, muon_status_string(s), muon_error(NULL));
+        CHECK(fa.live == 0, "site %d: %ld blocks leaked", k, fa.live);
+      }
+      CHECK(sites >= (way ? 4 : 3), "only %d allocation sites", sites);
     }
-    CHECK(sites >= 4, "only %d allocation sites", sites);
+    unsetenv("MUON_THREADS");
   }
 #endif
   free_state(&ref);
