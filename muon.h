@@ -5241,8 +5241,8 @@ static muon_status muon__commit(muon_optimizer *opt) {
     if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
-      MUON__TRY(muon__compute_momentum(opt, x->momentum_size, x->momentum, opt->plan.reduced + opt->plan.globals[x->global].roff,
-                                                   &m, 1, NULL, "muon_step: momentum (the update may be partly applied)"));
+      MUON__TRY(muon__compute_momentum(opt, x->momentum_size, x->momentum, opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1,
+                                       NULL, "muon_step: momentum (the update may be partly applied)"));
       x->momentum_fresh = 0;
     } else if (x->parts == 1) {
       MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &m, 1, NULL, "muon_step: momentum (the update may be partly applied)"));
