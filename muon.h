@@ -1070,7 +1070,8 @@ MUON__HD long long muon__piece_operand_index(const muon_piece_copy *p, long long
    the parameter's dtype with its mirror. */
 MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muon_apply_args *a) {
   int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
-  uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)muon__piece_full_index(&a->piece, (long long)i)) : 0;
+  uint32_t bits =
+      sr ? muon__random_bits(a->seed, (unsigned long long)muon__piece_full_index(&a->piece, (long long)i)) : 0;
   float w = muon__apply_elem(muon__load(param, bf16, i), O[i], a->decay, a->step, a->cautious);
   muon__store(param, bf16, i, w, sr, bits);
   if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
@@ -1577,40 +1578,103 @@ MUON_API const char *muon_error(const muon_optimizer *opt) {
 /* Checks one group's hyperparameters; writes the message into buf. */
 static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t size) {
   int k;
-  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
-  if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM) { snprintf(buf, size, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)", (int)hp->ns_algorithm); return MUON_ERR_ARG; }
-  if (hp->ns_algorithm == MUON_NS_GRAM && ((hp->ns_restarts & 1u) || (hp->ns_steps >= 0 && hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
-    snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)", hp->ns_restarts, hp->ns_steps);
+  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) {
+    snprintf(buf, size, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd);
     return MUON_ERR_ARG;
   }
-  if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER) { snprintf(buf, size, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon); return MUON_ERR_ARG; }
-  if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) { snprintf(buf, size, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)", (double)hp->normuon_beta2); return MUON_ERR_ARG; }
-  if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
-  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
-  if (!(hp->momentum >= 0 && hp->momentum < 1)) { snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum); return MUON_ERR_ARG; }
-  if (hp->nesterov != 0 && hp->nesterov != 1) { snprintf(buf, size, "muon_hparams.nesterov must be 0 or 1 (got %d)", hp->nesterov); return MUON_ERR_ARG; }
-  if (hp->symmetric != 0 && hp->symmetric != 1) { snprintf(buf, size, "muon_hparams.symmetric must be 0 or 1 (got %d)", hp->symmetric); return MUON_ERR_ARG; }
-  if (hp->ns_steps < 1 || hp->ns_steps > MUON_NS_MAX_STEPS) { snprintf(buf, size, "muon_hparams.ns_steps must be in [1, %d] (got %d)", MUON_NS_MAX_STEPS, hp->ns_steps); return MUON_ERR_ARG; }
+  if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM) {
+    snprintf(buf, size, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)", (int)hp->ns_algorithm);
+    return MUON_ERR_ARG;
+  }
+  if (hp->ns_algorithm == MUON_NS_GRAM &&
+      ((hp->ns_restarts & 1u) || (hp->ns_steps >= 0 && hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
+    snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)",
+             hp->ns_restarts, hp->ns_steps);
+    return MUON_ERR_ARG;
+  }
+  if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER) {
+    snprintf(buf, size, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon);
+    return MUON_ERR_ARG;
+  }
+  if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) {
+    snprintf(buf, size, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)", (double)hp->normuon_beta2);
+    return MUON_ERR_ARG;
+  }
+  if (!(muon__finite(hp->lr) && hp->lr >= 0)) {
+    snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr);
+    return MUON_ERR_ARG;
+  }
+  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) {
+    snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay);
+    return MUON_ERR_ARG;
+  }
+  if (!(hp->momentum >= 0 && hp->momentum < 1)) {
+    snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum);
+    return MUON_ERR_ARG;
+  }
+  if (hp->nesterov != 0 && hp->nesterov != 1) {
+    snprintf(buf, size, "muon_hparams.nesterov must be 0 or 1 (got %d)", hp->nesterov);
+    return MUON_ERR_ARG;
+  }
+  if (hp->symmetric != 0 && hp->symmetric != 1) {
+    snprintf(buf, size, "muon_hparams.symmetric must be 0 or 1 (got %d)", hp->symmetric);
+    return MUON_ERR_ARG;
+  }
+  if (hp->ns_steps < 1 || hp->ns_steps > MUON_NS_MAX_STEPS) {
+    snprintf(buf, size, "muon_hparams.ns_steps must be in [1, %d] (got %d)", MUON_NS_MAX_STEPS, hp->ns_steps);
+    return MUON_ERR_ARG;
+  }
   for (k = 0; k < hp->ns_steps; k++)
-    if (!muon__finite(hp->ns_coefficients[k][0]) || !muon__finite(hp->ns_coefficients[k][1]) || !muon__finite(hp->ns_coefficients[k][2])) {
+    if (!muon__finite(hp->ns_coefficients[k][0]) || !muon__finite(hp->ns_coefficients[k][1]) ||
+        !muon__finite(hp->ns_coefficients[k][2])) {
       snprintf(buf, size, "muon_hparams.ns_coefficients[%d] must be finite (got %g, %g, %g)", k,
                (double)hp->ns_coefficients[k][0], (double)hp->ns_coefficients[k][1], (double)hp->ns_coefficients[k][2]);
       return MUON_ERR_ARG;
     }
-  if (!(muon__finite(hp->eps) && hp->eps > 0)) { snprintf(buf, size, "muon_hparams.eps must be finite and > 0 (got %g)", (double)hp->eps); return MUON_ERR_ARG; }
-  if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_SPECTRAL_UNCLAMPED) { snprintf(buf, size, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)", (int)hp->adjust_lr); return MUON_ERR_ARG; }
-  if ((unsigned)hp->momentum_style > (unsigned)MUON_MOMENTUM_SGD) { snprintf(buf, size, "muon_hparams.momentum_style is not a muon_momentum_style (got %d)", (int)hp->momentum_style); return MUON_ERR_ARG; }
-  if ((unsigned)hp->precision > (unsigned)MUON_PRECISION_BF16) { snprintf(buf, size, "muon_hparams.precision is not a muon_precision (got %d)", (int)hp->precision); return MUON_ERR_ARG; }
+  if (!(muon__finite(hp->eps) && hp->eps > 0)) {
+    snprintf(buf, size, "muon_hparams.eps must be finite and > 0 (got %g)", (double)hp->eps);
+    return MUON_ERR_ARG;
+  }
+  if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_SPECTRAL_UNCLAMPED) {
+    snprintf(buf, size, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)", (int)hp->adjust_lr);
+    return MUON_ERR_ARG;
+  }
+  if ((unsigned)hp->momentum_style > (unsigned)MUON_MOMENTUM_SGD) {
+    snprintf(buf, size, "muon_hparams.momentum_style is not a muon_momentum_style (got %d)", (int)hp->momentum_style);
+    return MUON_ERR_ARG;
+  }
+  if ((unsigned)hp->precision > (unsigned)MUON_PRECISION_BF16) {
+    snprintf(buf, size, "muon_hparams.precision is not a muon_precision (got %d)", (int)hp->precision);
+    return MUON_ERR_ARG;
+  }
   return MUON_OK;
 }
 
 static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, char *buf, size_t size) {
-  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) { snprintf(buf, size, "muon_adamw_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd); return MUON_ERR_ARG; }
-  if (!(muon__finite(hp->lr) && hp->lr >= 0)) { snprintf(buf, size, "muon_adamw_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr); return MUON_ERR_ARG; }
-  if (!(hp->beta1 >= 0 && hp->beta1 < 1)) { snprintf(buf, size, "muon_adamw_hparams.beta1 must be in [0, 1) (got %g)", (double)hp->beta1); return MUON_ERR_ARG; }
-  if (!(hp->beta2 >= 0 && hp->beta2 < 1)) { snprintf(buf, size, "muon_adamw_hparams.beta2 must be in [0, 1) (got %g)", (double)hp->beta2); return MUON_ERR_ARG; }
-  if (!(muon__finite(hp->eps) && hp->eps >= 0)) { snprintf(buf, size, "muon_adamw_hparams.eps must be finite and >= 0 (got %g)", (double)hp->eps); return MUON_ERR_ARG; }
-  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) { snprintf(buf, size, "muon_adamw_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay); return MUON_ERR_ARG; }
+  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) {
+    snprintf(buf, size, "muon_adamw_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd);
+    return MUON_ERR_ARG;
+  }
+  if (!(muon__finite(hp->lr) && hp->lr >= 0)) {
+    snprintf(buf, size, "muon_adamw_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr);
+    return MUON_ERR_ARG;
+  }
+  if (!(hp->beta1 >= 0 && hp->beta1 < 1)) {
+    snprintf(buf, size, "muon_adamw_hparams.beta1 must be in [0, 1) (got %g)", (double)hp->beta1);
+    return MUON_ERR_ARG;
+  }
+  if (!(hp->beta2 >= 0 && hp->beta2 < 1)) {
+    snprintf(buf, size, "muon_adamw_hparams.beta2 must be in [0, 1) (got %g)", (double)hp->beta2);
+    return MUON_ERR_ARG;
+  }
+  if (!(muon__finite(hp->eps) && hp->eps >= 0)) {
+    snprintf(buf, size, "muon_adamw_hparams.eps must be finite and >= 0 (got %g)", (double)hp->eps);
+    return MUON_ERR_ARG;
+  }
+  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) {
+    snprintf(buf, size, "muon_adamw_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay);
+    return MUON_ERR_ARG;
+  }
   return MUON_OK;
 }
 
@@ -1678,20 +1742,36 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
   muon__piece p;
   int k, flat = 0;
   p.r0 = 0; p.c0 = 0; p.h = rows; p.w = cols; p.f0 = 0; p.f1 = (long long)rows * cols;
-  if (L->n_levels < 0 || L->n_levels > MUON_MAX_LEVELS) { snprintf(why, n, "n_levels must be in [0, %d] (got %d)", MUON_MAX_LEVELS, L->n_levels); return MUON_ERR_SHAPE; }
+  if (L->n_levels < 0 || L->n_levels > MUON_MAX_LEVELS) {
+    snprintf(why, n, "n_levels must be in [0, %d] (got %d)", MUON_MAX_LEVELS, L->n_levels);
+    return MUON_ERR_SHAPE;
+  }
   for (k = 0; k < L->n_levels; k++) {
     const muon_level *l = &L->levels[k];
     long long lo, hi, len = p.f1 - p.f0;
-    if (l->size < 1 || l->index < 0 || l->index >= l->size) { snprintf(why, n, "levels[%d]: index %d outside a group of %d", k, l->index, l->size); return MUON_ERR_SHAPE; }
+    if (l->size < 1 || l->index < 0 || l->index >= l->size) {
+      snprintf(why, n, "levels[%d]: index %d outside a group of %d", k, l->index, l->size);
+      return MUON_ERR_SHAPE;
+    }
     switch (l->placement) {
     case MUON_REPLICATE: break;
     case MUON_PARTIAL:
-      if (l->reduce != MUON_REDUCE_SUM && l->reduce != MUON_REDUCE_MEAN) { snprintf(why, n, "levels[%d]: PARTIAL reduce must be MUON_REDUCE_SUM or MUON_REDUCE_MEAN (got %d)", k, (int)l->reduce); return MUON_ERR_SHAPE; }
+      if (l->reduce != MUON_REDUCE_SUM && l->reduce != MUON_REDUCE_MEAN) {
+        snprintf(why, n, "levels[%d]: PARTIAL reduce must be MUON_REDUCE_SUM or MUON_REDUCE_MEAN (got %d)", k,
+                 (int)l->reduce);
+        return MUON_ERR_SHAPE;
+      }
       break;
     case MUON_SHARD:
-      if (l->dim != 0 && l->dim != 1) { snprintf(why, n, "levels[%d]: SHARD dim must be 0 or 1 (got %d)", k, l->dim); return MUON_ERR_SHAPE; }
+      if (l->dim != 0 && l->dim != 1) {
+        snprintf(why, n, "levels[%d]: SHARD dim must be 0 or 1 (got %d)", k, l->dim);
+        return MUON_ERR_SHAPE;
+      }
       if (flat) {
-        if (l->dim != 0) { snprintf(why, n, "levels[%d]: after a FLAT level the piece is 1-D; only SHARD(0) applies", k); return MUON_ERR_SHAPE; }
+        if (l->dim != 0) {
+          snprintf(why, n, "levels[%d]: after a FLAT level the piece is 1-D; only SHARD(0) applies", k);
+          return MUON_ERR_SHAPE;
+        }
         muon__chunk(len, l->size, l->index, &lo, &hi);
         p.f1 = p.f0 + hi;
         p.f0 = p.f0 + lo;
@@ -1708,7 +1788,8 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
         muon__chunk(len, l->size, l->index, &lo, &hi);
       } else {
         if (l->offset < 0 || l->offset > len || l->length > len - l->offset) {
-          snprintf(why, n, "levels[%d]: FLAT range of %lld at offset %lld does not fit the piece of %lld", k, l->length, l->offset, len);
+          snprintf(why, n, "levels[%d]: FLAT range of %lld at offset %lld does not fit the piece of %lld", k, l->length,
+                   l->offset, len);
           return MUON_ERR_SHAPE;
         }
         lo = l->offset;
@@ -1718,7 +1799,9 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
       p.f0 = p.f0 + lo;
       flat = 1;
       break;
-    default: snprintf(why, n, "levels[%d]: placement %d is not a muon_placement", k, (int)l->placement); return MUON_ERR_SHAPE;
+    default:
+      snprintf(why, n, "levels[%d]: placement %d is not a muon_placement", k, (int)l->placement);
+      return MUON_ERR_SHAPE;
     }
   }
   *out = muon__canonical(p);
@@ -1771,7 +1854,8 @@ static muon__seg muon__segs(const muon__piece *p) {
   return s;
 }
 
-static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const muon_allocator *a, char *msg, size_t size);
+static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const muon_allocator *a, char *msg,
+                                  size_t size);
 /* The CPU backend (at the end of this file) shares these with the core. */
 static int muon__cpu_threads(const void *ctx);
 static int muon__is_cpu(const muon_compute *c);
@@ -1788,7 +1872,8 @@ static void muon__plan_free(muon_optimizer *opt);
 static int muon__wire_bf16(const muon_optimizer *opt);
 static void muon__log_plan(muon_optimizer *opt);
 static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
-static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all, const char *op);
+static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all,
+                                   const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
 static size_t muon__agree_bytes(int P);
 static void *muon__compute_alloc(muon_optimizer *opt, size_t bytes);
@@ -1900,13 +1985,16 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     return MUON_ERR_ARG;
   }
   if (desc->dist && (desc->dist->prefetch < 0 || desc->dist->prefetch > MUON__MAX_PREFETCH)) {
-    snprintf(msg, sizeof msg, "MUON_ERR_ARG: muon_dist_config.prefetch must be in [0, %d] (got %d)", MUON__MAX_PREFETCH, desc->dist->prefetch);
+    snprintf(msg, sizeof msg, "MUON_ERR_ARG: muon_dist_config.prefetch must be in [0, %d] (got %d)", MUON__MAX_PREFETCH,
+             desc->dist->prefetch);
     muon__create_fail(desc, msg);
     return MUON_ERR_ARG;
   }
   if (desc->dist && desc->dist->async && !MUON__POOL &&
       !(desc->comm && desc->comm->vt && muon__side_vtable(desc->comm->vt))) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
+    muon__create_fail(
+        desc,
+        "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
     return MUON_ERR_ARG;
   }
   if (desc->comm) {
@@ -1923,8 +2011,10 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     if (bad) {
       char full[300];
       if (strcmp(bad, "muon_desc.comm->vt->version") == 0)
-        snprintf(full, sizeof full, "MUON_ERR_ARG: muon_desc.comm->vt->version is %d, this muon.h takes 1 to %d (MUON_COMM_VTABLE_VERSION)",
-                 c->vt->version, MUON_COMM_VTABLE_VERSION);
+        snprintf(
+            full, sizeof full,
+            "MUON_ERR_ARG: muon_desc.comm->vt->version is %d, this muon.h takes 1 to %d (MUON_COMM_VTABLE_VERSION)",
+            c->vt->version, MUON_COMM_VTABLE_VERSION);
       else snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
       muon__create_fail(desc, full);
       return MUON_ERR_ARG;
@@ -1935,16 +2025,21 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
     const char *bad = NULL;
     if (!v) bad = "muon_desc.compute->vt is NULL";
     else if (v->version < 1 || v->version > MUON_COMPUTE_VTABLE_VERSION) bad = "muon_desc.compute->vt->version";
-    else if (v->memory != MUON_MEMORY_HOST && v->memory != MUON_MEMORY_DEVICE) bad = "muon_desc.compute->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
+    else if (v->memory != MUON_MEMORY_HOST && v->memory != MUON_MEMORY_DEVICE)
+      bad = "muon_desc.compute->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
     else if (!v->alloc || !v->free || !v->copy || !v->zero || !v->pack || !v->momentum || !v->ns_workspace ||
              !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync || !v->normuon)
-      bad = "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error, destroy and newton_schulz_many are required)";
-    else if (!v->alloc_host != !v->free_host) bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
+      bad =
+          "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error, destroy and newton_schulz_many are required)";
+    else if (!v->alloc_host != !v->free_host)
+      bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
     if (bad) {
       char full[300];
       if (strcmp(bad, "muon_desc.compute->vt->version") == 0)
-        snprintf(full, sizeof full, "MUON_ERR_ARG: muon_desc.compute->vt->version is %d, this muon.h takes 1 to %d (MUON_COMPUTE_VTABLE_VERSION)",
-                 v->version, MUON_COMPUTE_VTABLE_VERSION);
+        snprintf(
+            full, sizeof full,
+            "MUON_ERR_ARG: muon_desc.compute->vt->version is %d, this muon.h takes 1 to %d (MUON_COMPUTE_VTABLE_VERSION)",
+            v->version, MUON_COMPUTE_VTABLE_VERSION);
       else snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
       muon__create_fail(desc, full);
       return MUON_ERR_ARG;
@@ -1952,8 +2047,9 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   }
   if (desc->comm && desc->comm->vt->memory == MUON_MEMORY_DEVICE &&
       (!desc->compute || desc->compute->vt->memory != MUON_MEMORY_DEVICE)) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.comm exchanges device memory (e.g. NCCL) but muon_desc.compute is a "
-                            "host backend: set desc.compute to the device's backend (muon_cuda_create)");
+    muon__create_fail(desc,
+                      "MUON_ERR_ARG: muon_desc.comm exchanges device memory (e.g. NCCL) but muon_desc.compute is a "
+                      "host backend: set desc.compute to the device's backend (muon_cuda_create)");
     return MUON_ERR_ARG;
   }
   if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC) {
@@ -2008,7 +2104,8 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
       return st;
     }
   }
-  if (opt->distributed && opt->dist.async && muon__async_comm(opt) && (st = muon__comm_thread_start(opt, msg, sizeof msg)) != MUON_OK) {
+  if (opt->distributed && opt->dist.async && muon__async_comm(opt) &&
+      (st = muon__comm_thread_start(opt, msg, sizeof msg)) != MUON_OK) {
     muon__create_fail(desc, msg);
     muon_destroy(opt);
     return st;
@@ -2065,8 +2162,10 @@ MUON_API muon_status muon_set_group(muon_optimizer *opt, int group, const muon_h
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: hp is NULL");
-  if (group < 0 || group >= opt->n_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: group %d does not exist (have %d)", group, opt->n_groups);
-  if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
+  if (group < 0 || group >= opt->n_groups)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: group %d does not exist (have %d)", group, opt->n_groups);
+  if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK)
+    return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
   if (muon__ns_hash(hp) != muon__ns_hash(&opt->groups[group])) opt->plan.ready = 0; /* re-check agreement */
   opt->groups[group] = *hp;
   return MUON_OK;
@@ -2081,7 +2180,8 @@ MUON_API muon_status muon_get_group(const muon_optimizer *opt, int group, muon_h
 MUON_API muon_status muon_set_lr(muon_optimizer *opt, int group, float lr) {
   muon_hparams hp;
   if (!opt) return MUON_ERR_ARG;
-  if (group < 0 || group >= opt->n_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_lr: group %d does not exist (have %d)", group, opt->n_groups);
+  if (group < 0 || group >= opt->n_groups)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_lr: group %d does not exist (have %d)", group, opt->n_groups);
   hp = opt->groups[group];
   hp.lr = lr;
   return muon_set_group(opt, group, &hp);
@@ -2093,9 +2193,11 @@ MUON_API muon_status muon_add_adamw_group(muon_optimizer *opt, const muon_adamw_
   muon_adamw_hparams *g;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_group: hp is NULL");
-  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_add_adamw_group: %s", msg);
+  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK)
+    return muon__fail(opt, st, "muon_add_adamw_group: %s", msg);
   g = (muon_adamw_hparams *)muon__grow(&opt->allocator, opt->adamw_groups, opt->n_adamw_groups, sizeof *g);
-  if (!g) return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_group: allocating group %d failed", opt->n_adamw_groups);
+  if (!g)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_group: allocating group %d failed", opt->n_adamw_groups);
   opt->adamw_groups = g;
   g[opt->n_adamw_groups] = *hp;
   if (group_out) *group_out = opt->n_adamw_groups;
@@ -2108,8 +2210,11 @@ MUON_API muon_status muon_set_adamw_group(muon_optimizer *opt, int group, const 
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if (!hp) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: hp is NULL");
-  if (group < 0 || group >= opt->n_adamw_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: group %d does not exist (have %d)", group, opt->n_adamw_groups);
-  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK) return muon__fail(opt, st, "muon_set_adamw_group(%d): %s", group, msg);
+  if (group < 0 || group >= opt->n_adamw_groups)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_group: group %d does not exist (have %d)", group,
+                      opt->n_adamw_groups);
+  if ((st = muon__check_adamw_hparams(hp, msg, sizeof msg)) != MUON_OK)
+    return muon__fail(opt, st, "muon_set_adamw_group(%d): %s", group, msg);
   opt->adamw_groups[group] = *hp;
   return MUON_OK;
 }
@@ -2117,7 +2222,9 @@ MUON_API muon_status muon_set_adamw_group(muon_optimizer *opt, int group, const 
 MUON_API muon_status muon_set_adamw_lr(muon_optimizer *opt, int group, float lr) {
   muon_adamw_hparams hp;
   if (!opt) return MUON_ERR_ARG;
-  if (group < 0 || group >= opt->n_adamw_groups) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_lr: group %d does not exist (have %d)", group, opt->n_adamw_groups);
+  if (group < 0 || group >= opt->n_adamw_groups)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_lr: group %d does not exist (have %d)", group,
+                      opt->n_adamw_groups);
   hp = opt->adamw_groups[group];
   hp.lr = lr;
   return muon_set_adamw_group(opt, group, &hp);
@@ -2188,18 +2295,27 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
 #define MUON__BAD(st, ...) do { char what_[300]; snprintf(what_, sizeof what_, __VA_ARGS__); \
     return muon__fail(opt, st, "muon_add_matrix: %s (matrix %d, '%s')", what_, first, name); } while (0)
   if (m->ndim != 0 && m->ndim != 2)
-    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.ndim must be 2, got %d: Muon only orthogonalises 2-D weights; register other parameters with muon_add_adamw_param", m->ndim);
-  if (opt->distributed && !name[0])   /* by position, two ranks registering in another order would pair wrongly, silently */
+    MUON__BAD(
+        MUON_ERR_SHAPE,
+        "muon_matrix.ndim must be 2, got %d: Muon only orthogonalises 2-D weights; register other parameters with muon_add_adamw_param",
+        m->ndim);
+  if (opt->distributed &&
+      !name[0]) /* by position, two ranks registering in another order would pair wrongly, silently */
     MUON__BAD(MUON_ERR_ARG, "muon_matrix.name is required with a dist config: ranks pair matrices by name");
-  if (m->rows <= 0 || m->cols <= 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.rows and .cols must be > 0 (got %d x %d)", m->rows, m->cols);
+  if (m->rows <= 0 || m->cols <= 0)
+    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.rows and .cols must be > 0 (got %d x %d)", m->rows, m->cols);
   if (!m->param) MUON__BAD(MUON_ERR_ARG, "muon_matrix.param is NULL");
   if (m->count < 0) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count must be >= 0 (got %d)", m->count);
-  if (m->group < 0 || m->group >= opt->n_groups) MUON__BAD(MUON_ERR_ARG, "muon_matrix.group %d does not exist (have %d)", m->group, opt->n_groups);
-  if ((unsigned)m->param_dtype > (unsigned)MUON_DTYPE_BF16) MUON__BAD(MUON_ERR_ARG, "muon_matrix.param_dtype is not a muon_dtype (got %d)", (int)m->param_dtype);
-  if ((unsigned)m->grad_dtype > (unsigned)MUON_DTYPE_BF16) MUON__BAD(MUON_ERR_ARG, "muon_matrix.grad_dtype is not a muon_dtype (got %d)", (int)m->grad_dtype);
+  if (m->group < 0 || m->group >= opt->n_groups)
+    MUON__BAD(MUON_ERR_ARG, "muon_matrix.group %d does not exist (have %d)", m->group, opt->n_groups);
+  if ((unsigned)m->param_dtype > (unsigned)MUON_DTYPE_BF16)
+    MUON__BAD(MUON_ERR_ARG, "muon_matrix.param_dtype is not a muon_dtype (got %d)", (int)m->param_dtype);
+  if ((unsigned)m->grad_dtype > (unsigned)MUON_DTYPE_BF16)
+    MUON__BAD(MUON_ERR_ARG, "muon_matrix.grad_dtype is not a muon_dtype (got %d)", (int)m->grad_dtype);
   memset(&layout, 0, sizeof layout);
   if (m->layout) {            /* the matrix's own layout is the most specific: it wins */
-    if (!opt->distributed) MUON__BAD(MUON_ERR_ARG, "muon_matrix.layout is set but muon_desc.dist is NULL (use muon_layout_config())");
+    if (!opt->distributed)
+      MUON__BAD(MUON_ERR_ARG, "muon_matrix.layout is set but muon_desc.dist is NULL (use muon_layout_config())");
     layout = *m->layout;
   } else if (opt->distributed && opt->dist.layout) {
     st = opt->dist.layout(opt->dist.state, first, m, &layout);
@@ -2207,13 +2323,17 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   }
   {
     char why[240];
-    if (muon__layout_piece(&layout, m->rows, m->cols, &piece, why, sizeof why) != MUON_OK) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: %s", why);
+    if (muon__layout_piece(&layout, m->rows, m->cols, &piece, why, sizeof why) != MUON_OK)
+      MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: %s", why);
   }
   size = (size_t)(piece.f1 - piece.f0);
   parts = muon__layout_parts(&layout, NULL, &part_scale);
-  if (parts < 1) MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: its PARTIAL groups hold more than %d parts together", INT_MAX);
+  if (parts < 1)
+    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: its PARTIAL groups hold more than %d parts together", INT_MAX);
   if (parts > 1 && m->momentum)
-    MUON__BAD(MUON_ERR_ARG, "muon_matrix.momentum must be NULL for a Partial matrix: its momentum lives on its owner, whole, allocated by muon");
+    MUON__BAD(
+        MUON_ERR_ARG,
+        "muon_matrix.momentum must be NULL for a Partial matrix: its momentum lives on its owner, whole, allocated by muon");
   count = m->count ? m->count : 1;
   if (count > INT_MAX - first || (size_t)count > MUON__MAX_FLOATS / (size ? size : 1))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count %d of %zu floats each is too large", count, size);
@@ -2222,10 +2342,13 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   mirror_stride = m->mirror_stride ? m->mirror_stride : stride;
   mom_stride = m->momentum_stride ? m->momentum_stride : size;
   if (count > 1 && (stride < size || grad_stride < size || mirror_stride < size || mom_stride < size))
-    MUON__BAD(MUON_ERR_SHAPE, "muon_matrix strides (param %zu, grad %zu, mirror %zu, momentum %zu) make the %d stacked %d x %d matrices overlap (each needs >= %zu, the local piece)",
-              stride, grad_stride, mirror_stride, mom_stride, count, m->rows, m->cols, size);
-  if (count > 1 && size && ((size_t)(count - 1) > MUON__MAX_FLOATS / stride || (size_t)(count - 1) > MUON__MAX_FLOATS / grad_stride ||
-                    (size_t)(count - 1) > MUON__MAX_FLOATS / mirror_stride || (size_t)(count - 1) > MUON__MAX_FLOATS / mom_stride))
+    MUON__BAD(
+        MUON_ERR_SHAPE,
+        "muon_matrix strides (param %zu, grad %zu, mirror %zu, momentum %zu) make the %d stacked %d x %d matrices overlap (each needs >= %zu, the local piece)",
+        stride, grad_stride, mirror_stride, mom_stride, count, m->rows, m->cols, size);
+  if (count > 1 && size &&
+      ((size_t)(count - 1) > MUON__MAX_FLOATS / stride || (size_t)(count - 1) > MUON__MAX_FLOATS / grad_stride ||
+       (size_t)(count - 1) > MUON__MAX_FLOATS / mirror_stride || (size_t)(count - 1) > MUON__MAX_FLOATS / mom_stride))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix: %d slices at these strides overflow the address space", count);
 #undef MUON__BAD
   /* Allocate everything first so a failure leaves the optimizer as it was. */
@@ -2234,16 +2357,22 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
   grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
   for (i = 0; grown && i < count; i++) {
     if (parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
-    moms[i] = m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__compute_alloc(opt, size * sizeof(float));
+    moms[i] =
+        m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__compute_alloc(opt, size * sizeof(float));
     if (!moms[i]) break;
   }
   if (!grown || i < count) {
     while (grown && !m->momentum && i-- > 0) muon__compute_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows, m->cols, first, name);
+    return muon__fail(opt, MUON_ERR_NOMEM,
+                      "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows,
+                      m->cols, first, name);
   }
-  for (i = 0; i < count && parts == 1 && (st = muon__compute_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) == MUON_OK; i++) {}
+  for (i = 0; i < count && parts == 1 &&
+              (st = muon__compute_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) ==
+                  MUON_OK;
+       i++) {}
   if (st != MUON_OK) {
     for (i = 0; !m->momentum && i < count; i++) muon__compute_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
@@ -2301,38 +2430,66 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   if (!opt) return MUON_ERR_ARG;
   if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
   i = opt->n_adamw;
-  if (!p->param) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param is NULL (param %d, '%s')", i, p->name ? p->name : "");
-  if (p->size == 0) return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size must be > 0 (param %d, '%s')", i, p->name ? p->name : "");
+  if (!p->param)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param is NULL (param %d, '%s')", i,
+                      p->name ? p->name : "");
+  if (p->size == 0)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size must be > 0 (param %d, '%s')",
+                      i, p->name ? p->name : "");
   if (p->size > MUON__MAX_FLOATS)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size %zu is too large (param %d, '%s')", p->size, i, p->name ? p->name : "");
+    return muon__fail(opt, MUON_ERR_SHAPE,
+                      "muon_add_adamw_param: muon_adamw_param.size %zu is too large (param %d, '%s')", p->size, i,
+                      p->name ? p->name : "");
   if (p->group < 0 || p->group >= opt->n_adamw_groups)
-    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.group %d does not exist (have %d) (param %d, '%s')", p->group, opt->n_adamw_groups, i, p->name ? p->name : "");
+    return muon__fail(opt, MUON_ERR_ARG,
+                      "muon_add_adamw_param: muon_adamw_param.group %d does not exist (have %d) (param %d, '%s')",
+                      p->group, opt->n_adamw_groups, i, p->name ? p->name : "");
   if ((unsigned)p->param_dtype > (unsigned)MUON_DTYPE_BF16 || (unsigned)p->grad_dtype > (unsigned)MUON_DTYPE_BF16)
-    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param_dtype and .grad_dtype must be muon_dtype values (got %d, %d) (param %d, '%s')", (int)p->param_dtype, (int)p->grad_dtype, i, p->name ? p->name : "");
-  if (p->full_size ? (p->full_size > MUON__MAX_FLOATS || p->offset > p->full_size || p->size > p->full_size - p->offset) : p->offset != 0)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
-                      p->offset, p->size, p->full_size, i, p->name ? p->name : "");
+    return muon__fail(
+        opt, MUON_ERR_ARG,
+        "muon_add_adamw_param: muon_adamw_param.param_dtype and .grad_dtype must be muon_dtype values (got %d, %d) (param %d, '%s')",
+        (int)p->param_dtype, (int)p->grad_dtype, i, p->name ? p->name : "");
+  if (p->full_size ? (p->full_size > MUON__MAX_FLOATS || p->offset > p->full_size || p->size > p->full_size - p->offset)
+                   : p->offset != 0)
+    return muon__fail(
+        opt, MUON_ERR_SHAPE,
+        "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
+        p->offset, p->size, p->full_size, i, p->name ? p->name : "");
   memset(&layout, 0, sizeof layout);
   src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
   if (p->layout) {
-    if (!opt->distributed) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i, p->name ? p->name : "");
+    if (!opt->distributed)
+      return muon__fail(
+          opt, MUON_ERR_ARG,
+          "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i,
+          p->name ? p->name : "");
     layout = *p->layout;
-  } else if (opt->distributed && opt->dist.adamw_layout && (st = opt->dist.adamw_layout(opt->dist.state, i, p, &layout)) != MUON_OK) {
-    return muon__fail(opt, st, "muon_add_adamw_param: muon_dist_config.adamw_layout returned %s (param %d, '%s')", muon_status_string(st), i, p->name ? p->name : "");
+  } else if (opt->distributed && opt->dist.adamw_layout &&
+             (st = opt->dist.adamw_layout(opt->dist.state, i, p, &layout)) != MUON_OK) {
+    return muon__fail(opt, st, "muon_add_adamw_param: muon_dist_config.adamw_layout returned %s (param %d, '%s')",
+                      muon_status_string(st), i, p->name ? p->name : "");
   }
   if (muon__layout_piece(&layout, 1, 1, &unused, why, sizeof why) != MUON_OK)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s: %s (param %d, '%s')", src, why, i, p->name ? p->name : "");
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s: %s (param %d, '%s')", src, why, i,
+                      p->name ? p->name : "");
   for (k = 0, replica = 0; k < layout.n_levels; k++) {
     const muon_level *v = &layout.levels[k];
     if (v->placement != MUON_PARTIAL && v->placement != MUON_REPLICATE)
-      return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.layout levels[%d] is neither PARTIAL nor REPLICATE: an AdamW param's layout says over which groups its gradient is a part and over which it is replicated (shards: offset and full_size) (param %d, '%s')",
-                        k, i, p->name ? p->name : "");
-    if (v->placement == MUON_REPLICATE) replica = replica * v->size + v->index;   /* which set of parts this rank is in */
+      return muon__fail(
+          opt, MUON_ERR_ARG,
+          "muon_add_adamw_param: muon_adamw_param.layout levels[%d] is neither PARTIAL nor REPLICATE: an AdamW param's layout says over which groups its gradient is a part and over which it is replicated (shards: offset and full_size) (param %d, '%s')",
+          k, i, p->name ? p->name : "");
+    if (v->placement == MUON_REPLICATE) replica = replica * v->size + v->index; /* which set of parts this rank is in */
   }
   parts = muon__layout_parts(&layout, &part, &part_scale);
-  if (parts < 1) return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s has more than %d parts (param %d, '%s')", src, INT_MAX, i, p->name ? p->name : "");
+  if (parts < 1)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s has more than %d parts (param %d, '%s')", src,
+                      INT_MAX, i, p->name ? p->name : "");
   if (parts > 1 && opt->rounding == MUON_ROUND_STOCHASTIC)
-    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: a Partial AdamW param cannot use MUON_ROUND_STOCHASTIC (its random bits would depend on the chunking) (param %d, '%s')", i, p->name ? p->name : "");
+    return muon__fail(
+        opt, MUON_ERR_ARG,
+        "muon_add_adamw_param: a Partial AdamW param cannot use MUON_ROUND_STOCHASTIC (its random bits would depend on the chunking) (param %d, '%s')",
+        i, p->name ? p->name : "");
   {   /* this rank's chunk of the moments: torch.chunk */
     long long a, b;
     muon__chunk((long long)p->size, parts, part, &a, &b);
@@ -2346,11 +2503,15 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   if (!grown) {
     muon__compute_free(opt, m1);
     muon__compute_free(opt, m2);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i, p->name ? p->name : "");
+    return muon__fail(opt, MUON_ERR_NOMEM,
+                      "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i,
+                      p->name ? p->name : "");
   }
   opt->adamw = grown;
-  if ((st = muon__compute_zero(opt, m1, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
-      (st = muon__compute_zero(opt, m2, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
+  if ((st = muon__compute_zero(opt, m1, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) !=
+          MUON_OK ||
+      (st = muon__compute_zero(opt, m2, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) !=
+          MUON_OK) {
     muon__compute_free(opt, m1);
     muon__compute_free(opt, m2);
     return st;
@@ -2389,21 +2550,25 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
 
 MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *grad) {
   if (!opt) return MUON_ERR_ARG;
-  if (index < 0 || index >= opt->n_matrices) return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad: matrix %d does not exist (have %d)", index, opt->n_matrices);
+  if (index < 0 || index >= opt->n_matrices)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad: matrix %d does not exist (have %d)", index, opt->n_matrices);
   opt->matrices[index].grad = grad;
   return MUON_OK;
 }
 
 MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const void *grad) {
   if (!opt) return MUON_ERR_ARG;
-  if (index < 0 || index >= opt->n_adamw) return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_grad: AdamW param %d does not exist (have %d)", index, opt->n_adamw);
+  if (index < 0 || index >= opt->n_adamw)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_grad: AdamW param %d does not exist (have %d)", index,
+                      opt->n_adamw);
   opt->adamw[index].grad = grad;
   return MUON_OK;
 }
 
 MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale) {
   if (!opt) return MUON_ERR_ARG;
-  if (!(muon__finite(scale) && scale > 0)) return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad_scale: scale must be finite and > 0 (got %g)", (double)scale);
+  if (!(muon__finite(scale) && scale > 0))
+    return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad_scale: scale must be finite and > 0 (got %g)", (double)scale);
   opt->grad_scale = scale;
   return MUON_OK;
 }
@@ -2434,8 +2599,9 @@ static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const
   const char *native = opt->compute.vt->error ? opt->compute.vt->error(opt->compute.ctx) : NULL;
   (void)muon__comm_wait(opt, op);   /* queued exchanges first: the drain below must not hang */
   if (st == MUON_OK) st = MUON_ERR_BACKEND;
-  st = muon__fail(opt, st, "%s: the compute backend failed: %s%s", op, native && *native ? native : muon_status_string(st),
-                  strstr(op, "partly") ? "" : "; nothing was applied");   /* the commit and a load say what may be changed */
+  st = muon__fail(
+      opt, st, "%s: the compute backend failed: %s%s", op, native && *native ? native : muon_status_string(st),
+      strstr(op, "partly") ? "" : "; nothing was applied"); /* the commit and a load say what may be changed */
   /* The step is abandoned: drain what is queued so the failure is reported once, not again by
      the next call's sync. */
   opt->stats.syncs++;
@@ -2449,15 +2615,15 @@ static muon_status muon__compute_done(muon_optimizer *opt, muon_status st, const
   opt->stats.backend_calls++;
   return st == MUON_OK ? MUON_OK : muon__backend_fail(opt, st, op);
 }
-static muon_status muon__compute_copy(muon_optimizer *opt, void *dst, const void *src, size_t bytes, int to_host, int from_host,
-                                      const char *op) {
+static muon_status muon__compute_copy(muon_optimizer *opt, void *dst, const void *src, size_t bytes, int to_host,
+                                      int from_host, const char *op) {
   return muon__compute_done(opt, opt->compute.vt->copy(opt->compute.ctx, dst, src, bytes, to_host, from_host), op);
 }
 static muon_status muon__compute_zero(muon_optimizer *opt, void *dst, size_t bytes, const char *op) {
   return bytes ? muon__compute_done(opt, opt->compute.vt->zero(opt->compute.ctx, dst, bytes), op) : MUON_OK;
 }
-static muon_status muon__compute_pack(muon_optimizer *opt, const muon_piece_copy *ops, int n, float *pieces, float *operands,
-                                      int to_operand, const char *op) {
+static muon_status muon__compute_pack(muon_optimizer *opt, const muon_piece_copy *ops, int n, float *pieces,
+                                      float *operands, int to_operand, const char *op) {
   return muon__compute_done(opt, opt->compute.vt->pack(opt->compute.ctx, ops, n, pieces, operands, to_operand), op);
 }
 static muon_status muon__compute_momentum(muon_optimizer *opt, size_t n, float *momentum, const void *grad,
@@ -2467,16 +2633,18 @@ static muon_status muon__compute_momentum(muon_optimizer *opt, size_t n, float *
 static size_t muon__compute_ns_workspace(muon_optimizer *opt, int batch, int m, int n, const muon_hparams *hp) {
   return opt->compute.vt->ns_workspace(opt->compute.ctx, batch, m, n, hp);
 }
-static muon_status muon__compute_newton_schulz(muon_optimizer *opt, float *X, int batch, int m, int n, const muon_hparams *hp,
-                                               void *ws, const char *op) {
+static muon_status muon__compute_newton_schulz(muon_optimizer *opt, float *X, int batch, int m, int n,
+                                               const muon_hparams *hp, void *ws, const char *op) {
   return muon__compute_done(opt, opt->compute.vt->newton_schulz(opt->compute.ctx, X, batch, m, n, hp, ws), op);
 }
-static muon_status muon__compute_newton_schulz_many(muon_optimizer *opt, int count, float *const *X, const int *m, const int *n,
-                                                    const muon_hparams *const *hp, void *ws, const char *op) {
-  return muon__compute_done(opt, MUON__SLOT(opt->compute.vt, 1, newton_schulz_many)(opt->compute.ctx, count, X, m, n, hp, ws), op);
+static muon_status muon__compute_newton_schulz_many(muon_optimizer *opt, int count, float *const *X, const int *m,
+                                                    const int *n, const muon_hparams *const *hp, void *ws,
+                                                    const char *op) {
+  return muon__compute_done(
+      opt, MUON__SLOT(opt->compute.vt, 1, newton_schulz_many)(opt->compute.ctx, count, X, m, n, hp, ws), op);
 }
-static muon_status muon__compute_apply(muon_optimizer *opt, size_t n, void *param, const float *O, const muon_apply_args *a,
-                                       const char *op) {
+static muon_status muon__compute_apply(muon_optimizer *opt, size_t n, void *param, const float *O,
+                                       const muon_apply_args *a, const char *op) {
   return muon__compute_done(opt, opt->compute.vt->apply(opt->compute.ctx, n, param, O, a), op);
 }
 static muon_status muon__compute_adamw(muon_optimizer *opt, size_t n, void *param, const void *grad, float *m, float *v,
@@ -2487,8 +2655,8 @@ static muon_status muon__compute_nonfinite(muon_optimizer *opt, const void *x, m
                                            const char *op) {
   return muon__compute_done(opt, opt->compute.vt->nonfinite(opt->compute.ctx, x, dtype, n, flag), op);
 }
-static muon_status muon__compute_cast(muon_optimizer *opt, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype,
-                                      size_t n, const char *op) {
+static muon_status muon__compute_cast(muon_optimizer *opt, void *dst, muon_dtype dst_dtype, const void *src,
+                                      muon_dtype src_dtype, size_t n, const char *op) {
   return muon__compute_done(opt, opt->compute.vt->cast(opt->compute.ctx, dst, dst_dtype, src, src_dtype, n), op);
 }
 static muon_status muon__compute_normuon(muon_optimizer *opt, float *X, int m, int n, int per_column, const float *v,
@@ -2611,7 +2779,9 @@ static muon__record_in muon__record_open(const unsigned char **p) {
   *p = r.end;
   return r;
 }
-static uint32_t muon__record_u32(muon__record_in *r, uint32_t dflt) { return r->end - r->p >= 4 ? muon__get32(&r->p) : dflt; }
+static uint32_t muon__record_u32(muon__record_in *r, uint32_t dflt) {
+  return r->end - r->p >= 4 ? muon__get32(&r->p) : dflt;
+}
 static float muon__record_float(muon__record_in *r, float dflt) {
   uint32_t u;
   float x;
@@ -2661,10 +2831,12 @@ static const char *muon__comm_error(const muon_optimizer *opt) {
 }
 /* One alltoallv (counts, displacements: send, then receive; see the vtable): blocking, or only
    started on the communicator's own queue when ticket is not NULL. */
-static muon_status muon__comm_exchange(const muon_optimizer *opt, const float *send, const size_t *wire, float *recv, int *ticket) {
+static muon_status muon__comm_exchange(const muon_optimizer *opt, const float *send, const size_t *wire, float *recv,
+                                       int *ticket) {
   size_t P = (size_t)opt->comm.size;
   if (ticket)
-    return MUON__SLOT(opt->comm.vt, 1, alltoallv_start)(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P, wire + 3 * P, ticket);
+    return MUON__SLOT(opt->comm.vt, 1, alltoallv_start)(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P,
+                                                        wire + 3 * P, ticket);
   return opt->comm.vt->alltoallv(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P, wire + 3 * P);
 }
 static muon_status muon__comm_join(const muon_optimizer *opt, int ticket) {
@@ -2710,7 +2882,8 @@ static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
     }
 }
 
-static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts, const char *op) {
+static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts,
+                                   const char *op) {
   muon_status st = muon__comm_exchange(opt, send, counts, recv, NULL);
   muon__count_alltoallv(opt, counts);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
@@ -2742,7 +2915,8 @@ static void muon__put_layout(unsigned char **p, const muon_layout *l) {
   for (k = 0; k < MUON_MAX_LEVELS; k++) {
     muon_level v;
     if (k < l->n_levels) v = l->levels[k]; else memset(&v, 0, sizeof v);
-    muon__put32(p, (uint32_t)v.placement); muon__put32(p, (uint32_t)(v.placement == MUON_PARTIAL ? (int)v.reduce : v.dim));
+    muon__put32(p, (uint32_t)v.placement);
+    muon__put32(p, (uint32_t)(v.placement == MUON_PARTIAL ? (int)v.reduce : v.dim));
     muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
     muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
   }
@@ -2773,10 +2947,16 @@ static void muon__layout_text(const muon_layout *l, char *out, size_t size) {
     const muon_level *v = &l->levels[k];
     const char *sep = k ? " > " : "";
     int w;
-    if (v->placement == MUON_SHARD) w = snprintf(out + used, size - used, "%sshard dim %d, %d of %d", sep, v->dim, v->index, v->size);
-    else if (v->placement == MUON_FLAT && v->length < 0) w = snprintf(out + used, size - used, "%sflat chunk %d of %d", sep, v->index, v->size);
-    else if (v->placement == MUON_FLAT) w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %d of %d", sep, v->offset, v->length, v->index, v->size);
-    else if (v->placement == MUON_PARTIAL) w = snprintf(out + used, size - used, "%spartial %s, %d of %d", sep, v->reduce == MUON_REDUCE_MEAN ? "mean" : "sum", v->index, v->size);
+    if (v->placement == MUON_SHARD)
+      w = snprintf(out + used, size - used, "%sshard dim %d, %d of %d", sep, v->dim, v->index, v->size);
+    else if (v->placement == MUON_FLAT && v->length < 0)
+      w = snprintf(out + used, size - used, "%sflat chunk %d of %d", sep, v->index, v->size);
+    else if (v->placement == MUON_FLAT)
+      w = snprintf(out + used, size - used, "%sflat [%lld, +%lld), %d of %d", sep, v->offset, v->length, v->index,
+                   v->size);
+    else if (v->placement == MUON_PARTIAL)
+      w = snprintf(out + used, size - used, "%spartial %s, %d of %d", sep,
+                   v->reduce == MUON_REDUCE_MEAN ? "mean" : "sum", v->index, v->size);
     else w = snprintf(out + used, size - used, "%sreplicated, %d of %d", sep, v->index, v->size);
     used += w > 0 ? (size_t)w : 0;
   }
@@ -2878,10 +3058,12 @@ static int muon__interval_cmp(const void *a, const void *b) {
 /* The distinct pieces of a matrix must cover it exactly once; replicas hold identical pieces. */
 /* Elements [a, b) of the row-major matrix that no rank holds. */
 static muon_status muon__gap(muon_optimizer *opt, const muon__global *g, int gi, long long a, long long b) {
-  return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap: no rank holds elements [%lld, %lld) "
-                    "of its row-major flattening (row %lld, col %lld to row %lld, col %lld)%s",
-                    g->name, gi, g->rows, g->cols, a, b, a / g->cols, a % g->cols, (b - 1) / g->cols, (b - 1) % g->cols,
-                    b == (long long)g->rows * g->cols ? ", its tail" : "");
+  return muon__fail(
+      opt, MUON_ERR_SHAPE,
+      "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) leave a gap: no rank holds elements [%lld, %lld) "
+      "of its row-major flattening (row %lld, col %lld to row %lld, col %lld)%s",
+      g->name, gi, g->rows, g->cols, a, b, a / g->cols, a % g->cols, (b - 1) / g->cols, (b - 1) % g->cols,
+      b == (long long)g->rows * g->cols ? ", its tail" : "");
 }
 
 static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi) {
@@ -2912,13 +3094,17 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
   qsort(iv, n, sizeof *iv, muon__interval_cmp);
   for (k = 0; k < n && st == MUON_OK; k++) {
     if (iv[k].start < next)
-      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) overlap at row %lld, col %lld (ranks %d and %d hold different pieces there)",
-                      g->name, gi, g->rows, g->cols, iv[k].start / g->cols, iv[k].start % g->cols, iv[k > 0 ? k - 1 : 0].rank, iv[k].rank);
+      st = muon__fail(
+          opt, MUON_ERR_SHAPE,
+          "muon_plan: the pieces of matrix '%s' (global %d, %d x %d) overlap at row %lld, col %lld (ranks %d and %d hold different pieces there)",
+          g->name, gi, g->rows, g->cols, iv[k].start / g->cols, iv[k].start % g->cols, iv[k > 0 ? k - 1 : 0].rank,
+          iv[k].rank);
     else if (iv[k].start > next)
       st = muon__gap(opt, g, gi, next, iv[k].start);
     next = iv[k].start + iv[k].len;
   }
-  if (st == MUON_OK && next != (long long)g->rows * g->cols) st = muon__gap(opt, g, gi, next, (long long)g->rows * g->cols);
+  if (st == MUON_OK && next != (long long)g->rows * g->cols)
+    st = muon__gap(opt, g, gi, next, (long long)g->rows * g->cols);
   muon__free(&opt->allocator, iv);
   return st;
 }
@@ -2928,7 +3114,10 @@ static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x,
   long long pieces = 0, pairs = 0;
   int j, i;
   if (opt->dist.gather)
-    return muon__fail(opt, MUON_ERR_ARG, "muon_plan: matrix '%s' (global %d) has a PARTIAL level, which needs muon's own exchange: muon_dist_config.gather is set", x->name, g);
+    return muon__fail(
+        opt, MUON_ERR_ARG,
+        "muon_plan: matrix '%s' (global %d) has a PARTIAL level, which needs muon's own exchange: muon_dist_config.gather is set",
+        x->name, g);
   for (j = 0; j < x->n_holders; j++) {
     const muon__holder *h = &x->holders[j];
     for (i = 0; i < j && !muon__same_piece(&x->holders[i].piece, &h->piece); i++) {}
@@ -2937,8 +3126,10 @@ static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x,
     pairs += i == j;
   }
   if (pairs != pieces * x->parts)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: matrix '%s' (global %d): its %d Partial parts do not each hold all %lld of its pieces (%lld piece-part pairs held): every part needs the whole matrix",
-                      x->name, g, x->parts, pieces, pairs);
+    return muon__fail(
+        opt, MUON_ERR_SHAPE,
+        "muon_plan: matrix '%s' (global %d): its %d Partial parts do not each hold all %lld of its pieces (%lld piece-part pairs held): every part needs the whole matrix",
+        x->name, g, x->parts, pieces, pairs);
   return MUON_OK;
 }
 
@@ -2960,7 +3151,10 @@ static muon_status muon__assign_balanced(muon_optimizer *opt, int *owner) {
     muon__free(&opt->allocator, load);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the owner assignment failed");
   }
-  for (g = 0; g < pl->n_globals; g++) { order[g].cost = muon__ns_cost(pl->globals[g].rows, pl->globals[g].cols); order[g].index = g; }
+  for (g = 0; g < pl->n_globals; g++) {
+    order[g].cost = muon__ns_cost(pl->globals[g].rows, pl->globals[g].cols);
+    order[g].index = g;
+  }
   for (j = 0; j < P; j++) load[j] = 0;
   qsort(order, (size_t)pl->n_globals, sizeof *order, muon__by_cost_cmp);
   for (g = 0; g < pl->n_globals; g++) {
@@ -2998,7 +3192,8 @@ static muon_status muon__assign(muon_optimizer *opt) {
     muon_matrix_info *info = (muon_matrix_info *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof *info);
     if (!info) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating matrix infos failed");
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++) muon__info(opt, g, &info[g]);
-    if (st == MUON_OK && (st = opt->dist.assign(opt->dist.state, info, pl->n_globals, opt->comm.size, owner)) != MUON_OK)
+    if (st == MUON_OK &&
+        (st = opt->dist.assign(opt->dist.state, info, pl->n_globals, opt->comm.size, owner)) != MUON_OK)
       st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_dist_config.assign returned %s", muon_status_string(st));
     muon__free(&opt->allocator, info);
   } else if (opt->dist.round_robin) {
@@ -3009,13 +3204,16 @@ static muon_status muon__assign(muon_optimizer *opt) {
   for (g = 0; st == MUON_OK && g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
     if (owner[g] < 0 || owner[g] >= pl->P) {
-      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, outside [0, %d)", x->name, g, owner[g], pl->P);
+      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, outside [0, %d)", x->name,
+                      g, owner[g], pl->P);
       break;
     }
     for (j = 0; j < x->n_holders && x->holders[j].rank != owner[g]; j++) {}
     if (j == x->n_holders) {
-      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: matrix '%s' (global %d) has owner %d, which holds none of it (its holders are ranks %d..%d)",
-                      x->name, g, owner[g], x->holders[0].rank, x->holders[x->n_holders - 1].rank);
+      st = muon__fail(
+          opt, MUON_ERR_ASSIGN,
+          "muon_plan: matrix '%s' (global %d) has owner %d, which holds none of it (its holders are ranks %d..%d)",
+          x->name, g, owner[g], x->holders[0].rank, x->holders[x->n_holders - 1].rank);
       break;
     }
     x->owner = owner[g];
@@ -3033,7 +3231,10 @@ static void muon__choose_sources(muon__global *x) {
     if (x->holders[j].rank == x->owner) own = j;
   for (j = 0; j < x->n_holders; j++) {
     muon__holder *h = &x->holders[j];
-    if (muon__same_piece(&h->piece, &x->holders[own].piece) && h->part == x->holders[own].part) { h->source = x->owner; continue; }
+    if (muon__same_piece(&h->piece, &x->holders[own].piece) && h->part == x->holders[own].part) {
+      h->source = x->owner;
+      continue;
+    }
     h->source = -1;
     for (k = 0; k < x->n_holders; k++) {
       const muon__holder *c = &x->holders[k];
@@ -3093,7 +3294,8 @@ static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes) {
     /* Overlap needs rounds: about 2 (prefetch + 1) of them, each at least 1 MiB per owner. */
     size_t most = 0;
     for (p = 0; p < P; p++) owned_bytes[p] = 0;
-    for (g = 0; g < pl->n_globals; g++) owned_bytes[pl->globals[g].owner] += (size_t)pl->globals[g].rows * pl->globals[g].cols * sizeof(float);
+    for (g = 0; g < pl->n_globals; g++)
+      owned_bytes[pl->globals[g].owner] += (size_t)pl->globals[g].rows * pl->globals[g].cols * sizeof(float);
     for (p = 0; p < P; p++) if (owned_bytes[p] > most) most = owned_bytes[p];
     budget = most / (2 * (size_t)(pl->prefetch + 1));
     if (budget < ((size_t)1 << 20)) budget = (size_t)1 << 20;
@@ -3138,13 +3340,15 @@ static size_t muon__xfer_bytes(const muon_optimizer *opt) {
   const muon__plan *pl = &opt->plan;
   size_t one = pl->send_floats + pl->recv_floats;
   if (pl->wire_bf16) one += muon__wire_floats(pl, pl->send_floats) + muon__wire_floats(pl, pl->recv_floats);
-  if (pl->stage) one += pl->wire_bf16 ? muon__wire_floats(pl, pl->send_floats) + muon__wire_floats(pl, pl->recv_floats) : one;
+  if (pl->stage)
+    one += pl->wire_bf16 ? muon__wire_floats(pl, pl->send_floats) + muon__wire_floats(pl, pl->recv_floats) : one;
   return (size_t)muon__xfer_sets(pl) * one * sizeof(float);
 }
 
 static muon_status muon__alloc_xfers(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  size_t P = (size_t)pl->P, *cnt, ws = muon__wire_floats(pl, pl->send_floats), wr = muon__wire_floats(pl, pl->recv_floats);
+  size_t P = (size_t)pl->P, *cnt, ws = muon__wire_floats(pl, pl->send_floats),
+         wr = muon__wire_floats(pl, pl->recv_floats);
   int i;
   pl->n_xfers = pl->pipelined ? pl->prefetch + 1 + pl->backs : 2;
   pl->xfers = (muon__xfer *)muon__alloc(&opt->allocator, (size_t)pl->n_xfers * sizeof(muon__xfer));
@@ -3241,7 +3445,10 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   for (r = 0; r < P; r++) total += count[r];
   gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
   pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)total * sizeof(muon__global) + 1);
-  if (!gid || !pl->globals) { muon__free(&opt->allocator, gid); return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed"); }
+  if (!gid || !pl->globals) {
+    muon__free(&opt->allocator, gid);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  }
   memset(pl->globals, 0, (size_t)total * sizeof(muon__global));
   /* 1. The global list: matrices matched by (name, key), in order of first appearance. */
   for (r = 0, total = 0; r < P && st == MUON_OK; r++)
@@ -3261,8 +3468,9 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
         x->mine = -1;
         x->owner = r; /* first registrant, for the messages below */
       } else if (pl->globals[g].rows != e->rows || pl->globals[g].cols != e->cols) {
-        st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d",
-                        e->name, pl->globals[g].rows, pl->globals[g].cols, pl->globals[g].owner, e->rows, e->cols, r);
+        st = muon__fail(opt, MUON_ERR_MISMATCH,
+                        "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d", e->name,
+                        pl->globals[g].rows, pl->globals[g].cols, pl->globals[g].owner, e->rows, e->cols, r);
       }
     }
   /* 2. Holders (non-empty pieces), ascending by rank; this rank's local index. */
@@ -3275,17 +3483,27 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
         if (gid[t] == g && all[(size_t)r * stride + i].piece[5] > all[(size_t)r * stride + i].piece[4]) n++;
     x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
     x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
-    if (!x->holders || !x->holder_ranks) { st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed"); break; }
+    if (!x->holders || !x->holder_ranks) {
+      st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
+      break;
+    }
     for (r = 0, t = 0; r < P && st == MUON_OK; r++) {
       int seen = 0;
       for (i = 0; i < count[r]; i++, t++) {
         const muon__entry *e = &all[(size_t)r * stride + i];
         if (gid[t] != g) continue;
-        if (seen++) { st = muon__fail(opt, MUON_ERR_ARG, "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r, e->name); break; }
+        if (seen++) {
+          st = muon__fail(opt, MUON_ERR_ARG,
+                          "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r,
+                          e->name);
+          break;
+        }
         if (r == me) x->local = i;
         if (e->piece[5] <= e->piece[4]) continue;
         if (x->n_holders && e->hparams != hp) {
-          st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", e->name, x->holders[0].rank, r);
+          st = muon__fail(opt, MUON_ERR_MISMATCH,
+                          "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters",
+                          e->name, x->holders[0].rank, r);
           break;
         }
         hp = e->hparams;
@@ -3304,8 +3522,11 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
           float scale;
           int parts = muon__layout_parts(&h->layout, &h->part, &scale);
           if (x->n_holders && (parts != x->parts || scale != x->part_scale)) {
-            st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
-                            e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts, scale == 1.0f ? "sum" : "mean");
+            st = muon__fail(
+                opt, MUON_ERR_MISMATCH,
+                "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
+                e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
+                scale == 1.0f ? "sum" : "mean");
             break;
           }
           x->parts = parts;
@@ -3317,7 +3538,8 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
       }
     }
     if (st == MUON_OK && x->n_holders == 0)
-      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name, g);
+      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
+                      g);
     if (st == MUON_OK) st = muon__check_tiling(opt, x, g);
     if (st == MUON_OK && x->parts > 1) st = muon__check_parts(opt, x, g);
   }
@@ -3346,7 +3568,10 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
   {
     size_t *owned = (size_t *)muon__alloc(&opt->allocator, (size_t)P * sizeof(size_t));
-    if (!pl->round_start || !owned) { muon__free(&opt->allocator, owned); return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating rounds failed"); }
+    if (!pl->round_start || !owned) {
+      muon__free(&opt->allocator, owned);
+      return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating rounds failed");
+    }
     muon__make_rounds(opt, owned);
     muon__free(&opt->allocator, owned);
   }
@@ -3354,10 +3579,12 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
      the same Newton-Schulz settings sit next to each other in the gathered buffer. */
   pl->order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int) + 1);
   pl->order_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_rounds + 1) * sizeof(int));
-  if (!pl->order || !pl->order_start) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NS batches failed");
+  if (!pl->order || !pl->order_start)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NS batches failed");
   i = muon__plan_batches(opt);
   if (muon__ns_many(opt) && i > 0) {
-    pl->many_X = (float **)muon__alloc(&opt->allocator, (size_t)i * (sizeof(float *) + sizeof(muon_hparams *) + 2 * sizeof(int)));
+    pl->many_X = (float **)muon__alloc(&opt->allocator,
+                                       (size_t)i * (sizeof(float *) + sizeof(muon_hparams *) + 2 * sizeof(int)));
     if (!pl->many_X) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the NS batches failed");
     pl->many_hp = (const muon_hparams **)(pl->many_X + i);
     pl->many_m = (int *)(pl->many_hp + i);
@@ -3408,12 +3635,17 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
       (pl->reduced_floats && (!pl->reduced || !pl->scratch)) ||
       !pl->out_flags || !pl->host_out || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
-                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->reduced_floats + pl->scratch_floats) * sizeof(float) + pl->ns_ws_bytes);
+                      (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->reduced_floats +
+                       pl->scratch_floats) *
+                              sizeof(float) +
+                          pl->ns_ws_bytes);
   if (opt->distributed) {
     opt->stats.rounds = pl->n_rounds;
     opt->stats.exchange_bytes = pl->stash_floats * sizeof(float) + muon__xfer_bytes(opt);
   }
-  opt->stats.workspace_bytes = (pl->stash_floats + pl->gathered_floats + pl->reduced_floats + pl->scratch_floats) * sizeof(float) + pl->ns_ws_bytes + muon__xfer_bytes(opt);
+  opt->stats.workspace_bytes =
+      (pl->stash_floats + pl->gathered_floats + pl->reduced_floats + pl->scratch_floats) * sizeof(float) +
+      pl->ns_ws_bytes + muon__xfer_bytes(opt);
   return MUON_OK;
 }
 
@@ -3448,7 +3680,9 @@ static int muon__normuon_axis(const muon_hparams *hp, int rows, int cols, int *p
   if (hp->normuon == MUON_NORMUON_OFF) return 0;
   return per_row ? rows : cols;
 }
-static int muon__normuon_len(const muon_hparams *hp, int rows, int cols) { return muon__normuon_axis(hp, rows, cols, NULL); }
+static int muon__normuon_len(const muon_hparams *hp, int rows, int cols) {
+  return muon__normuon_axis(hp, rows, cols, NULL);
+}
 
 static void muon__normuon_drop_next(muon_optimizer *opt) {
   int i;
@@ -3465,7 +3699,8 @@ static muon_status muon__normuon_room(muon_optimizer *opt, muon__matrix *x, int 
   muon__compute_free(opt, x->normuon_next);
   x->normuon_next_len = 0;
   if (!(x->normuon_next = (float *)muon__compute_alloc(opt, 2 * (size_t)len * sizeof(float))))
-    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the NorMuon second moment of '%s' (%d floats) failed", op, x->name, len);
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the NorMuon second moment of '%s' (%d floats) failed", op,
+                      x->name, len);
   x->normuon_next_len = len;
   return MUON_OK;
 }
@@ -3517,9 +3752,12 @@ static muon_status muon__normuon_prepare(muon_optimizer *opt) {
   for (i = 0; i < opt->n_matrices && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
     int want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
-    if (!want || x->global < 0 || opt->plan.globals[x->global].owner != opt->plan.me || (x->normuon && x->normuon_len == want)) continue;
+    if (!want || x->global < 0 || opt->plan.globals[x->global].owner != opt->plan.me ||
+        (x->normuon && x->normuon_len == want))
+      continue;
     if ((st = muon__normuon_room(opt, x, want, "muon_plan")) == MUON_OK)
-      st = muon__compute_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float), "muon_plan: zeroing a NorMuon second moment");
+      st = muon__compute_zero(opt, x->normuon_next, 2 * (size_t)want * sizeof(float),
+                              "muon_plan: zeroing a NorMuon second moment");
   }
   if (st != MUON_OK) muon__normuon_drop_next(opt);
   return st;
@@ -3535,8 +3773,10 @@ static void muon__normuon_finish(muon_optimizer *opt, const unsigned char *moved
     if (x->normuon_next) {
       if (opt->stats.steps > 0 && !(moved && moved[i])) {
         char msg[200];
-        snprintf(msg, sizeof msg, "NorMuon second moment of matrix '%s' starts at zero at step %lld (NorMuon turned on, or a state saved without it)",
-                 x->name, opt->stats.steps);
+        snprintf(
+            msg, sizeof msg,
+            "NorMuon second moment of matrix '%s' starts at zero at step %lld (NorMuon turned on, or a state saved without it)",
+            x->name, opt->stats.steps);
         muon__log(&opt->logger, MUON_LOG_WARN, msg);
       }
       muon__normuon_take(opt, x);
@@ -3553,7 +3793,8 @@ static int muon__normuon_source(const muon__plan *pl, int g, const muon__entry *
   const muon__global *x = &pl->globals[g];
   const muon__entry *o = NULL, *e;
   int j;
-  for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == x->owner) o = &all[(size_t)x->owner * stride + x->holders[j].local];
+  for (j = 0; j < x->n_holders; j++)
+    if (x->holders[j].rank == x->owner) o = &all[(size_t)x->owner * stride + x->holders[j].local];
   if (!o || !o->normuon_want || o->normuon_have == o->normuon_want) return -1;
   *len = (int)o->normuon_want;
   for (j = 0; j < x->n_holders; j++) {
@@ -3593,7 +3834,8 @@ static muon_status muon__normuon_buffers(muon_optimizer *opt, float **send, floa
   *send = (float *)(staged ? muon__compute_alloc_host(opt, ns) : muon__compute_alloc(opt, ns));
   *recv = (float *)(staged ? muon__compute_alloc_host(opt, nr) : muon__compute_alloc(opt, nr));
   if (*send && *recv) return MUON_OK;
-  return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes to move NorMuon second moments failed", ns + nr);
+  return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes to move NorMuon second moments failed",
+                    ns + nr);
 }
 
 static void muon__normuon_free_buffers(muon_optimizer *opt, float *send, float *recv) {
@@ -3603,7 +3845,8 @@ static void muon__normuon_free_buffers(muon_optimizer *opt, float *send, float *
 
 /* The move itself: sources pack in global order, the collective, owners unpack into their new
    v. A backend failure still joins the collective (peers must not wait alone). */
-static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *all, int stride, float *send, float *recv, unsigned char *moved) {
+static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *all, int stride, float *send, float *recv,
+                                      unsigned char *moved) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g, src, len = 0, staged = muon__normuon_staged(opt);
   size_t *cnt = pl->counts, *cur = pl->counts + 8 * (size_t)P;
@@ -3612,8 +3855,8 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
     if ((src = muon__normuon_source(pl, g, all, stride, &len)) != me) continue;
-    local = muon__compute_copy(opt, send + cur[x->owner], opt->matrices[x->local].normuon, (size_t)len * sizeof(float), staged, 0,
-                               "muon_plan: reading a NorMuon second moment");
+    local = muon__compute_copy(opt, send + cur[x->owner], opt->matrices[x->local].normuon, (size_t)len * sizeof(float),
+                               staged, 0, "muon_plan: reading a NorMuon second moment");
     cur[x->owner] += (size_t)len;
   }
   if (local == MUON_OK && staged) local = muon__sync(opt, "muon_plan: reading NorMuon second moments");
@@ -3622,8 +3865,8 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
     if ((src = muon__normuon_source(pl, g, all, stride, &len)) < 0 || x->owner != me) continue;
-    local = muon__compute_copy(opt, opt->matrices[x->local].normuon_next, recv + cur[src], (size_t)len * sizeof(float), 0, staged,
-                               "muon_plan: writing a NorMuon second moment");
+    local = muon__compute_copy(opt, opt->matrices[x->local].normuon_next, recv + cur[src], (size_t)len * sizeof(float),
+                               0, staged, "muon_plan: writing a NorMuon second moment");
     cur[src] += (size_t)len;
     moved[x->local] = 1;
   }
@@ -3655,7 +3898,8 @@ static muon_status muon__partial_room(muon_optimizer *opt, muon__matrix *x, cons
   char what[160];
   if (x->momentum) return MUON_OK;
   if (!(x->momentum = (float *)muon__compute_alloc(opt, full * sizeof(float))))
-    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the momentum of Partial matrix '%s' (%d x %d) failed", op, x->name, x->rows, x->cols);
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the momentum of Partial matrix '%s' (%d x %d) failed", op,
+                      x->name, x->rows, x->cols);
   x->momentum_size = full;
   x->momentum_fresh = 1;
   opt->stats.state_bytes += full * sizeof(float);
@@ -3668,14 +3912,17 @@ static muon_status muon__partial_prepare(muon_optimizer *opt) {
   int i;
   muon_status st;
   for (i = 0; i < opt->n_matrices; i++)
-    if (opt->matrices[i].parts > 1 && muon__owns(opt, &opt->matrices[i]) && (st = muon__partial_room(opt, &opt->matrices[i], "muon_plan")) != MUON_OK) return st;
+    if (opt->matrices[i].parts > 1 && muon__owns(opt, &opt->matrices[i]) &&
+        (st = muon__partial_room(opt, &opt->matrices[i], "muon_plan")) != MUON_OK)
+      return st;
   return MUON_OK;
 }
 
 static void muon__partial_finish(muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++)
-    if (opt->matrices[i].parts > 1 && opt->matrices[i].momentum && !muon__owns(opt, &opt->matrices[i])) muon__partial_drop(opt, &opt->matrices[i]);
+    if (opt->matrices[i].parts > 1 && opt->matrices[i].momentum && !muon__owns(opt, &opt->matrices[i]))
+      muon__partial_drop(opt, &opt->matrices[i]);
 }
 
 /* ---- Partial AdamW params (ZeRO-1) ---------------------------------------------------------
@@ -3722,7 +3969,8 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
   pl->adamw_members = (int *)muon__alloc(&opt->allocator, (size_t)at * sizeof(int) + 1);
   pl->aw_order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_aw * sizeof(int) + 1);
   pl->aw.cnt = (size_t *)muon__alloc(&opt->allocator, 8 * (size_t)P * sizeof(size_t));
-  if (!pl->adamw_members || !pl->aw_order || !pl->aw.cnt) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the Partial AdamW lists failed");
+  if (!pl->adamw_members || !pl->aw_order || !pl->aw.cnt)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the Partial AdamW lists failed");
   pl->aw.wire = pl->aw.cnt + 4 * (size_t)P;
   for (i = 0, at = 0; i < opt->n_adamw; i++) {
     muon__adamw *a = &opt->adamw[i];
@@ -3736,16 +3984,26 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
     for (r = 0; r < P; r++)
       for (j = 0; j < stride; j++) {
         const muon__adamw_entry *e = &all[(size_t)r * stride + j];
-        if (e->name_hash != a->name_hash || e->offset != a->offset || e->size != a->size || e->full_size != a->full_size || e->replica != a->replica) continue;
+        if (e->name_hash != a->name_hash || e->offset != a->offset || e->size != a->size ||
+            e->full_size != a->full_size || e->replica != a->replica)
+          continue;
         if (e->parts != a->parts || e->part_scale != a->part_scale)
-          return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: AdamW param '%s': rank %d registers it with %d Partial parts (%s), rank %d with %d (%s): every holder must describe the same PARTIAL levels",
-                            a->name, pl->me, a->parts, a->part_scale == 1.0f ? "sum" : "mean", r, e->parts, e->part_scale == 1.0f ? "sum" : "mean");
+          return muon__fail(
+              opt, MUON_ERR_MISMATCH,
+              "muon_plan: AdamW param '%s': rank %d registers it with %d Partial parts (%s), rank %d with %d (%s): every holder must describe the same PARTIAL levels",
+              a->name, pl->me, a->parts, a->part_scale == 1.0f ? "sum" : "mean", r, e->parts,
+              e->part_scale == 1.0f ? "sum" : "mean");
         if (m[e->part] >= 0)
-          return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: AdamW param '%s': ranks %d and %d both hold its part %d (one rank per part; replicas of the parts need REPLICATE levels that tell them apart)", a->name, m[e->part], r, e->part);
+          return muon__fail(
+              opt, MUON_ERR_SHAPE,
+              "muon_plan: AdamW param '%s': ranks %d and %d both hold its part %d (one rank per part; replicas of the parts need REPLICATE levels that tell them apart)",
+              a->name, m[e->part], r, e->part);
         m[e->part] = r;
       }
     for (k = 0; k < a->parts; k++)
-      if (m[k] < 0) return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: AdamW param '%s': no rank holds its part %d of %d", a->name, k, a->parts);
+      if (m[k] < 0)
+        return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: AdamW param '%s': no rank holds its part %d of %d", a->name,
+                          k, a->parts);
     a->roff = pl->aw_chunks;
     a->foff = pl->aw_total;
     pl->aw_chunks += c;
@@ -3773,7 +4031,8 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
   }
   if (!pl->aw.send || !pl->aw.recv || !pl->aw_reduced || !pl->aw_param || !pl->aw_m || !pl->aw_v || !pl->aw_full ||
       !pl->aw_flags || !pl->aw_host_flags || (pl->stage && (!pl->aw.host_send || !pl->aw.host_recv)))
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes for the Partial AdamW params failed", (2 * need + 4 * pl->aw_chunks + pl->aw_total) * sizeof(float));
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes for the Partial AdamW params failed",
+                      (2 * need + 4 * pl->aw_chunks + pl->aw_total) * sizeof(float));
   return MUON_OK;
 }
 
@@ -3830,7 +4089,9 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   /* The small exchanges below go through the buffer allocated at creation, so that a rank short
      of memory still joins every one of them and its failure becomes everyone's. */
   /* Round 1: how many matrices, AdamW params and Partial ones each rank has. */
-  if ((st = muon__exchange3(opt, opt->n_matrices, opt->n_adamw, muon__adamw_partials(opt), &three, "muon_plan: exchanging matrix counts")) != MUON_OK) goto done;
+  if ((st = muon__exchange3(opt, opt->n_matrices, opt->n_adamw, muon__adamw_partials(opt), &three,
+                            "muon_plan: exchanging matrix counts")) != MUON_OK)
+    goto done;
   opt->plan.max_adamw = 0;
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
   for (r = 0; r < P; r++) {
@@ -3840,11 +4101,13 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
     any_aw |= three[3 * r + 2] > 0;
   }
   /* Round 1b: whether each rank could allocate what round 2 and the plan's lists need. */
-  opt->plan.adamw_names = (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
+  opt->plan.adamw_names =
+      (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
   all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all + 1);
   pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad + 1);
   if (any_aw) {
-    aw_all = (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)opt->plan.max_adamw * sizeof *aw_all + 1);
+    aw_all =
+        (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)opt->plan.max_adamw * sizeof *aw_all + 1);
     aw_pad = (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)opt->plan.max_adamw * sizeof *aw_pad + 1);
   }
   got = count && opt->plan.adamw_names && all && pad && (!any_aw || (aw_all && aw_pad)) ? MUON_OK : MUON_ERR_NOMEM;
@@ -3852,7 +4115,8 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   for (r = 0; r < P; r++)
     if (three[3 * r] != MUON_OK) {
       st = r == me ? muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists of %d ranks failed", P)
-                   : muon__fail(opt, (muon_status)three[3 * r], "muon_plan: rank %d could not allocate its matrix lists", r);
+                   : muon__fail(opt, (muon_status)three[3 * r],
+                                "muon_plan: rank %d could not allocate its matrix lists", r);
       goto done;
     }
   /* Round 2: every rank's list, padded to the longest. */
@@ -3881,7 +4145,8 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   /* Round 2b, only where some rank has a Partial AdamW param: every rank's AdamW params. */
   if (any_aw) {
     muon__adamw_entries(opt, aw_pad, opt->plan.max_adamw);
-    st = muon__allgather(opt, aw_pad, aw_all, (size_t)opt->plan.max_adamw * sizeof *aw_pad, "muon_plan: exchanging AdamW param lists");
+    st = muon__allgather(opt, aw_pad, aw_all, (size_t)opt->plan.max_adamw * sizeof *aw_pad,
+                         "muon_plan: exchanging AdamW param lists");
     if (st != MUON_OK) goto done;
   }
   opt->plan.max_local = max_local;
@@ -3905,11 +4170,15 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   if (got != MUON_OK) { st = got; goto done; }
   for (r = 0; r < P; r++) {
     if (three[3 * r] != MUON_OK) {
-      st = muon__fail(opt, (muon_status)three[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r, muon_status_string((muon_status)three[3 * r]));
+      st = muon__fail(opt, (muon_status)three[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r,
+                      muon_status_string((muon_status)three[3 * r]));
       goto done;
     }
     if (three[3 * r + 1] != plan_hash) {
-      st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_plan: ranks %d and %d computed different owners or rounds (is muon_dist_config.assign deterministic?)", me, r);
+      st = muon__fail(
+          opt, MUON_ERR_ASSIGN,
+          "muon_plan: ranks %d and %d computed different owners or rounds (is muon_dist_config.assign deterministic?)",
+          me, r);
       goto done;
     }
   }
@@ -4009,16 +4278,22 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
   t.len = 0;
   if (buf && size) buf[0] = '\0';
   pl = &opt->plan;
-  if (!pl->ready) { muon__say(&t, "muon plan: not planned yet (muon_plan, or the first muon_step, plans)\n"); return t.len; }
+  if (!pl->ready) {
+    muon__say(&t, "muon plan: not planned yet (muon_plan, or the first muon_step, plans)\n");
+    return t.len;
+  }
   e = pl->wire_bf16 ? 2 : 4;
   for (r = 0; opt->distributed && !opt->dist.gather && r < pl->n_rounds; r++)
     exchanges += muon__round_moves(pl, r, 1) + muon__round_moves(pl, r, 0);
-  muon__say(&t, "muon plan, as rank %d of %d sees it: %d matrices, %d exchange rounds%s%s\n", pl->me, pl->P, pl->n_globals, pl->n_rounds,
-            opt->distributed ? (opt->dist.gather ? "; the exchange is the config's own gather / redistribute" : "") : "; one device, nothing moves",
+  muon__say(&t, "muon plan, as rank %d of %d sees it: %d matrices, %d exchange rounds%s%s\n", pl->me, pl->P,
+            pl->n_globals, pl->n_rounds,
+            opt->distributed ? (opt->dist.gather ? "; the exchange is the config's own gather / redistribute" : "")
+                             : "; one device, nothing moves",
             pl->wire_bf16 ? "; bf16 on the wire (2 B per value, each message padded to whole floats)" : "");
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
-    muon__say(&t, "matrix %d '%s' %d x %d, layout key %lld: owner rank %d, round %d\n", g, x->name, x->rows, x->cols, x->key, x->owner, x->round);
+    muon__say(&t, "matrix %d '%s' %d x %d, layout key %lld: owner rank %d, round %d\n", g, x->name, x->rows, x->cols,
+              x->key, x->owner, x->round);
     for (j = 0; opt->distributed && j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       char levels[240];
@@ -4026,7 +4301,8 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
       muon__say_piece(&t, &h->piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
-      else if (h->source == h->rank) muon__say(&t, x->parts > 1 ? "; sends its part of the gradient\n" : "; sends its U\n");
+      else if (h->source == h->rank)
+        muon__say(&t, x->parts > 1 ? "; sends its part of the gradient\n" : "; sends its U\n");
       else muon__say(&t, "; a replica: rank %d sends this U\n", h->source);
     }
   }
@@ -4048,10 +4324,12 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       least += (size_t)x->rows * (size_t)x->cols;
       for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == p) least -= muon__piece_size(&x->holders[j].piece);
     }
-    muon__say(&t, "rank %d: owns %d matrices, %.4g GFLOP per Newton-Schulz iteration; per step %zu B out, %zu B in "
-                  "(U %zu B to owners, %zu B as owner, the least possible being %zu B; O %zu B as owner, %zu B back); at most %zu B of full matrices at once\n",
-              p, owns, flops / 1e9, e * (out_send + back_send), e * (out_recv + back_recv),
-              e * out_send, e * out_recv, opt->distributed ? e * least : 0, e * back_send, e * back_recv, 4 * gathered);
+    muon__say(
+        &t,
+        "rank %d: owns %d matrices, %.4g GFLOP per Newton-Schulz iteration; per step %zu B out, %zu B in "
+        "(U %zu B to owners, %zu B as owner, the least possible being %zu B; O %zu B as owner, %zu B back); at most %zu B of full matrices at once\n",
+        p, owns, flops / 1e9, e * (out_send + back_send), e * (out_recv + back_recv), e * out_send, e * out_recv,
+        opt->distributed ? e * least : 0, e * back_send, e * back_recv, 4 * gathered);
   }
   if (pl->any_adamw_partial) {   /* this rank's: the others' AdamW params are theirs to say */
     size_t aw = 0;
@@ -4059,16 +4337,20 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       const muon__adamw *a = &opt->adamw[pl->aw_order[j]];
       aw += a->size - (a->hi - a->lo) + (size_t)(a->parts - 1) * (a->hi - a->lo);
     }
-    muon__say(&t, "rank %d: Partial AdamW params %d; per step %zu B out, %zu B in (a reduce-scatter of their gradients, an all-gather of their new values)\n",
-              pl->me, pl->n_aw, 4 * aw, 4 * aw);
+    muon__say(
+        &t,
+        "rank %d: Partial AdamW params %d; per step %zu B out, %zu B in (a reduce-scatter of their gradients, an all-gather of their new values)\n",
+        pl->me, pl->n_aw, 4 * aw, 4 * aw);
   }
   if (opt->distributed)
     muon__say(&t, "collectives per step without skips: %d (the agreement 1, the commit vote %d, exchanges %d%s)%s\n",
-              1 + !opt->dist.unchecked_commit + exchanges + 2 * pl->any_adamw_partial, !opt->dist.unchecked_commit, exchanges,
-              pl->any_adamw_partial ? ", Partial AdamW 2" : "", opt->dist.gather ? ", plus the config's own gather / redistribute calls" : "");
+              1 + !opt->dist.unchecked_commit + exchanges + 2 * pl->any_adamw_partial, !opt->dist.unchecked_commit,
+              exchanges, pl->any_adamw_partial ? ", Partial AdamW 2" : "",
+              opt->dist.gather ? ", plus the config's own gather / redistribute calls" : "");
   if (opt->distributed && opt->stats.steps)
-    muon__say(&t, "measured on rank %d over %lld steps (planning included): %lld B sent, %lld B received, %lld collectives\n",
-              pl->me, opt->stats.steps, opt->stats.bytes_sent, opt->stats.bytes_received, opt->stats.collectives);
+    muon__say(
+        &t, "measured on rank %d over %lld steps (planning included): %lld B sent, %lld B received, %lld collectives\n",
+        pl->me, opt->stats.steps, opt->stats.bytes_sent, opt->stats.bytes_received, opt->stats.collectives);
   return t.len;
 }
 
@@ -4120,7 +4402,9 @@ static muon_piece_copy muon__piece_op(const muon__global *x, const muon__piece *
 
 static muon_status muon__pack(muon_optimizer *opt, int n, float *pieces, float *operands, int to_operand) {
   if (!n) return MUON_OK;
-  MUON__TRY(muon__compute_pack(opt, opt->plan.ops, n, pieces, operands, to_operand, to_operand ? "muon_step: packing pieces into operands" : "muon_step: cutting operands into pieces"));
+  MUON__TRY(muon__compute_pack(
+      opt, opt->plan.ops, n, pieces, operands, to_operand,
+      to_operand ? "muon_step: packing pieces into operands" : "muon_step: cutting operands into pieces"));
   return MUON_OK;
 }
 
@@ -4131,17 +4415,20 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
     if (!x->grad || !x->size) continue;
-    MUON__TRY(muon__compute_nonfinite(opt, x->grad, x->grad_dtype, x->size, &opt->verdicts[i], "muon_step: checking gradients"));
+    MUON__TRY(muon__compute_nonfinite(opt, x->grad, x->grad_dtype, x->size, &opt->verdicts[i],
+                                      "muon_step: checking gradients"));
     any = 1;
   }
   for (i = 0; i < opt->n_adamw; i++) {
     const muon__adamw *p = &opt->adamw[i];
     if (!p->grad) continue;
-    MUON__TRY(muon__compute_nonfinite(opt, p->grad, p->grad_dtype, p->size, &opt->verdicts[opt->n_matrices + i], "muon_step: checking gradients"));
+    MUON__TRY(muon__compute_nonfinite(opt, p->grad, p->grad_dtype, p->size, &opt->verdicts[opt->n_matrices + i],
+                                      "muon_step: checking gradients"));
     any = 1;
   }
   if (any) {
-    MUON__TRY(muon__compute_copy(opt, opt->host_verdicts, opt->verdicts, (size_t)n * sizeof(int), 1, 0, "muon_step: reading the non-finite verdicts"));
+    MUON__TRY(muon__compute_copy(opt, opt->host_verdicts, opt->verdicts, (size_t)n * sizeof(int), 1, 0,
+                                 "muon_step: reading the non-finite verdicts"));
     if ((st = muon__sync(opt, "muon_step: reading the non-finite verdicts")) != MUON_OK) return st;
   }
   for (i = 0; i < opt->n_matrices; i++) {
@@ -4149,7 +4436,10 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
     opt->host_verdicts[i] = !x->size ? 0 : !x->grad ? 1 : opt->host_verdicts[i] ? 2 : 0;
     if (opt->host_verdicts[i] == 1 && !x->told_absent) {   /* a trainer that binds gradients late */
       char msg[200];
-      snprintf(msg, sizeof msg, "muon_step: matrix %d ('%s') has no gradient: skipped until muon_set_grad gives it one (said once per matrix)", i, x->name);
+      snprintf(
+          msg, sizeof msg,
+          "muon_step: matrix %d ('%s') has no gradient: skipped until muon_set_grad gives it one (said once per matrix)",
+          i, x->name);
       muon__log(&opt->logger, MUON_LOG_WARN, msg);
       x->told_absent = 1;
     }
@@ -4244,8 +4534,8 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
   r->grad_scale = opt->grad_scale;
   r->round_bytes = opt->dist.round_bytes;
   r->round_robin = (uint32_t)(opt->dist.round_robin != 0);
-  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1 | (uint32_t)opt->dist.wire << 2 |
-              (uint32_t)opt->dist.prefetch << 4;   /* the order of the collectives */
+  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1 |
+              (uint32_t)opt->dist.wire << 2 | (uint32_t)opt->dist.prefetch << 4; /* the order of the collectives */
   r->vote = (uint32_t)(opt->dist.unchecked_commit == 0);
   p = buf;
   muon__put64(&p, all); muon__put64(&p, r->adamw_groups); muon__put64(&p, r->seed); muon__put64(&p, r->round_bytes);
@@ -4258,22 +4548,61 @@ static void muon__settings(const muon_optimizer *opt, muon__record *r) {
 /* The first setting in which ranks a and b differ, as "what (a value vs b value)". */
 static void muon__what_differs(const muon__record *a, const muon__record *b, char *out, size_t n) {
   int g, ng = (int)(a->n_groups < MUON__AGREE_GROUPS ? a->n_groups : MUON__AGREE_GROUPS);
-  if (a->n_groups != b->n_groups) { snprintf(out, n, "the number of Muon groups (%u vs %u)", a->n_groups, b->n_groups); return; }
-  if (a->n_adamw_groups != b->n_adamw_groups) { snprintf(out, n, "the number of AdamW groups (%u vs %u)", a->n_adamw_groups, b->n_adamw_groups); return; }
+  if (a->n_groups != b->n_groups) {
+    snprintf(out, n, "the number of Muon groups (%u vs %u)", a->n_groups, b->n_groups);
+    return;
+  }
+  if (a->n_adamw_groups != b->n_adamw_groups) {
+    snprintf(out, n, "the number of AdamW groups (%u vs %u)", a->n_adamw_groups, b->n_adamw_groups);
+    return;
+  }
   for (g = 0; g < ng; g++) {
-    if (muon__f2u(a->lr[g]) != muon__f2u(b->lr[g])) { snprintf(out, n, "muon_hparams.lr of group %d (%g vs %g)", g, (double)a->lr[g], (double)b->lr[g]); return; }
-    if (a->ns[g] != b->ns[g]) { snprintf(out, n, "the Newton-Schulz settings of group %d (ns_steps, ns_coefficients, eps, precision, gemm or symmetric)", g); return; }
-    if (a->rest[g] != b->rest[g]) { snprintf(out, n, "weight_decay, momentum, nesterov, momentum_style or adjust_lr of group %d", g); return; }
+    if (muon__f2u(a->lr[g]) != muon__f2u(b->lr[g])) {
+      snprintf(out, n, "muon_hparams.lr of group %d (%g vs %g)", g, (double)a->lr[g], (double)b->lr[g]);
+      return;
+    }
+    if (a->ns[g] != b->ns[g]) {
+      snprintf(out, n,
+               "the Newton-Schulz settings of group %d (ns_steps, ns_coefficients, eps, precision, gemm or symmetric)",
+               g);
+      return;
+    }
+    if (a->rest[g] != b->rest[g]) {
+      snprintf(out, n, "weight_decay, momentum, nesterov, momentum_style or adjust_lr of group %d", g);
+      return;
+    }
   }
   if (a->adamw_groups != b->adamw_groups) { snprintf(out, n, "the AdamW groups' hyperparameters"); return; }
-  if (a->on_nonfinite != b->on_nonfinite) { snprintf(out, n, "muon_desc.on_nonfinite (%u vs %u)", a->on_nonfinite, b->on_nonfinite); return; }
-  if (a->rounding != b->rounding) { snprintf(out, n, "muon_desc.rounding (%u vs %u)", a->rounding, b->rounding); return; }
+  if (a->on_nonfinite != b->on_nonfinite) {
+    snprintf(out, n, "muon_desc.on_nonfinite (%u vs %u)", a->on_nonfinite, b->on_nonfinite);
+    return;
+  }
+  if (a->rounding != b->rounding) {
+    snprintf(out, n, "muon_desc.rounding (%u vs %u)", a->rounding, b->rounding);
+    return;
+  }
   if (a->seed != b->seed) { snprintf(out, n, "muon_desc.seed"); return; }
-  if (muon__f2u(a->grad_scale) != muon__f2u(b->grad_scale)) { snprintf(out, n, "the gradient scale (%g vs %g)", (double)a->grad_scale, (double)b->grad_scale); return; }
-  if (a->round_bytes != b->round_bytes) { snprintf(out, n, "muon_dist_config.round_bytes (%llu vs %llu)", (unsigned long long)a->round_bytes, (unsigned long long)b->round_bytes); return; }
-  if ((a->custom >> 2 & 3u) != (b->custom >> 2 & 3u)) { snprintf(out, n, "muon_dist_config.wire (%u vs %u)", a->custom >> 2 & 3u, b->custom >> 2 & 3u); return; }
-  if (a->custom >> 4 != b->custom >> 4) { snprintf(out, n, "muon_dist_config.prefetch (%u vs %u)", a->custom >> 4, b->custom >> 4); return; }
-  if (a->round_robin != b->round_robin || a->custom != b->custom || a->vote != b->vote) { snprintf(out, n, "muon_dist_config (round_robin, assign, gather/redistribute or unchecked_commit)"); return; }
+  if (muon__f2u(a->grad_scale) != muon__f2u(b->grad_scale)) {
+    snprintf(out, n, "the gradient scale (%g vs %g)", (double)a->grad_scale, (double)b->grad_scale);
+    return;
+  }
+  if (a->round_bytes != b->round_bytes) {
+    snprintf(out, n, "muon_dist_config.round_bytes (%llu vs %llu)", (unsigned long long)a->round_bytes,
+             (unsigned long long)b->round_bytes);
+    return;
+  }
+  if ((a->custom >> 2 & 3u) != (b->custom >> 2 & 3u)) {
+    snprintf(out, n, "muon_dist_config.wire (%u vs %u)", a->custom >> 2 & 3u, b->custom >> 2 & 3u);
+    return;
+  }
+  if (a->custom >> 4 != b->custom >> 4) {
+    snprintf(out, n, "muon_dist_config.prefetch (%u vs %u)", a->custom >> 4, b->custom >> 4);
+    return;
+  }
+  if (a->round_robin != b->round_robin || a->custom != b->custom || a->vote != b->vote) {
+    snprintf(out, n, "muon_dist_config (round_robin, assign, gather/redistribute or unchecked_commit)");
+    return;
+  }
   snprintf(out, n, "the hyperparameters of a group numbered %d or higher", MUON__AGREE_GROUPS);
 }
 
@@ -4298,12 +4627,14 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   }
   for (i = 0; kind == 1 && status == MUON_OK && i < opt->n_adamw; i++) {
     if (opt->host_verdicts[nm + i]) rec.adamw_skips++;
-    if (opt->host_verdicts[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad_adamw) rec.bad_adamw = (uint64_t)i + 1;
+    if (opt->host_verdicts[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR && !rec.bad_adamw)
+      rec.bad_adamw = (uint64_t)i + 1;
   }
   muon__record_io(&rec, mine, 1);
   recs = (muon__record *)opt->agree;
   all = (unsigned char *)(recs + P);
-  st = muon__allgather(opt, mine, all, MUON__RECORD_BYTES, kind == 1 ? "muon_step: agreeing on the step" : "muon_plan: agreeing on the plan");
+  st = muon__allgather(opt, mine, all, MUON__RECORD_BYTES,
+                       kind == 1 ? "muon_step: agreeing on the step" : "muon_plan: agreeing on the plan");
   for (r = 0; st == MUON_OK && r < P; r++) muon__record_io(&recs[r], all + (size_t)r * MUON__RECORD_BYTES, 0);
   if (st != MUON_OK) return st;
   for (r = 0; r < P; r++) {
@@ -4315,13 +4646,18 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   for (r = 0; r < P && st == MUON_OK; r++)
     if (recs[r].status != MUON_OK)
       st = muon__fail(opt, recs[r].status < MUON_STATUS_COUNT ? (muon_status)recs[r].status : MUON_ERR_BACKEND,
-                      "%s: rank %d could not go on (%s); nothing was applied%s", kind == 1 ? "muon_step" : "muon_plan", r,
-                      muon_status_string((muon_status)recs[r].status), r == me ? "" : " (see that rank's message)");
+                      "%s: rank %d could not go on (%s); nothing was applied%s", kind == 1 ? "muon_step" : "muon_plan",
+                      r, muon_status_string((muon_status)recs[r].status), r == me ? "" : " (see that rank's message)");
   for (r = 0; r < P && st == MUON_OK; r++)   /* a tool's agreement (kind 3) pairs only with another */
     if ((recs[r].kind == 3) != (recs[0].kind == 3))
-      st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: rank %d called %s while rank 0 called %s: they are collective, call the same on every rank; nothing was applied",
-                      kind == 1 ? "muon_step" : kind == 2 ? "muon_plan" : "muon_gather_matrix / muon_dump_file / muon_check_layouts", r,
-                      recs[r].kind == 3 ? "a verification tool" : "muon_step or muon_plan", recs[0].kind == 3 ? "a verification tool" : "muon_step or muon_plan");
+      st = muon__fail(
+          opt, MUON_ERR_MISMATCH,
+          "%s: rank %d called %s while rank 0 called %s: they are collective, call the same on every rank; nothing was applied",
+          kind == 1   ? "muon_step"
+          : kind == 2 ? "muon_plan"
+                      : "muon_gather_matrix / muon_dump_file / muon_check_layouts",
+          r, recs[r].kind == 3 ? "a verification tool" : "muon_step or muon_plan",
+          recs[0].kind == 3 ? "a verification tool" : "muon_step or muon_plan");
   for (r = 1; r < P && st == MUON_OK; r++)
     if (recs[r].settings != recs[0].settings) {
       char what[200];
@@ -4334,7 +4670,10 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
     st = muon__plan_collective(opt);
     *replanned = 1;
     if (st == MUON_OK && kind == 1 && planners >= 0)
-      st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_step: rank %d called muon_plan while this rank (%d) called muon_step: every rank re-planned; nothing was applied (muon_plan is collective: call it on every rank or on none)", planners, me);
+      st = muon__fail(
+          opt, MUON_ERR_MISMATCH,
+          "muon_step: rank %d called muon_plan while this rank (%d) called muon_step: every rank re-planned; nothing was applied (muon_plan is collective: call it on every rank or on none)",
+          planners, me);
   }
   if (st == MUON_OK && kind == 1 && !*replanned) {
     for (r = 0; r < P && st == MUON_OK; r++) {
@@ -4342,11 +4681,18 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
         int g, j, found = -1;
         for (g = 0; g < opt->plan.n_globals && found < 0; g++)
           for (j = 0; j < opt->plan.globals[g].n_holders; j++)
-            if (opt->plan.globals[g].holders[j].rank == r && opt->plan.globals[g].holders[j].local == (int)recs[r].bad - 1) { found = g; break; }
-        st = muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix '%s' (global %d) has NaN or Inf on rank %d; nothing was applied",
-                        found >= 0 ? opt->plan.globals[found].name : "?", found, r);
+            if (opt->plan.globals[g].holders[j].rank == r &&
+                opt->plan.globals[g].holders[j].local == (int)recs[r].bad - 1) {
+              found = g;
+              break;
+            }
+        st = muon__fail(
+            opt, MUON_ERR_NONFINITE,
+            "muon_step: the gradient of matrix '%s' (global %d) has NaN or Inf on rank %d; nothing was applied",
+            found >= 0 ? opt->plan.globals[found].name : "?", found, r);
       } else if (recs[r].bad_adamw) {
-        st = muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %llu on rank %d has NaN or Inf; nothing was applied",
+        st = muon__fail(opt, MUON_ERR_NONFINITE,
+                        "muon_step: the gradient of AdamW param %llu on rank %d has NaN or Inf; nothing was applied",
                         (unsigned long long)recs[r].bad_adamw - 1, r);
       }
     }
@@ -4370,19 +4716,24 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
     for (i = 0; i < nm; i++) {
       muon__matrix *x = &opt->matrices[i];
       if (v[i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR)
-        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of matrix %d ('%s') has NaN or Inf; nothing was applied", i, x->name);
+        return muon__fail(opt, MUON_ERR_NONFINITE,
+                          "muon_step: the gradient of matrix %d ('%s') has NaN or Inf; nothing was applied", i,
+                          x->name);
       x->skip = v[i] != 0;
       pl->globals[x->global].skip = x->skip;
     }
     for (i = 0; i < opt->n_adamw; i++)
       if (v[nm + i] == 2 && opt->on_nonfinite == MUON_NONFINITE_ERROR)
-        return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the gradient of AdamW param %d ('%s') has NaN or Inf; nothing was applied", i, opt->adamw[i].name);
+        return muon__fail(opt, MUON_ERR_NONFINITE,
+                          "muon_step: the gradient of AdamW param %d ('%s') has NaN or Inf; nothing was applied", i,
+                          opt->adamw[i].name);
     return MUON_OK;
   }
   if (pl->any_skip) {
     memset(mine, 0, (size_t)L);
     for (i = 0; i < nm; i++) mine[i] = (unsigned char)v[i];
-    if ((st = muon__allgather(opt, mine, pl->flags, (size_t)L, "muon_step: agreeing on skipped matrices")) != MUON_OK) return st;
+    if ((st = muon__allgather(opt, mine, pl->flags, (size_t)L, "muon_step: agreeing on skipped matrices")) != MUON_OK)
+      return st;
     for (g = 0; g < pl->n_globals; g++) {
       muon__global *x = &pl->globals[g];
       for (j = 0; j < x->n_holders; j++)
@@ -4400,12 +4751,16 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
     int n = 0, r, k;
     memset(mine_names, 0, (size_t)pl->max_adamw * sizeof(uint64_t));
     for (i = 0; i < opt->n_adamw && n < pl->max_adamw; i++) if (v[nm + i]) mine_names[n++] = opt->adamw[i].name_hash;
-    if ((st = muon__allgather(opt, mine_names, pl->adamw_names, (size_t)pl->max_adamw * sizeof(uint64_t), "muon_step: agreeing on skipped AdamW params")) != MUON_OK)
+    if ((st = muon__allgather(opt, mine_names, pl->adamw_names, (size_t)pl->max_adamw * sizeof(uint64_t),
+                              "muon_step: agreeing on skipped AdamW params")) != MUON_OK)
       return st;
     for (i = 0; i < opt->n_adamw; i++)
       for (r = 0; r < P && !opt->adamw[i].skip; r++)
         for (k = 0; k < pl->max_adamw; k++)
-          if (pl->adamw_names[(size_t)r * pl->max_adamw + k] == opt->adamw[i].name_hash) { opt->adamw[i].skip = 1; break; }
+          if (pl->adamw_names[(size_t)r * pl->max_adamw + k] == opt->adamw[i].name_hash) {
+            opt->adamw[i].skip = 1;
+            break;
+          }
   }
   return MUON_OK;
 }
@@ -4440,18 +4795,22 @@ static void muon__wire_cast(muon_optimizer *opt, muon__xfer *x, int to_wire) {
   const size_t *cnt = x->cnt, *wire = x->wire;
   for (p = 0; p < P && opt->step_status == MUON_OK; p++) {
     if (to_wire && cnt[p])
-      muon__local(opt, muon__compute_cast(opt, x->wire_send + wire[P + p], MUON_DTYPE_BF16, x->send + cnt[P + p], MUON_DTYPE_FP32,
-                                          cnt[p], x->op));
+      muon__local(opt, muon__compute_cast(opt, x->wire_send + wire[P + p], MUON_DTYPE_BF16, x->send + cnt[P + p],
+                                          MUON_DTYPE_FP32, cnt[p], x->op));
     else if (!to_wire && cnt[2 * P + p])
-      muon__local(opt, muon__compute_cast(opt, x->recv + cnt[3 * P + p], MUON_DTYPE_FP32, x->wire_recv + wire[3 * P + p],
-                                          MUON_DTYPE_BF16, cnt[2 * P + p], x->op));
+      muon__local(opt, muon__compute_cast(opt, x->recv + cnt[3 * P + p], MUON_DTYPE_FP32,
+                                          x->wire_recv + wire[3 * P + p], MUON_DTYPE_BF16, cnt[2 * P + p], x->op));
   }
 }
 
 /* What the collective sends from and receives into: host copies when staged, else the bf16
    messages or the fp32 payload. */
-static float *muon__xfer_src(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_send : x->bf16 ? x->wire_send : x->send; }
-static float *muon__xfer_dst(const muon__plan *pl, const muon__xfer *x) { return pl->stage ? x->host_recv : x->bf16 ? x->wire_recv : x->recv; }
+static float *muon__xfer_src(const muon__plan *pl, const muon__xfer *x) {
+  return pl->stage ? x->host_send : x->bf16 ? x->wire_send : x->send;
+}
+static float *muon__xfer_dst(const muon__plan *pl, const muon__xfer *x) {
+  return pl->stage ? x->host_recv : x->bf16 ? x->wire_recv : x->recv;
+}
 
 /* Before the collective, on the step's thread: the counts on the wire (per peer ceil(n / 2)
    float slots in bf16), the casts and the staging copy. A failure here goes to muon__local: the
@@ -4476,7 +4835,8 @@ static void muon__xfer_begin(muon_optimizer *opt, muon__xfer *x, const char *op)
   }
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t sent = x->wire[2 * P - 1] + x->wire[P - 1];   /* last displacement + count */
-    muon_status st = muon__compute_copy(opt, x->host_send, x->bf16 ? x->wire_send : x->send, sent * sizeof(float), 1, 0, op);
+    muon_status st =
+        muon__compute_copy(opt, x->host_send, x->bf16 ? x->wire_send : x->send, sent * sizeof(float), 1, 0, op);
     muon__local(opt, st == MUON_OK ? muon__sync(opt, op) : st);
   }
 }
@@ -4515,7 +4875,8 @@ static muon_status muon__xfer_end(muon_optimizer *opt, muon__xfer *x) {
   if (x->st != MUON_OK) return muon__comm_fail_text(opt, x->st, x->op, x->error);
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t got = x->wire[4 * P - 1] + x->wire[3 * P - 1];
-    muon__local(opt, muon__compute_copy(opt, x->bf16 ? x->wire_recv : x->recv, x->host_recv, got * sizeof(float), 0, 1, x->op));
+    muon__local(
+        opt, muon__compute_copy(opt, x->bf16 ? x->wire_recv : x->recv, x->host_recv, got * sizeof(float), 0, 1, x->op));
   }
   if (x->bf16) muon__wire_cast(opt, x, 0);
   return MUON_OK;
@@ -4564,7 +4925,10 @@ static void *muon__comm_main(void *arg) {
 static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size) {
   muon__comm_thread *t = (muon__comm_thread *)muon__alloc(&opt->allocator, sizeof *t);
   int err;
-  if (!t) { snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: allocating the communication thread failed"); return MUON_ERR_NOMEM; }
+  if (!t) {
+    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: allocating the communication thread failed");
+    return MUON_ERR_NOMEM;
+  }
   memset(t, 0, sizeof *t);
   t->opt = opt;
   pthread_mutex_init(&t->mu, NULL);
@@ -4671,10 +5035,11 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
     int m = x->rows < x->cols ? x->rows : x->cols, n = x->rows < x->cols ? x->cols : x->rows, b = 0, e;
     size_t ws;
     if (x->skip) { i++; continue; }
-    while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(&pl->globals[pl->order[i + b]], x)) b++;
+    while (i + b < end && !pl->globals[pl->order[i + b]].skip && muon__same_batch(&pl->globals[pl->order[i + b]], x))
+      b++;
     if (!many) {
-      MUON__TRY(muon__compute_newton_schulz(opt, pl->gathered + x->xoff, b, m, n,
-                                                        muon__global_hparams(opt, x), pl->ns_ws, "muon_step: Newton-Schulz"));
+      MUON__TRY(muon__compute_newton_schulz(opt, pl->gathered + x->xoff, b, m, n, muon__global_hparams(opt, x),
+                                            pl->ns_ws, "muon_step: Newton-Schulz"));
     }
     for (e = 0; many && e < b; e++, k++) {   /* the round's operands, for one call */
       pl->many_X[k] = pl->gathered + pl->globals[pl->order[i + e]].xoff;
@@ -4697,8 +5062,8 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
     muon_status st;
     if (x->skip) continue;
     if ((st = muon__normuon_apply(opt, x, pl->gathered + x->xoff)) != MUON_OK) return st;
-    MUON__TRY(muon__compute_nonfinite(opt, pl->gathered + x->xoff, MUON_DTYPE_FP32,
-                                                  (size_t)x->rows * x->cols, &pl->out_flags[pl->order[i]], "muon_step: checking Newton-Schulz outputs"));
+    MUON__TRY(muon__compute_nonfinite(opt, pl->gathered + x->xoff, MUON_DTYPE_FP32, (size_t)x->rows * x->cols,
+                                      &pl->out_flags[pl->order[i]], "muon_step: checking Newton-Schulz outputs"));
   }
   return MUON_OK;
 }
@@ -4731,7 +5096,8 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
 }
 
 /* n elements of src (dtype) as fp32 at dst, both backend memory. */
-static muon_status muon__widen(muon_optimizer *opt, float *dst, const void *src, muon_dtype dtype, size_t n, const char *op) {
+static muon_status muon__widen(muon_optimizer *opt, float *dst, const void *src, muon_dtype dtype, size_t n,
+                               const char *op) {
   if (!n) return MUON_OK;
   if (dtype == MUON_DTYPE_FP32) MUON__TRY(muon__compute_copy(opt, dst, src, n * sizeof(float), 0, 0, op));
   else MUON__TRY(muon__compute_cast(opt, dst, MUON_DTYPE_FP32, src, dtype, n, op));
@@ -4792,7 +5158,8 @@ static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x
       pl->ops[0].operand = 0;
       if ((st = muon__pack(opt, 1, pl->stash, dst, 1)) != MUON_OK) return st;
     }
-    if (p) MUON__TRY(muon__compute_momentum(opt, full, X, pl->scratch, &add, 1, NULL, "muon_step: adding gradient parts"));
+    if (p)
+      MUON__TRY(muon__compute_momentum(opt, full, X, pl->scratch, &add, 1, NULL, "muon_step: adding gradient parts"));
   }
   pl->ops[0] = muon__whole(x->rows, x->cols, 0, 0);
   if ((st = muon__pack(opt, 1, G, X, 0)) != MUON_OK) return st;
@@ -4982,13 +5349,16 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
     }
     if (opt->device && (st = muon__sync(opt, "muon_step: before muon_dist_config.gather")) != MUON_OK) return st;
     if ((st = opt->dist.gather(opt->dist.state, &info, local, full, x->owner)) != MUON_OK)
-      return muon__fail(opt, st, "muon_dist_config.gather of matrix '%s' (global %d) returned %s; nothing was applied", x->name, g, muon_status_string(st));
+      return muon__fail(opt, st, "muon_dist_config.gather of matrix '%s' (global %d) returned %s; nothing was applied",
+                        x->name, g, muon_status_string(st));
     if (full) {
       pl->ops[0] = muon__whole(x->rows, x->cols, 0, mn);
       if ((st = muon__pack(opt, 1, full, full, 1)) != MUON_OK) return st;
       MUON__TRY(muon__compute_newton_schulz(opt, full + mn, 1, x->rows < x->cols ? x->rows : x->cols,
-                                                        x->rows < x->cols ? x->cols : x->rows, muon__global_hparams(opt, x), pl->ns_ws, "muon_step: Newton-Schulz"));
-      MUON__TRY(muon__compute_nonfinite(opt, full + mn, MUON_DTYPE_FP32, mn, &pl->out_flags[g], "muon_step: checking Newton-Schulz outputs"));
+                                            x->rows < x->cols ? x->cols : x->rows, muon__global_hparams(opt, x),
+                                            pl->ns_ws, "muon_step: Newton-Schulz"));
+      MUON__TRY(muon__compute_nonfinite(opt, full + mn, MUON_DTYPE_FP32, mn, &pl->out_flags[g],
+                                        "muon_step: checking Newton-Schulz outputs"));
       if ((st = muon__normuon_apply(opt, x, full + mn)) != MUON_OK) return st;
       opt->stats.ns_calls++;
       opt->stats.ns_batches++;
@@ -4997,7 +5367,9 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
     }
     if (opt->device && (st = muon__sync(opt, "muon_step: before muon_dist_config.redistribute")) != MUON_OK) return st;
     if ((st = opt->dist.redistribute(opt->dist.state, &info, full, local, x->owner)) != MUON_OK)
-      return muon__fail(opt, st, "muon_dist_config.redistribute of matrix '%s' (global %d) returned %s; nothing was applied", x->name, g, muon_status_string(st));
+      return muon__fail(opt, st,
+                        "muon_dist_config.redistribute of matrix '%s' (global %d) returned %s; nothing was applied",
+                        x->name, g, muon_status_string(st));
   }
   return MUON_OK;
 }
@@ -5096,13 +5468,20 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
     c = a->hi - a->lo;
     for (k = 0; k < a->parts; k++) {
       int r = pl->adamw_members[a->members + k];
-      const void *part = k == a->part ? (const void *)((const char *)a->grad + a->lo * muon__dtype_size(a->grad_dtype)) : (const void *)(pl->aw.recv + cur[r]);
+      const void *part = k == a->part ? (const void *)((const char *)a->grad + a->lo * muon__dtype_size(a->grad_dtype))
+                                      : (const void *)(pl->aw.recv + cur[r]);
       add.grad_dtype = k == a->part ? a->grad_dtype : MUON_DTYPE_FP32;
-      if (k == 0 && (st = muon__widen(opt, sum, part, add.grad_dtype, c, "muon_step: summing Partial AdamW gradients")) != MUON_OK) return st;
-      if (k > 0 && c) MUON__TRY(muon__compute_momentum(opt, c, sum, part, &add, 1, NULL, "muon_step: summing Partial AdamW gradients"));
+      if (k == 0 && (st = muon__widen(opt, sum, part, add.grad_dtype, c,
+                                      "muon_step: summing Partial AdamW gradients")) != MUON_OK)
+        return st;
+      if (k > 0 && c)
+        MUON__TRY(
+            muon__compute_momentum(opt, c, sum, part, &add, 1, NULL, "muon_step: summing Partial AdamW gradients"));
       if (k != a->part) cur[r] += c;
     }
-    if (c) MUON__TRY(muon__compute_nonfinite(opt, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o], "muon_step: checking Partial AdamW gradients"));
+    if (c)
+      MUON__TRY(muon__compute_nonfinite(opt, sum, MUON_DTYPE_FP32, c, &pl->aw_flags[o],
+                                        "muon_step: checking Partial AdamW gradients"));
   }
   for (o = 0; o < pl->n_aw; o++) {   /* AdamW on the chunk, into scratch: nothing is applied before the vote */
     int i = pl->aw_order[o];
@@ -5111,15 +5490,18 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
     if (a->skip || a->hi == a->lo) continue;
     c = a->hi - a->lo;
     es = muon__dtype_size(a->param_dtype);
-    MUON__TRY(muon__compute_copy(opt, pl->aw_param + a->roff, (const char *)a->param + a->lo * es, c * es, 0, 0, "muon_step: AdamW of a Partial param"));
-    MUON__TRY(muon__compute_copy(opt, pl->aw_m + a->roff, a->exp_avg, c * sizeof(float), 0, 0, "muon_step: AdamW of a Partial param"));
-    MUON__TRY(muon__compute_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0, "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__compute_copy(opt, pl->aw_param + a->roff, (const char *)a->param + a->lo * es, c * es, 0, 0,
+                                 "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__compute_copy(opt, pl->aw_m + a->roff, a->exp_avg, c * sizeof(float), 0, 0,
+                                 "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__compute_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0,
+                                 "muon_step: AdamW of a Partial param"));
     args = muon__adamw_args(opt, a, i);
     args.grad_scale *= a->part_scale;
     args.grad_dtype = MUON_DTYPE_FP32;
     args.mirror = NULL;
-    MUON__TRY(muon__compute_adamw(opt, c, pl->aw_param + a->roff, pl->aw_reduced + a->roff,
-                                              pl->aw_m + a->roff, pl->aw_v + a->roff, &args, "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__compute_adamw(opt, c, pl->aw_param + a->roff, pl->aw_reduced + a->roff, pl->aw_m + a->roff,
+                                  pl->aw_v + a->roff, &args, "muon_step: AdamW of a Partial param"));
   }
   return MUON_OK;
 }
@@ -5138,7 +5520,9 @@ static muon_status muon__aw_fill_gather(muon_optimizer *opt) {
     for (k = 0; k < a->parts; k++) {
       int r = pl->adamw_members[a->members + k];
       if (k == a->part) continue;
-      if ((st = muon__widen(opt, pl->aw.send + cur[r], pl->aw_param + a->roff, a->param_dtype, c, "muon_step: sending Partial AdamW updates")) != MUON_OK) return st;
+      if ((st = muon__widen(opt, pl->aw.send + cur[r], pl->aw_param + a->roff, a->param_dtype, c,
+                            "muon_step: sending Partial AdamW updates")) != MUON_OK)
+        return st;
       cur[r] += c;
     }
   }
@@ -5153,8 +5537,10 @@ static muon_status muon__aw_verdict(muon_optimizer *opt) {
   for (o = 0; o < pl->n_aw; o++) {
     const muon__adamw *a = &opt->adamw[pl->aw_order[o]];
     if (!a->skip && a->hi > a->lo && pl->aw_host_flags[o])
-      return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the summed gradient of Partial AdamW param '%s' (elements [%zu, %zu) of its piece) is not finite although its parts are: its sum overflows; nothing was applied",
-                        a->name, a->lo, a->hi);
+      return muon__fail(
+          opt, MUON_ERR_NONFINITE,
+          "muon_step: the summed gradient of Partial AdamW param '%s' (elements [%zu, %zu) of its piece) is not finite although its parts are: its sum overflows; nothing was applied",
+          a->name, a->lo, a->hi);
   }
   return MUON_OK;
 }
@@ -5176,10 +5562,14 @@ static muon_status muon__aw_assemble(muon_optimizer *opt) {
       muon__aw_chunk(a, k, &lo, &hi);
       dst = pl->aw_full + a->foff + lo;
       if (k == a->part) {
-        if ((st = muon__widen(opt, dst, pl->aw_param + a->roff, a->param_dtype, hi - lo, "muon_step: receiving Partial AdamW updates")) != MUON_OK) return st;
+        if ((st = muon__widen(opt, dst, pl->aw_param + a->roff, a->param_dtype, hi - lo,
+                              "muon_step: receiving Partial AdamW updates")) != MUON_OK)
+          return st;
         continue;
       }
-      if (hi > lo) MUON__TRY(muon__compute_copy(opt, dst, pl->aw.recv + cur[r], (hi - lo) * sizeof(float), 0, 0, "muon_step: receiving Partial AdamW updates"));
+      if (hi > lo)
+        MUON__TRY(muon__compute_copy(opt, dst, pl->aw.recv + cur[r], (hi - lo) * sizeof(float), 0, 0,
+                                     "muon_step: receiving Partial AdamW updates"));
       cur[r] += hi - lo;
     }
   }
@@ -5204,7 +5594,8 @@ static muon_status muon__adamw_exchange(muon_optimizer *opt) {
       int r = pl->adamw_members[a->members + k];
       if (k == a->part) continue;
       muon__aw_chunk(a, k, &lo, &hi);
-      muon__local(opt, muon__widen(opt, pl->aw.send + cur[r], (const char *)a->grad + lo * es, a->grad_dtype, hi - lo, "muon_step: sending Partial AdamW gradients"));
+      muon__local(opt, muon__widen(opt, pl->aw.send + cur[r], (const char *)a->grad + lo * es, a->grad_dtype, hi - lo,
+                                   "muon_step: sending Partial AdamW gradients"));
       cur[r] += hi - lo;
     }
   }
@@ -5241,15 +5632,19 @@ static muon_status muon__commit(muon_optimizer *opt) {
     if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
-      MUON__TRY(muon__compute_momentum(opt, x->momentum_size, x->momentum, opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1,
-                                       NULL, "muon_step: momentum (the update may be partly applied)"));
+      MUON__TRY(muon__compute_momentum(opt, x->momentum_size, x->momentum,
+                                       opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1, NULL,
+                                       "muon_step: momentum (the update may be partly applied)"));
       x->momentum_fresh = 0;
     } else if (x->parts == 1) {
-      MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &m, 1, NULL, "muon_step: momentum (the update may be partly applied)"));
+      MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &m, 1, NULL,
+                                       "muon_step: momentum (the update may be partly applied)"));
     }
-    MUON__TRY(muon__compute_apply(opt, x->size, x->param, opt->plan.stash + x->stash, &a, "muon_step: update (the update may be partly applied)"));
+    MUON__TRY(muon__compute_apply(opt, x->size, x->param, opt->plan.stash + x->stash, &a,
+                                  "muon_step: update (the update may be partly applied)"));
     if (muon__normuon_owned(opt, x)) {   /* the v staged this step */
-      MUON__TRY(muon__compute_copy(opt, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float), 0, 0, "muon_step: NorMuon second moment (the update may be partly applied)"));
+      MUON__TRY(muon__compute_copy(opt, x->normuon, x->normuon + x->normuon_len, (size_t)x->normuon_len * sizeof(float),
+                                   0, 0, "muon_step: NorMuon second moment (the update may be partly applied)"));
       x->normuon_fresh = 0;
     }
   }
@@ -5265,12 +5660,14 @@ static muon_status muon__commit(muon_optimizer *opt) {
         MUON__TRY(muon__compute_copy(opt, p->exp_avg, opt->plan.aw_m + p->roff, c * sizeof(float), 0, 0, op));
         MUON__TRY(muon__compute_copy(opt, p->exp_avg_sq, opt->plan.aw_v + p->roff, c * sizeof(float), 0, 0, op));
       }
-      if (p->param_dtype == MUON_DTYPE_FP32) MUON__TRY(muon__compute_copy(opt, p->param, full, p->size * sizeof(float), 0, 0, op));
+      if (p->param_dtype == MUON_DTYPE_FP32)
+        MUON__TRY(muon__compute_copy(opt, p->param, full, p->size * sizeof(float), 0, 0, op));
       else MUON__TRY(muon__compute_cast(opt, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size, op));
       if (p->mirror) MUON__TRY(muon__compute_cast(opt, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size, op));
     } else {
       a = muon__adamw_args(opt, p, i);
-      MUON__TRY(muon__compute_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a, "muon_step: AdamW (the update may be partly applied)"));
+      MUON__TRY(muon__compute_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a,
+                                    "muon_step: AdamW (the update may be partly applied)"));
     }
     p->step++;
   }
@@ -5299,8 +5696,11 @@ static muon_status muon__vote(muon_optimizer *opt) {
     for (r = 0, n_bad = 0; r < P && st == MUON_OK; r++) {
       if (all[3 * r] != MUON_OK)
         st = r == me ? (muon_status)all[3 * r]
-                     : muon__fail(opt, all[3 * r] > 0 && all[3 * r] < MUON_STATUS_COUNT ? (muon_status)all[3 * r] : MUON_ERR_BACKEND,
-                                  "muon_step: rank %d failed this step (%s); nothing was applied on any rank", r, muon_status_string((muon_status)all[3 * r]));
+                     : muon__fail(opt,
+                                  all[3 * r] > 0 && all[3 * r] < MUON_STATUS_COUNT ? (muon_status)all[3 * r]
+                                                                                   : MUON_ERR_BACKEND,
+                                  "muon_step: rank %d failed this step (%s); nothing was applied on any rank", r,
+                                  muon_status_string((muon_status)all[3 * r]));
       if (all[3 * r + 1] && first_bad < 0) first_bad = (int)all[3 * r + 2];
       n_bad += (int)all[3 * r + 1];
     }
@@ -5310,13 +5710,17 @@ static muon_status muon__vote(muon_optimizer *opt) {
   }
   if (st != MUON_OK || !n_bad) return st;
   if (!skip)
-    return muon__fail(opt, MUON_ERR_NONFINITE, "muon_step: the Newton-Schulz output of matrix '%s' (global %d) is not finite (momentum overflow or extreme ns_coefficients?); nothing was applied",
-                      pl->globals[first_bad].name, first_bad);
+    return muon__fail(
+        opt, MUON_ERR_NONFINITE,
+        "muon_step: the Newton-Schulz output of matrix '%s' (global %d) is not finite (momentum overflow or extreme ns_coefficients?); nothing was applied",
+        pl->globals[first_bad].name, first_bad);
   /* Skip them: which ones is known to their owners, so say it once more, only now. */
   if (opt->distributed && !opt->dist.unchecked_commit) {
     unsigned char *flags = pl->out_skips;
-    for (g = 0; g < pl->n_globals; g++) flags[(size_t)P * pl->n_globals + g] = pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g];
-    st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals, "muon_step: agreeing on non-finite outputs");
+    for (g = 0; g < pl->n_globals; g++)
+      flags[(size_t)P * pl->n_globals + g] = pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g];
+    st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals,
+                         "muon_step: agreeing on non-finite outputs");
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
       for (r = 0; r < P; r++) if (flags[(size_t)r * pl->n_globals + g]) pl->globals[g].skip = 1;
     if (st != MUON_OK) return st;
@@ -5366,12 +5770,14 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   }
   if ((st = muon__adamw_exchange(opt)) != MUON_OK) return st;
   if (opt->step_status == MUON_OK && opt->plan.n_globals) {
-    muon__local(opt, muon__compute_copy(opt, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int), 1, 0,
-                                        "muon_step: reading the output checks"));
+    muon__local(
+        opt, muon__compute_copy(opt, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int),
+                                1, 0, "muon_step: reading the output checks"));
   }
   if (opt->step_status == MUON_OK && opt->plan.n_aw) {
-    muon__local(opt, muon__compute_copy(opt, opt->plan.aw_host_flags, opt->plan.aw_flags, (size_t)opt->plan.n_aw * sizeof(int), 1, 0,
-                                        "muon_step: reading the Partial AdamW checks"));
+    muon__local(
+        opt, muon__compute_copy(opt, opt->plan.aw_host_flags, opt->plan.aw_flags, (size_t)opt->plan.n_aw * sizeof(int),
+                                1, 0, "muon_step: reading the Partial AdamW checks"));
   }
   if ((st = muon__comm_wait(opt, "muon_step: the exchanges")) != MUON_OK) return st;
   if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
@@ -5431,15 +5837,23 @@ static size_t muon__saved_momentum(const muon__matrix *x) {
 
 /* The v a blob records: none while it is planning's zeros (a failed step leaves the state as it
    was, and a missing v starts at zero anyway). */
-static int muon__saved_normuon_len(const muon__matrix *x) { return x->normuon && !x->normuon_fresh ? x->normuon_len : 0; }
+static int muon__saved_normuon_len(const muon__matrix *x) {
+  return x->normuon && !x->normuon_fresh ? x->normuon_len : 0;
+}
 
 static size_t muon__state_bytes(const muon_optimizer *opt) {
   size_t n = MUON__STATE_HEADER + 8 + 8;
   unsigned char rec[MUON__GROUP_MAX], *p;
   int i;
   for (i = 0; i < opt->n_groups; i++) { p = rec; muon__put_hparams(&p, &opt->groups[i]); n += (size_t)(p - rec); }
-  for (i = 0; i < opt->n_adamw_groups; i++) { p = rec; muon__put_adamw_hparams(&p, &opt->adamw_groups[i]); n += (size_t)(p - rec); }
-  for (i = 0; i < opt->n_matrices; i++) n += MUON__MATRIX_RECORD + 4 * (muon__saved_momentum(&opt->matrices[i]) + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
+  for (i = 0; i < opt->n_adamw_groups; i++) {
+    p = rec;
+    muon__put_adamw_hparams(&p, &opt->adamw_groups[i]);
+    n += (size_t)(p - rec);
+  }
+  for (i = 0; i < opt->n_matrices; i++)
+    n += MUON__MATRIX_RECORD +
+         4 * (muon__saved_momentum(&opt->matrices[i]) + (size_t)muon__saved_normuon_len(&opt->matrices[i]));
   for (i = 0; i < opt->n_adamw; i++) n += MUON__ADAMW_RECORD + 8 * opt->adamw[i].state_size;
   return n;
 }
@@ -5453,7 +5867,8 @@ static size_t muon__largest_state(const muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
     if (opt->matrices[i].size > n) n = opt->matrices[i].size;
-    if (opt->matrices[i].parts > 1 && (size_t)opt->matrices[i].rows * opt->matrices[i].cols > n) n = (size_t)opt->matrices[i].rows * opt->matrices[i].cols;
+    if (opt->matrices[i].parts > 1 && (size_t)opt->matrices[i].rows * opt->matrices[i].cols > n)
+      n = (size_t)opt->matrices[i].rows * opt->matrices[i].cols;
     if ((size_t)opt->matrices[i].normuon_len > n) n = (size_t)opt->matrices[i].normuon_len;
   }
   for (i = 0; i < opt->n_adamw; i++) if (opt->adamw[i].state_size > n) n = opt->adamw[i].state_size;
@@ -5472,7 +5887,8 @@ static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const
 static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src, float *x, size_t n, float *tmp) {
   if (!opt->device) { muon__get_floats(&src, x, n); return MUON_OK; }
   muon__get_floats(&src, tmp, n);
-  MUON__TRY(muon__compute_copy(opt, x, tmp, n * sizeof(float), 0, 1, "muon_state_load: writing the state (partly loaded)"));
+  MUON__TRY(
+      muon__compute_copy(opt, x, tmp, n * sizeof(float), 0, 1, "muon_state_load: writing the state (partly loaded)"));
   return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
 }
 
@@ -5485,7 +5901,9 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   if (!opt) return MUON_ERR_ARG;
   need = muon__state_bytes(opt);
   if (!buf) return muon__fail(opt, MUON_ERR_ARG, "muon_state_save: buf is NULL");
-  if (size < need) return muon__fail(opt, MUON_ERR_ARG, "muon_state_save: buffer of %zu bytes is too small (need %zu, see muon_state_size)", size, need);
+  if (size < need)
+    return muon__fail(opt, MUON_ERR_ARG,
+                      "muon_state_save: buffer of %zu bytes is too small (need %zu, see muon_state_size)", size, need);
   memcpy(p, "MUONSTAT", 8); p += 8;
   muon__put32(&p, MUON__STATE_VERSION);
   muon__put32(&p, (uint32_t)opt->n_matrices);
@@ -5593,20 +6011,24 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
   p += 8;
   b->version = muon__get32(&p);
   if (b->version != MUON__STATE_VERSION)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads version %u", op, b->version, MUON__STATE_VERSION);
-  if (size < MUON__STATE_HEADER + 8 + 8) return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state version %u, this muon.h reads version %u", op, b->version,
+                      MUON__STATE_VERSION);
+  if (size < MUON__STATE_HEADER + 8 + 8)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: truncated header (%zu bytes)", op, size);
   b->n_matrices = muon__get32(&p);
   b->n_adamw = muon__get32(&p);
   if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "%s: reserved header field is not 0", op);
   b->steps = muon__get64(&p);
   b->rank = muon__get32(&p);
   b->world = muon__get32(&p);
-  if (b->steps > MUON__STATE_MAX_STEP) return muon__fail(opt, MUON_ERR_STATE, "%s: step count %llu is not plausible", op, (unsigned long long)b->steps);
+  if (b->steps > MUON__STATE_MAX_STEP)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: step count %llu is not plausible", op, (unsigned long long)b->steps);
   end = base + size - 8;
   q = end;
   if (muon__get64(&q) != muon__fnv1a(base, size - 8))
     return muon__fail(opt, MUON_ERR_STATE, "%s: checksum mismatch: the state is truncated or corrupted", op);
-  if (b->world < 1 || b->rank >= b->world) return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u of a world of %u is not plausible", op, b->rank, b->world);
+  if (b->world < 1 || b->rank >= b->world)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u of a world of %u is not plausible", op, b->rank, b->world);
   /* A valid checksum can still frame impossible records (a hand-made blob): walk them all. A
      group record holds at least its head and the ns_steps triples; an AdamW group's may be any
      length (fields it lacks are defaulted). */
@@ -5632,7 +6054,10 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
     p += 4 + (size_t)bytes;
   }
   if (i < b->n_groups || j < b->n_adamw_groups)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside its groups (truncated, or a group has more than MUON_NS_MAX_STEPS = %d steps)", op, size, MUON_NS_MAX_STEPS);
+    return muon__fail(
+        opt, MUON_ERR_STATE,
+        "%s: state of %zu bytes ends inside its groups (truncated, or a group has more than MUON_NS_MAX_STEPS = %d steps)",
+        op, size, MUON_NS_MAX_STEPS);
   b->matrices = p;
   for (i = 0; i < b->n_matrices; i++) {
     uint64_t n;
@@ -5647,7 +6072,10 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
     if (v > (size_t)(end - p) / 4) break;
     p += 4 * (size_t)v;
   }
-  if (i < b->n_matrices) return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside matrix %u's record (truncated, or shapes differ)", op, size, i);
+  if (i < b->n_matrices)
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "%s: state of %zu bytes ends inside matrix %u's record (truncated, or shapes differ)", op, size,
+                      i);
   b->adamw = p;
   for (i = 0; i < b->n_adamw; i++) {
     uint64_t n;
@@ -5657,41 +6085,53 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
     if (n > ((size_t)(end - p) - arec) / 8) break;
     p += arec + 8 * (size_t)n;
   }
-  if (i < b->n_adamw) return muon__fail(opt, MUON_ERR_STATE, "%s: state of %zu bytes ends inside AdamW param %u's record (truncated, or shapes differ)", op, size, i);
-  if (p != end) return muon__fail(opt, MUON_ERR_STATE, "%s: state is %zu bytes, its records end %zu bytes earlier (corrupted)", op, size, (size_t)(end - p));
+  if (i < b->n_adamw)
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "%s: state of %zu bytes ends inside AdamW param %u's record (truncated, or shapes differ)", op,
+                      size, i);
+  if (p != end)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state is %zu bytes, its records end %zu bytes earlier (corrupted)", op,
+                      size, (size_t)(end - p));
   return MUON_OK;
 }
 
 /* The blob's groups, checked, into groups[] and adamw_groups[] (the optimizer's counts). */
-static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, muon_hparams *groups, muon_adamw_hparams *adamw_groups, const char *op) {
+static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, muon_hparams *groups,
+                                     muon_adamw_hparams *adamw_groups, const char *op) {
   const unsigned char *p = b->groups;
   char msg[400];
   uint32_t i;
   if (b->n_groups != (uint32_t)opt->n_groups || b->n_adamw_groups != (uint32_t)opt->n_adamw_groups)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: state has %u groups and %u AdamW groups, the optimizer %d and %d", op, b->n_groups, b->n_adamw_groups, opt->n_groups, opt->n_adamw_groups);
+    return muon__fail(opt, MUON_ERR_STATE, "%s: state has %u groups and %u AdamW groups, the optimizer %d and %d", op,
+                      b->n_groups, b->n_adamw_groups, opt->n_groups, opt->n_adamw_groups);
   for (i = 0; i < b->n_groups; i++) {
     groups[i] = opt->groups[i];   /* coefficients past ns_steps are not saved: keep ours */
     muon__get_hparams(&p, &groups[i]);
-    if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
+    if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK)
+      return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
   }
   for (i = 0; i < b->n_adamw_groups; i++) {
     muon_adamw_hparams *a = &adamw_groups[i];
     muon__get_adamw_hparams(&p, a);
-    if (muon__check_adamw_hparams(a, msg, sizeof msg) != MUON_OK) return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
+    if (muon__check_adamw_hparams(a, msg, sizeof msg) != MUON_OK)
+      return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW group %u: %s", op, i, msg);
   }
   return MUON_OK;
 }
 
 /* Room for the blob's groups: one allocation, the AdamW groups after the Muon ones. */
 static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams **adamw_groups) {
-  muon_hparams *g = (muon_hparams *)muon__alloc(&opt->allocator, (size_t)opt->n_groups * sizeof(muon_hparams) + (size_t)opt->n_adamw_groups * sizeof(muon_adamw_hparams) + 1);
+  muon_hparams *g =
+      (muon_hparams *)muon__alloc(&opt->allocator, (size_t)opt->n_groups * sizeof(muon_hparams) +
+                                                       (size_t)opt->n_adamw_groups * sizeof(muon_adamw_hparams) + 1);
   *adamw_groups = g ? (muon_adamw_hparams *)(void *)(g + opt->n_groups) : NULL;
   return g;
 }
 
 /* The loaded groups and step count become the optimizer's, said through the logger where the
    hyperparameters change (torch's load_state_dict replaces them too). */
-static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups, uint64_t steps, const char *op) {
+static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups,
+                        uint64_t steps, const char *op) {
   int i;
   for (i = 0; i < opt->n_groups; i++) {
     unsigned char x[MUON__GROUP_MAX], y[sizeof x], *px = x, *py = y;
@@ -5716,10 +6156,13 @@ static muon_status muon__check_saved_normuon(muon_optimizer *opt, const muon__sa
   int want = muon__normuon_len(hp, x->rows, x->cols);
   if (!m->normuon_len) return MUON_OK;
   if ((int)m->normuon_len != want)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: %s has a NorMuon second moment of %u floats for matrix '%s' (%d x %d), its group wants %d",
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "%s: %s has a NorMuon second moment of %u floats for matrix '%s' (%d x %d), its group wants %d",
                       op, who, m->normuon_len, x->name, x->rows, x->cols, want);
   if (!muon__blob_finite(m->normuon, m->normuon_len, 1))
-    return muon__fail(opt, MUON_ERR_STATE, "%s: %s's NorMuon second moment of matrix '%s' holds NaN, Inf or a negative value", op, who, x->name);
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "%s: %s's NorMuon second moment of matrix '%s' holds NaN, Inf or a negative value", op, who,
+                      x->name);
   return MUON_OK;
 }
 
@@ -5737,14 +6180,18 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   if (!buf) return muon__fail(opt, MUON_ERR_ARG, "muon_state_load: buf is NULL");
   if ((st = muon__blob_parse(opt, buf, size, &b, op)) != MUON_OK) return st;
   if (b.n_matrices != (uint32_t)opt->n_matrices || b.n_adamw != (uint32_t)opt->n_adamw)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d", b.n_matrices, b.n_adamw, opt->n_matrices, opt->n_adamw);
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "muon_state_load: state has %u matrices and %u AdamW params, the optimizer %d and %d",
+                      b.n_matrices, b.n_adamw, opt->n_matrices, opt->n_adamw);
   rank = (uint32_t)(opt->distributed ? opt->comm.rank : 0);
   world = (uint32_t)(opt->distributed ? opt->comm.size : 1);
   if (b.rank != rank || b.world != world)
-    return muon__fail(opt, MUON_ERR_STATE, "muon_state_load: this state was saved by rank %u of %u, this optimizer is rank %u of %u: "
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "muon_state_load: this state was saved by rank %u of %u, this optimizer is rank %u of %u: "
                       "every rank loads the file it saved, or muon_state_reshard_files reads all of them",
                       b.rank, b.world, rank, world);
-  if (!(groups = muon__alloc_groups(opt, &adamw_groups))) return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating %d groups failed", opt->n_groups);
+  if (!(groups = muon__alloc_groups(opt, &adamw_groups)))
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating %d groups failed", opt->n_groups);
   if ((st = muon__blob_groups(opt, &b, groups, adamw_groups, op)) != MUON_OK) goto done;
   if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float)))) {
     st = muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating a staging buffer failed");
@@ -5765,24 +6212,32 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       }
       if (pass) {
         if (x->parts == 1 && (st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done;
-        if (m.normuon_len) st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
+        if (m.normuon_len)
+          st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
         else muon__normuon_drop(opt, x);
         if (st != MUON_OK) goto done;
         continue;
       }
       if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols ||
-          (x->parts == 1 ? m.size != (uint64_t)x->size : m.size != 0 && m.size != (uint64_t)x->rows * (uint64_t)x->cols)) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here%s), the state has %u x %u (%llu floats)",
-                        i, x->name, x->rows, x->cols, x->parts == 1 ? x->size : (size_t)x->rows * x->cols, x->parts == 1 ? "" : " on its owner, none elsewhere: Partial",
-                        m.rows, m.cols, (unsigned long long)m.size);
+          (x->parts == 1 ? m.size != (uint64_t)x->size
+                         : m.size != 0 && m.size != (uint64_t)x->rows * (uint64_t)x->cols)) {
+        st = muon__fail(
+            opt, MUON_ERR_STATE,
+            "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here%s), the state has %u x %u (%llu floats)", i,
+            x->name, x->rows, x->cols, x->parts == 1 ? x->size : (size_t)x->rows * x->cols,
+            x->parts == 1 ? "" : " on its owner, none elsewhere: Partial", m.rows, m.cols, (unsigned long long)m.size);
         goto done;
       }
       if (m.name_hash != (uint64_t)x->name_hash) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d is '%s' here, the state's matrix %d has another name (another model, or matrices registered in another order)", i, x->name, i);
+        st = muon__fail(
+            opt, MUON_ERR_STATE,
+            "muon_state_load: matrix %d is '%s' here, the state's matrix %d has another name (another model, or matrices registered in another order)",
+            i, x->name, i);
         goto done;
       }
       if (!muon__blob_finite(m.momentum, (size_t)m.size, 0)) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i, x->name);
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i,
+                        x->name);
         goto done;
       }
       if (m.layout) {   /* the same piece of the same matrix, or the momentum belongs to another one */
@@ -5794,12 +6249,14 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
           muon__get_layout(m.layout, &was);
           muon__layout_text(&was, saved, sizeof saved);
           muon__layout_text(&x->layout, here, sizeof here);
-          st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: matrix %d ('%s') was saved as the piece [%s], here it is [%s]%s",
-                          i, x->name, saved, here, strcmp(saved, here) == 0 ? " (their layout keys differ)" : "");
+          st = muon__fail(opt, MUON_ERR_STATE,
+                          "muon_state_load: matrix %d ('%s') was saved as the piece [%s], here it is [%s]%s", i,
+                          x->name, saved, here, strcmp(saved, here) == 0 ? " (their layout keys differ)" : "");
           goto done;
         }
       }
-      if ((st = muon__check_saved_normuon(opt, &m, x, &groups[x->group], "muon_state_load", "the state")) != MUON_OK) goto done;
+      if ((st = muon__check_saved_normuon(opt, &m, x, &groups[x->group], "muon_state_load", "the state")) != MUON_OK)
+        goto done;
       if (x->parts > 1 && m.size && (st = muon__partial_room(opt, x, "muon_state_load")) != MUON_OK) goto done;
       if (m.normuon_len && !(x->normuon && x->normuon_len == (int)m.normuon_len) &&
           (st = muon__normuon_room(opt, x, (int)m.normuon_len, "muon_state_load")) != MUON_OK) goto done;
@@ -5816,24 +6273,36 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
         continue;
       }
       if (s.step > MUON__STATE_MAX_STEP) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible", i, a->name, (unsigned long long)s.step);
+        st =
+            muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has step count %llu, not plausible",
+                       i, a->name, (unsigned long long)s.step);
         goto done;
       }
       if (s.size != (uint64_t)a->state_size) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i, a->name, a->state_size, (unsigned long long)s.size);
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') has %zu floats, the state %llu", i,
+                        a->name, a->state_size, (unsigned long long)s.size);
         goto done;
       }
       if (s.name_hash != (uint64_t)a->name_hash) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d is '%s' here, the state's param %d has another name (another model, or params registered in another order)", i, a->name, i);
+        st = muon__fail(
+            opt, MUON_ERR_STATE,
+            "muon_state_load: AdamW param %d is '%s' here, the state's param %d has another name (another model, or params registered in another order)",
+            i, a->name, i);
         goto done;
       }
       if (s.full_size != (uint64_t)a->full_size || s.offset != (uint64_t)a->state_offset) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: AdamW param %d ('%s') is elements [%zu, +%zu) of %zu here (its moments' range), the state's are [%llu, +%llu) of %llu",
-                        i, a->name, a->state_offset, a->state_size, a->full_size, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
+        st = muon__fail(
+            opt, MUON_ERR_STATE,
+            "muon_state_load: AdamW param %d ('%s') is elements [%zu, +%zu) of %zu here (its moments' range), the state's are [%llu, +%llu) of %llu",
+            i, a->name, a->state_offset, a->state_size, a->full_size, (unsigned long long)s.offset,
+            (unsigned long long)s.size, (unsigned long long)s.full_size);
         goto done;
       }
       if (!muon__blob_finite(s.exp_avg, a->state_size, 0) || !muon__blob_finite(s.exp_avg_sq, a->state_size, 1)) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the moments of AdamW param %d ('%s') hold NaN, Inf or a negative second moment", i, a->name);
+        st = muon__fail(
+            opt, MUON_ERR_STATE,
+            "muon_state_load: the moments of AdamW param %d ('%s') hold NaN, Inf or a negative second moment", i,
+            a->name);
         goto done;
       }
     }
@@ -5874,12 +6343,30 @@ static muon_status muon__write_file(muon_optimizer *opt, const char *path, char 
   while (done < n) {
     ssize_t w = MUON__SAVE_FAULT() ? -1 : write(fd, p + done, n - done);
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) { err = w < 0 ? errno : EIO; close(fd); remove(tmp); return muon__file_fail(opt, op, "writing", tmp, err); }
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+      close(fd);
+      remove(tmp);
+      return muon__file_fail(opt, op, "writing", tmp, err);
+    }
     done += (size_t)w;
   }
-  if (MUON__SAVE_FAULT() || fsync(fd) != 0) { err = errno; close(fd); remove(tmp); return muon__file_fail(opt, op, "flushing", tmp, err); }
-  if (MUON__SAVE_FAULT() || close(fd) != 0) { err = errno; remove(tmp); return muon__file_fail(opt, op, "closing", tmp, err); }
-  if (MUON__SAVE_FAULT() || rename(tmp, path) != 0) { err = errno; remove(tmp); return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err); }
+  if (MUON__SAVE_FAULT() || fsync(fd) != 0) {
+    err = errno;
+    close(fd);
+    remove(tmp);
+    return muon__file_fail(opt, op, "flushing", tmp, err);
+  }
+  if (MUON__SAVE_FAULT() || close(fd) != 0) {
+    err = errno;
+    remove(tmp);
+    return muon__file_fail(opt, op, "closing", tmp, err);
+  }
+  if (MUON__SAVE_FAULT() || rename(tmp, path) != 0) {
+    err = errno;
+    remove(tmp);
+    return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err);
+  }
   /* The rename itself is durable once the directory is flushed (its name goes where tmp's was). */
   slash = strrchr(path, '/');
   if (!slash) strcpy(tmp, ".");
@@ -5896,8 +6383,17 @@ static muon_status muon__write_file(muon_optimizer *opt, const char *path, char 
   FILE *f = MUON__SAVE_FAULT() ? NULL : fopen(tmp, "wb");
   int err;
   if (!f) return muon__file_fail(opt, op, "creating", tmp, errno);
-  if (MUON__SAVE_FAULT() || fwrite(buf, 1, n, f) != n || fflush(f) != 0) { err = errno; fclose(f); remove(tmp); return muon__file_fail(opt, op, "writing", tmp, err); }
-  if (MUON__SAVE_FAULT() || fclose(f) != 0) { err = errno; remove(tmp); return muon__file_fail(opt, op, "closing", tmp, err); }
+  if (MUON__SAVE_FAULT() || fwrite(buf, 1, n, f) != n || fflush(f) != 0) {
+    err = errno;
+    fclose(f);
+    remove(tmp);
+    return muon__file_fail(opt, op, "writing", tmp, err);
+  }
+  if (MUON__SAVE_FAULT() || fclose(f) != 0) {
+    err = errno;
+    remove(tmp);
+    return muon__file_fail(opt, op, "closing", tmp, err);
+  }
   if (MUON__SAVE_FAULT() || (rename(tmp, path) != 0 && (remove(path), rename(tmp, path) != 0))) {
     err = errno; remove(tmp); return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err);
   }
@@ -5916,7 +6412,10 @@ MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path)
   len = strlen(path);
   buf = muon__alloc(&opt->allocator, n);
   tmp = buf ? (char *)muon__alloc(&opt->allocator, len + 16) : NULL;
-  if (!tmp) { muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save_file: allocating %zu bytes failed", n); }
+  if (!tmp) {
+    muon__free(&opt->allocator, buf);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save_file: allocating %zu bytes failed", n);
+  }
   snprintf(tmp, len + 16, "%s.muon-tmp", path);
 #ifdef MUON_TEST_SAVE_FAULT
   muon__save_op = 0;
@@ -5930,7 +6429,8 @@ MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path)
 
 /* Reads a whole file into allocator memory in chunks, not by the size ftell reports: a directory
    or a pipe then fails with the OS's reason instead of an absurd allocation. */
-static muon_status muon__read_file(muon_optimizer *opt, const char *path, const char *op, unsigned char **out, size_t *size) {
+static muon_status muon__read_file(muon_optimizer *opt, const char *path, const char *op, unsigned char **out,
+                                   size_t *size) {
   FILE *f;
   unsigned char *buf = NULL, *grown;
   size_t len = 0, cap = 0, got;
@@ -5943,9 +6443,17 @@ static muon_status muon__read_file(muon_optimizer *opt, const char *path, const 
   for (;;) {
     if (len == cap) {
       size_t want = cap ? 2 * cap : (size_t)1 << 16;
-      if (want > MUON__MAX_FLOATS) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is too large", op, path); }
+      if (want > MUON__MAX_FLOATS) {
+        fclose(f);
+        muon__free(&opt->allocator, buf);
+        return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is too large", op, path);
+      }
       grown = (unsigned char *)muon__alloc(&opt->allocator, want);
-      if (!grown) { fclose(f); muon__free(&opt->allocator, buf); return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, want); }
+      if (!grown) {
+        fclose(f);
+        muon__free(&opt->allocator, buf);
+        return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, want);
+      }
       if (len) memcpy(grown, buf, len);
       muon__free(&opt->allocator, buf);
       buf = grown;
@@ -6006,7 +6514,8 @@ typedef struct muon__reshard {
    piece `to` (floats at dst) of one rows x cols matrix; an element that already arrived must
    come again with the same bits (saved replicas agree). Returns the first local element where
    they do not, or -1. A piece has, in each row, one contiguous run of columns. */
-static long long muon__reshard_copy(const muon__piece *to, float *dst, unsigned char *got, const muon__piece *from, const unsigned char *src) {
+static long long muon__reshard_copy(const muon__piece *to, float *dst, unsigned char *got, const muon__piece *from,
+                                    const unsigned char *src) {
   muon__seg s = muon__segs(to);
   while (muon__next_seg(to, &s)) {
     long long rin = s.row - from->r0, lo, hi, c0, a, e, c;
@@ -6030,7 +6539,8 @@ static long long muon__reshard_copy(const muon__piece *to, float *dst, unsigned 
 }
 
 /* The same for a flat range: saved elements [so, so + sn) into local [lo, lo + n). */
-static long long muon__reshard_range(size_t lo, size_t n, float *dst, unsigned char *got, int mark, uint64_t so, uint64_t sn, const unsigned char *src) {
+static long long muon__reshard_range(size_t lo, size_t n, float *dst, unsigned char *got, int mark, uint64_t so,
+                                     uint64_t sn, const unsigned char *src) {
   uint64_t a = so > lo ? so : lo, e = so + sn < lo + n ? so + sn : lo + n, k;
   for (k = a; k < e; k++) {
     size_t d = (size_t)(k - lo);
@@ -6043,7 +6553,8 @@ static long long muon__reshard_range(size_t lo, size_t n, float *dst, unsigned c
   return -1;
 }
 
-static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, const void *buf, size_t size, const char *op) {
+static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, const void *buf, size_t size,
+                                      const char *op) {
   muon__blob b;
   const unsigned char *p, *q;
   uint32_t j;
@@ -6051,7 +6562,9 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
   muon_status st;
   if ((st = muon__blob_parse(opt, buf, size, &b, op)) != MUON_OK) return st;
   if (b.world != (uint32_t)R->n)
-    return muon__fail(opt, MUON_ERR_STATE, "%s: saved by rank %u of %u, but %d blobs were given: pass one per rank of the saving world", op, b.rank, b.world, R->n);
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "%s: saved by rank %u of %u, but %d blobs were given: pass one per rank of the saving world", op,
+                      b.rank, b.world, R->n);
   if (R->seen[b.rank]) return muon__fail(opt, MUON_ERR_STATE, "%s: a second blob of rank %u", op, b.rank);
   if (!R->group_bytes) {
     R->group_len = (size_t)(b.matrices - b.groups);
@@ -6061,9 +6574,15 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
     R->steps = b.steps;
     if ((st = muon__blob_groups(opt, &b, R->groups, R->adamw_groups, op)) != MUON_OK) return st;
   } else if (b.steps != R->steps) {
-    return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u saved after %llu steps, another blob after %llu: they belong to different checkpoints", op, b.rank, (unsigned long long)b.steps, (unsigned long long)R->steps);
+    return muon__fail(
+        opt, MUON_ERR_STATE,
+        "%s: rank %u saved after %llu steps, another blob after %llu: they belong to different checkpoints", op, b.rank,
+        (unsigned long long)b.steps, (unsigned long long)R->steps);
   } else if ((size_t)(b.matrices - b.groups) != R->group_len || memcmp(b.groups, R->group_bytes, R->group_len) != 0) {
-    return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u saved other group hyperparameters than another blob: they belong to different checkpoints", op, b.rank);
+    return muon__fail(
+        opt, MUON_ERR_STATE,
+        "%s: rank %u saved other group hyperparameters than another blob: they belong to different checkpoints", op,
+        b.rank);
   }
   R->seen[b.rank] = 1;
   p = b.matrices;
@@ -6079,21 +6598,32 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
       long long bad;
       if (m.name_hash != (uint64_t)x->name_hash || lay.key != x->layout.key) continue;
       if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s') is %d x %d here, rank %u saved it as %u x %u", op, i, x->name, x->rows, x->cols, b.rank, m.rows, m.cols);
-      if (muon__layout_piece(&lay, x->rows, x->cols, &from, why, sizeof why) != MUON_OK || muon__layout_parts(&lay, NULL, NULL) < 1)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank, x->name);
-      if (muon__layout_parts(&lay, NULL, NULL) > 1) from = m.size ? muon__whole_piece(x->rows, x->cols) : muon__canonical(muon__whole_piece(0, 0));
+        return muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s') is %d x %d here, rank %u saved it as %u x %u", op,
+                          i, x->name, x->rows, x->cols, b.rank, m.rows, m.cols);
+      if (muon__layout_piece(&lay, x->rows, x->cols, &from, why, sizeof why) != MUON_OK ||
+          muon__layout_parts(&lay, NULL, NULL) < 1)
+        return muon__fail(opt, MUON_ERR_STATE,
+                          "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank,
+                          x->name);
+      if (muon__layout_parts(&lay, NULL, NULL) > 1)
+        from = m.size ? muon__whole_piece(x->rows, x->cols) : muon__canonical(muon__whole_piece(0, 0));
       if ((uint64_t)(from.f1 - from.f0) != m.size)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank, x->name);
+        return muon__fail(opt, MUON_ERR_STATE,
+                          "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank,
+                          x->name);
       if (!muon__blob_finite(m.momentum, (size_t)m.size, 0))
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' holds NaN or Inf", op, b.rank, x->name);
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' holds NaN or Inf", op, b.rank,
+                          x->name);
       R->matched[i] = 1;
       {   /* a Partial matrix's momentum is whole (on its owner), both saved and here */
         muon__piece to = x->parts > 1 ? muon__whole_piece(x->rows, x->cols) : x->piece;
         bad = muon__reshard_copy(&to, R->mom + R->at[i], R->got + R->at[i], &from, m.momentum);
       }
       if (bad >= 0)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' differs from another saved replica's (local element %lld): they belong to different checkpoints", op, b.rank, x->name, bad);
+        return muon__fail(
+            opt, MUON_ERR_STATE,
+            "%s: rank %u's momentum of matrix '%s' differs from another saved replica's (local element %lld): they belong to different checkpoints",
+            op, b.rank, x->name, bad);
       if ((st = muon__check_saved_normuon(opt, &m, x, &R->groups[x->group], op, "the blob")) != MUON_OK) return st;
       if (m.normuon_len && !R->normuon[i]) {
         if (!(R->normuon[i] = (float *)muon__alloc(&opt->allocator, 4 * (size_t)m.normuon_len)))
@@ -6105,7 +6635,10 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
         q = m.normuon;
         for (k = 0; k < m.normuon_len; k++)
           if (muon__get32(&q) != muon__f2u(R->normuon[i][k]))
-            return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's NorMuon second moment of matrix '%s' differs from another blob's: they belong to different checkpoints", op, b.rank, x->name);
+            return muon__fail(
+                opt, MUON_ERR_STATE,
+                "%s: rank %u's NorMuon second moment of matrix '%s' differs from another blob's: they belong to different checkpoints",
+                op, b.rank, x->name);
       }
     }
   }
@@ -6120,19 +6653,29 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
       long long bad;
       if (s.name_hash != (uint64_t)a->name_hash) continue;
       if (s.full_size != (uint64_t)a->full_size || s.offset > s.full_size || s.size > s.full_size - s.offset)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: AdamW param %d ('%s') has %zu elements in all here, rank %u saved [%llu, +%llu) of %llu",
-                          op, i, a->name, a->full_size, b.rank, (unsigned long long)s.offset, (unsigned long long)s.size, (unsigned long long)s.full_size);
+        return muon__fail(opt, MUON_ERR_STATE,
+                          "%s: AdamW param %d ('%s') has %zu elements in all here, rank %u saved [%llu, +%llu) of %llu",
+                          op, i, a->name, a->full_size, b.rank, (unsigned long long)s.offset,
+                          (unsigned long long)s.size, (unsigned long long)s.full_size);
       if (s.offset >= a->state_offset + a->state_size || a->state_offset >= s.offset + s.size) continue;
       if (s.step > MUON__STATE_MAX_STEP || (R->adamw_step[i] >= 0 && (uint64_t)R->adamw_step[i] != s.step))
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's AdamW param '%s' has step count %llu, another piece of it %lld", op, b.rank, a->name, (unsigned long long)s.step, R->adamw_step[i]);
+        return muon__fail(opt, MUON_ERR_STATE,
+                          "%s: rank %u's AdamW param '%s' has step count %llu, another piece of it %lld", op, b.rank,
+                          a->name, (unsigned long long)s.step, R->adamw_step[i]);
       if (!muon__blob_finite(s.exp_avg, (size_t)s.size, 0) || !muon__blob_finite(s.exp_avg_sq, (size_t)s.size, 1))
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' hold NaN, Inf or a negative second moment", op, b.rank, a->name);
+        return muon__fail(opt, MUON_ERR_STATE,
+                          "%s: rank %u's moments of AdamW param '%s' hold NaN, Inf or a negative second moment", op,
+                          b.rank, a->name);
       R->adamw_step[i] = (long long)s.step;
       /* Both moments land on the same elements: the second copy marks them arrived. */
       bad = muon__reshard_range(a->state_offset, a->state_size, R->m1 + at, got, 0, s.offset, s.size, s.exp_avg);
-      if (bad < 0) bad = muon__reshard_range(a->state_offset, a->state_size, R->m2 + at, got, 1, s.offset, s.size, s.exp_avg_sq);
+      if (bad < 0)
+        bad = muon__reshard_range(a->state_offset, a->state_size, R->m2 + at, got, 1, s.offset, s.size, s.exp_avg_sq);
       if (bad >= 0)
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's moments of AdamW param '%s' differ from another saved replica's (element %llu): they belong to different checkpoints", op, b.rank, a->name, (unsigned long long)(a->state_offset + (size_t)bad));
+        return muon__fail(
+            opt, MUON_ERR_STATE,
+            "%s: rank %u's moments of AdamW param '%s' differ from another saved replica's (element %llu): they belong to different checkpoints",
+            op, b.rank, a->name, (unsigned long long)(a->state_offset + (size_t)bad));
     }
   }
   return MUON_OK;
@@ -6146,7 +6689,8 @@ static muon_status muon__put_tensor(muon_optimizer *opt, float *dst, const float
   return MUON_OK;
 }
 
-static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes, const char *const *paths, int n) {
+static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, const size_t *sizes,
+                                 const char *const *paths, int n) {
   const char *fn = paths ? "muon_state_reshard_files" : "muon_state_reshard";
   const int nm = opt->n_matrices, na = opt->n_adamw;
   muon__staging R;
@@ -6154,14 +6698,20 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   int i, k;
   muon_status st = MUON_OK;
   memset(&R, 0, sizeof R);
-  if (n < 1) return muon__fail(opt, MUON_ERR_ARG, "%s: n must be >= 1, one per rank of the saving world (got %d)", fn, n);
+  if (n < 1)
+    return muon__fail(opt, MUON_ERR_ARG, "%s: n must be >= 1, one per rank of the saving world (got %d)", fn, n);
   if (paths ? 0 : !blobs || !sizes) return muon__fail(opt, MUON_ERR_ARG, "%s: blobs or sizes is NULL", fn);
   for (k = 0; k < n; k++)
-    if (paths ? !paths[k] : !blobs[k]) return muon__fail(opt, MUON_ERR_ARG, "%s: %s[%d] is NULL", fn, paths ? "paths" : "blobs", k);
+    if (paths ? !paths[k] : !blobs[k])
+      return muon__fail(opt, MUON_ERR_ARG, "%s: %s[%d] is NULL", fn, paths ? "paths" : "blobs", k);
   R.n = n;
   R.at = (size_t *)muon__alloc(&opt->allocator, (size_t)(nm + na + 1) * sizeof(size_t));
   if (R.at) {
-    for (i = 0; i < nm; i++) { R.at[i] = total; total += opt->matrices[i].parts > 1 ? (size_t)opt->matrices[i].rows * opt->matrices[i].cols : opt->matrices[i].size; }
+    for (i = 0; i < nm; i++) {
+      R.at[i] = total;
+      total +=
+          opt->matrices[i].parts > 1 ? (size_t)opt->matrices[i].rows * opt->matrices[i].cols : opt->matrices[i].size;
+    }
     for (i = 0; i < na; i++) { R.at[nm + i] = total; total += opt->adamw[i].state_size; }
     R.at[nm + na] = total;
     R.mom = (float *)muon__alloc(&opt->allocator, R.at[nm] * sizeof(float) + 1);
@@ -6175,7 +6725,8 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     R.matched = (unsigned char *)muon__alloc(&opt->allocator, (size_t)nm + 1);
     if (R.normuon) for (i = 0; i < nm; i++) R.normuon[i] = NULL;
   }
-  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups || !R.normuon || !R.matched) {
+  if (!R.at || !R.mom || !R.m1 || !R.m2 || !R.got || !R.adamw_step || !R.seen || !R.groups || !R.normuon ||
+      !R.matched) {
     st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the staging of %zu floats failed", fn, total);
     goto done;
   }
@@ -6189,7 +6740,8 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
       unsigned char *buf = NULL;
       size_t len = 0;
       snprintf(op, sizeof op, "%s: '%s'", fn, paths[k]);
-      if ((st = muon__read_file(opt, paths[k], fn, &buf, &len)) == MUON_OK) st = muon__reshard_blob(opt, &R, buf, len, op);
+      if ((st = muon__read_file(opt, paths[k], fn, &buf, &len)) == MUON_OK)
+        st = muon__reshard_blob(opt, &R, buf, len, op);
       muon__free(&opt->allocator, buf);
     } else {
       snprintf(op, sizeof op, "%s: blob %d", fn, k);
@@ -6209,8 +6761,10 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     if (d < want) {
       muon__seg s = muon__segs(&to);
       while (muon__next_seg(&to, &s) && (size_t)(s.off + s.len) <= d) {}
-      st = muon__fail(opt, MUON_ERR_STATE, "%s: matrix %d ('%s'): no saved piece holds its element (row %lld, col %lld): the checkpoint has no matrix of this name and layout key %lld, or not all of it",
-                      fn, i, x->name, s.row, s.col + ((long long)d - s.off), x->layout.key);
+      st = muon__fail(
+          opt, MUON_ERR_STATE,
+          "%s: matrix %d ('%s'): no saved piece holds its element (row %lld, col %lld): the checkpoint has no matrix of this name and layout key %lld, or not all of it",
+          fn, i, x->name, s.row, s.col + ((long long)d - s.off), x->layout.key);
       goto done;
     }
   }
@@ -6218,8 +6772,10 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     const muon__adamw *a = &opt->adamw[i];
     for (d = 0; d < a->state_size && R.got[R.at[nm + i] + d]; d++) {}
     if (d < a->state_size) {
-      st = muon__fail(opt, MUON_ERR_STATE, "%s: AdamW param %d ('%s'): no saved piece holds its element %zu (of %zu): the checkpoint has no AdamW param of this name, or not all of it",
-                      fn, i, a->name, a->state_offset + d, a->full_size);
+      st = muon__fail(
+          opt, MUON_ERR_STATE,
+          "%s: AdamW param %d ('%s'): no saved piece holds its element %zu (of %zu): the checkpoint has no AdamW param of this name, or not all of it",
+          fn, i, a->name, a->state_offset + d, a->full_size);
       goto done;
     }
   }
@@ -6229,23 +6785,27 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     muon__matrix *x = &opt->matrices[i];
     int len = R.normuon[i] ? muon__normuon_len(&R.groups[x->group], x->rows, x->cols) : 0;
     if (len && !(x->normuon && x->normuon_len == len)) st = muon__normuon_room(opt, x, len, fn);
-    if (st == MUON_OK && x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) st = muon__partial_room(opt, x, fn);
+    if (st == MUON_OK && x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x)))
+      st = muon__partial_room(opt, x, fn);
   }
   if (st != MUON_OK) goto done;
   /* All arrived: now the optimizer changes. */
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
     if (x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) {
-      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->momentum_size, "muon_state_reshard: writing the state (partly loaded)");
+      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->momentum_size,
+                            "muon_state_reshard: writing the state (partly loaded)");
       x->momentum_fresh = 0;
     } else if (x->parts > 1) {   /* none saved (planning's zeros then), or not the owner's */
       if (x->momentum) muon__partial_drop(opt, x);
       if (opt->plan.ready && muon__owns(opt, x)) opt->plan.ready = 0;
     } else {
-      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size, "muon_state_reshard: writing the state (partly loaded)");
+      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size,
+                            "muon_state_reshard: writing the state (partly loaded)");
     }
     if (st == MUON_OK && R.normuon[i])
-      st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i], (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
+      st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i],
+                            (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
                             "muon_state_reshard: writing the state (partly loaded)");
     else if (st == MUON_OK)
       muon__normuon_drop(opt, x);
@@ -6253,8 +6813,10 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   for (i = 0; i < na && st == MUON_OK; i++) {
     muon__adamw *a = &opt->adamw[i];
     size_t at = R.at[nm + i] - R.at[nm];
-    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->state_size, "muon_state_reshard: writing the state (partly loaded)")) == MUON_OK)
-      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->state_size, "muon_state_reshard: writing the state (partly loaded)");
+    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->state_size,
+                               "muon_state_reshard: writing the state (partly loaded)")) == MUON_OK)
+      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->state_size,
+                            "muon_state_reshard: writing the state (partly loaded)");
     a->step = R.adamw_step[i];
   }
   if (st == MUON_OK && opt->device) st = muon__sync(opt, "muon_state_reshard: writing the state (partly loaded)");
@@ -6298,9 +6860,11 @@ MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *c
 
 /* Three numbers from every rank, into the commit vote's buffer (allocated at creation, so no
    rank drops out of these small exchanges for want of memory). Distributed only. */
-static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all, const char *op) {
+static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all,
+                                   const char *op) {
   long long mine[3];
-  long long *buf = (long long *)(void *)((unsigned char *)opt->agree + (size_t)opt->comm.size * (sizeof(muon__record) + MUON__RECORD_BYTES));
+  long long *buf = (long long *)(void *)((unsigned char *)opt->agree +
+                                         (size_t)opt->comm.size * (sizeof(muon__record) + MUON__RECORD_BYTES));
   mine[0] = a; mine[1] = b; mine[2] = c;
   *all = buf;
   return muon__allgather(opt, mine, buf, sizeof mine, op);
@@ -6317,13 +6881,16 @@ static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long lo
   if ((st = muon__exchange3(opt, a, b, c, &all, op)) != MUON_OK) return st;
   for (p = 0; p < opt->comm.size; p++)
     if (all[3 * p] != a || all[3 * p + 1] != b || all[3 * p + 2] != c)
-      return muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks %d and %d called it with different arguments (%lld, %lld, %lld vs %lld, %lld, %lld): it is collective",
-                        op, opt->comm.rank, p, a, b, c, all[3 * p], all[3 * p + 1], all[3 * p + 2]);
+      return muon__fail(
+          opt, MUON_ERR_MISMATCH,
+          "%s: ranks %d and %d called it with different arguments (%lld, %lld, %lld vs %lld, %lld, %lld): it is collective",
+          op, opt->comm.rank, p, a, b, c, all[3 * p], all[3 * p + 1], all[3 * p + 2]);
   return MUON_OK;
 }
 
 /* This rank's piece of matrix x, its parameter or its momentum, as fp32 in host memory. */
-static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, int momentum, float *out, const char *op) {
+static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, int momentum, float *out,
+                                    const char *op) {
   const void *src = momentum ? (const void *)x->momentum : x->param;
   int bf16 = !momentum && x->param_dtype == MUON_DTYPE_BF16;
   size_t n = momentum ? x->momentum_size : x->size, k;
@@ -6348,7 +6915,8 @@ static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, 
 static size_t muon__largest_piece(const muon__global *x) {
   size_t b = 0;
   int j;
-  for (j = 0; j < x->n_holders; j++) if (muon__piece_size(&x->holders[j].piece) > b) b = muon__piece_size(&x->holders[j].piece);
+  for (j = 0; j < x->n_holders; j++)
+    if (muon__piece_size(&x->holders[j].piece) > b) b = muon__piece_size(&x->holders[j].piece);
   return b;
 }
 
@@ -6356,7 +6924,8 @@ static size_t muon__largest_piece(const muon__global *x) {
    lands on every rank: *blocks is P blocks of *stride floats. */
 typedef muon_status (*muon__fill_fn)(muon_optimizer *opt, const muon__matrix *x, float *block, void *arg);
 
-static muon_status muon__share_pieces(muon_optimizer *opt, int g, size_t block, muon__fill_fn fill, void *arg, float **blocks, size_t *stride, const char *op) {
+static muon_status muon__share_pieces(muon_optimizer *opt, int g, size_t block, muon__fill_fn fill, void *arg,
+                                      float **blocks, size_t *stride, const char *op) {
   const muon__global *x = &opt->plan.globals[g];
   int P = opt->distributed ? opt->comm.size : 1, p;
   size_t W = 1 + block;
@@ -6369,7 +6938,9 @@ static muon_status muon__share_pieces(muon_optimizer *opt, int g, size_t block, 
     const long long *oks;
     st = muon__exchange3(opt, mine && all, 0, 0, &oks, op);
     for (p = 0; st == MUON_OK && p < P; p++)
-      if (!oks[3 * p]) st = muon__fail(opt, MUON_ERR_NOMEM, "%s: matrix '%s': rank %d could not allocate %zu floats", op, x->name, p, (size_t)P * W);
+      if (!oks[3 * p])
+        st = muon__fail(opt, MUON_ERR_NOMEM, "%s: matrix '%s': rank %d could not allocate %zu floats", op, x->name, p,
+                        (size_t)P * W);
   } else if (!mine || !all) {
     st = muon__fail(opt, MUON_ERR_NOMEM, "%s: matrix '%s': allocating %zu floats failed", op, x->name, (size_t)P * W);
   }
@@ -6382,8 +6953,10 @@ static muon_status muon__share_pieces(muon_optimizer *opt, int g, size_t block, 
   muon__free(&opt->allocator, mine);
   for (p = 0; st == MUON_OK && p < P; p++)
     if (all[(size_t)p * W] != 0.0f)
-      st = p == (opt->distributed ? opt->comm.rank : 0) ? local   /* this rank's own message stands */
-           : muon__fail(opt, (muon_status)(int)all[(size_t)p * W], "%s: matrix '%s': rank %d could not read its piece", op, x->name, p);
+      st = p == (opt->distributed ? opt->comm.rank : 0)
+               ? local /* this rank's own message stands */
+               : muon__fail(opt, (muon_status)(int)all[(size_t)p * W],
+                            "%s: matrix '%s': rank %d could not read its piece", op, x->name, p);
   if (st != MUON_OK) { muon__free(&opt->allocator, all); return st; }
   *blocks = all;
   return MUON_OK;
@@ -6403,11 +6976,13 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
   float *blocks;
   size_t W;
   size_t piece = muon__largest_piece(x), full = (size_t)x->rows * x->cols;
-  muon_status st = muon__share_pieces(opt, g, piece + (x->parts > 1 ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
+  muon_status st =
+      muon__share_pieces(opt, g, piece + (x->parts > 1 ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
   if (st != MUON_OK || me != root) { muon__free(&opt->allocator, blocks); return st; }
   for (j = 0; momentum && x->parts > 1 && j < x->n_holders; j++)
     if (x->holders[j].rank == x->owner)
-      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__piece_size(&x->holders[j].piece), full * sizeof(float));
+      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__piece_size(&x->holders[j].piece),
+             full * sizeof(float));
   for (j = 0; j < x->n_holders; j++) {   /* one copy of each piece: its U source's */
     const muon__holder *h = &x->holders[j];
     const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
@@ -6432,7 +7007,8 @@ MUON_API muon_status muon_gather_matrix(muon_optimizer *opt, int global, int roo
   if ((st = muon__tool_begin(opt, op, global, root, 0)) != MUON_OK) return st;
   P = opt->distributed ? opt->comm.size : 1;
   if (global < 0 || global >= opt->plan.n_globals || root < 0 || root >= P)
-    return muon__fail(opt, MUON_ERR_ARG, "%s: global matrix %d (have %d), root %d (of %d ranks)", op, global, opt->plan.n_globals, root, P);
+    return muon__fail(opt, MUON_ERR_ARG, "%s: global matrix %d (have %d), root %d (of %d ranks)", op, global,
+                      opt->plan.n_globals, root, P);
   return muon__assemble(opt, global, root, param, momentum, op);
 }
 
@@ -6442,7 +7018,8 @@ MUON_API muon_status muon_gather_matrix(muon_optimizer *opt, int global, int roo
    the record's bytes from kind on. tools/muoncmp.c compares two of them. */
 #define MUON__DUMP_VERSION 1u
 
-static int muon__dump_record(FILE *f, unsigned char *buf, uint32_t kind, const char *name, int rows, int cols, const float *x) {
+static int muon__dump_record(FILE *f, unsigned char *buf, uint32_t kind, const char *name, int rows, int cols,
+                             const float *x) {
   unsigned char *p = buf;
   size_t len = strlen(name), n = (size_t)rows * (size_t)cols;
   muon__put32(&p, kind);
@@ -6475,7 +7052,8 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
   if (root < 0 || root >= P) return muon__fail(opt, MUON_ERR_ARG, "%s: root %d (of %d ranks)", op, root, P);
   if (me == root) {   /* a failure here is remembered, and this rank still takes part to the end */
     for (g = 0; g < pl->n_globals; g++)
-      if ((size_t)pl->globals[g].rows * (size_t)pl->globals[g].cols > biggest) biggest = (size_t)pl->globals[g].rows * (size_t)pl->globals[g].cols;
+      if ((size_t)pl->globals[g].rows * (size_t)pl->globals[g].cols > biggest)
+        biggest = (size_t)pl->globals[g].rows * (size_t)pl->globals[g].cols;
     param = (float *)muon__alloc(&opt->allocator, biggest * sizeof(float) + 1);
     mom = with_momentum ? (float *)muon__alloc(&opt->allocator, biggest * sizeof(float) + 1) : NULL;
     buf = (unsigned char *)muon__alloc(&opt->allocator, 4 * biggest + 96);
@@ -6497,7 +7075,8 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
     int write = me == root && !err;
-    if ((st = muon__assemble(opt, g, root, write ? param : NULL, write && with_momentum ? mom : NULL, op)) != MUON_OK) break;
+    if ((st = muon__assemble(opt, g, root, write ? param : NULL, write && with_momentum ? mom : NULL, op)) != MUON_OK)
+      break;
     if (write) err = muon__dump_record(f, buf, 0, x->name, x->rows, x->cols, param);
     if (write && !err && with_momentum) err = muon__dump_record(f, buf, 1, x->name, x->rows, x->cols, mom);
   }
@@ -6513,7 +7092,9 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
     err = (int)all[3 * root];
   }
   if (err == EINVAL) return muon__fail(opt, MUON_ERR_ARG, "%s: path is NULL on the root, rank %d", op, root);
-  if (err) return muon__fail(opt, MUON_ERR_STATE, "%s: rank %d could not write '%s': %s", op, root, me == root && path ? path : "the dump", strerror(err));
+  if (err)
+    return muon__fail(opt, MUON_ERR_STATE, "%s: rank %d could not write '%s': %s", op, root,
+                      me == root && path ? path : "the dump", strerror(err));
   return MUON_OK;
 }
 
@@ -6537,7 +7118,8 @@ static muon_status muon__fill_indices(muon_optimizer *opt, const muon__matrix *x
 /* The first element of holder h's block (two floats per element: the framework's full index, 24
    bits each) that is not where the declared piece puts it: local k, declared and framework's
    full indices (-1: outside the matrix). 0 if every element is in place. */
-static int muon__misplaced(const muon__global *x, const muon__holder *h, const float *b, size_t *k, long long *want, long long *got) {
+static int muon__misplaced(const muon__global *x, const muon__holder *h, const float *b, size_t *k, long long *want,
+                           long long *got) {
   muon__seg s = muon__segs(&h->piece);
   while (muon__next_seg(&h->piece, &s)) {
     long long i;
@@ -6558,14 +7140,17 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if ((st = muon__tool_begin(opt, op, index != NULL, 0, 0)) != MUON_OK) return st;
-  if (!index) return muon__fail(opt, MUON_ERR_ARG, "%s: index is NULL (give the framework's position of each local element)", op);
+  if (!index)
+    return muon__fail(opt, MUON_ERR_ARG, "%s: index is NULL (give the framework's position of each local element)", op);
   arg.fn = index;
   arg.user = user;
   for (g = 0; g < opt->plan.n_globals; g++) {
     const muon__global *x = &opt->plan.globals[g];
     float *blocks;
     size_t W;
-    if ((st = muon__share_pieces(opt, g, 2 * muon__largest_piece(x), muon__fill_indices, &arg, &blocks, &W, op)) != MUON_OK) return st;
+    if ((st = muon__share_pieces(opt, g, 2 * muon__largest_piece(x), muon__fill_indices, &arg, &blocks, &W, op)) !=
+        MUON_OK)
+      return st;
     /* Every rank checks every holder's piece: all reach the same verdict without another exchange. */
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
@@ -6574,10 +7159,18 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
       char levels[240];
       if (!muon__misplaced(x, h, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
       muon__layout_text(&h->layout, levels, sizeof levels);
-      if (got < 0) st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d's local element %zu is outside the matrix by the framework's index", op, x->name, x->rows, x->cols, h->rank, k);
-      else st = muon__fail(opt, MUON_ERR_SHAPE, "%s: matrix '%s' (%d x %d): rank %d described its piece as [%s], which puts its local element %zu at (row %lld, col %lld); "
-                                                 "the framework has it at (row %lld, col %lld)",
-                           op, x->name, x->rows, x->cols, h->rank, levels, k, want / x->cols, want % x->cols, got / x->cols, got % x->cols);
+      if (got < 0)
+        st = muon__fail(
+            opt, MUON_ERR_SHAPE,
+            "%s: matrix '%s' (%d x %d): rank %d's local element %zu is outside the matrix by the framework's index", op,
+            x->name, x->rows, x->cols, h->rank, k);
+      else
+        st = muon__fail(
+            opt, MUON_ERR_SHAPE,
+            "%s: matrix '%s' (%d x %d): rank %d described its piece as [%s], which puts its local element %zu at (row %lld, col %lld); "
+            "the framework has it at (row %lld, col %lld)",
+            op, x->name, x->rows, x->cols, h->rank, levels, k, want / x->cols, want % x->cols, got / x->cols,
+            got % x->cols);
       muon__free(&opt->allocator, blocks);
       return st;
     }
@@ -6603,7 +7196,8 @@ static muon_status muon__thread_count(const muon_threads *t, int *count, char *m
   const char *env = getenv("MUON_THREADS");
   *count = 1;
   if (t->count < 0 || t->count > MUON__MAX_THREADS) {
-    snprintf(msg, size, "MUON_ERR_ARG: muon_cpu_desc.threads.count must be in [0, %d] (got %d)", MUON__MAX_THREADS, t->count);
+    snprintf(msg, size, "MUON_ERR_ARG: muon_cpu_desc.threads.count must be in [0, %d] (got %d)", MUON__MAX_THREADS,
+             t->count);
     return MUON_ERR_ARG;
   }
   if (t->count) *count = t->count;
@@ -6611,14 +7205,17 @@ static muon_status muon__thread_count(const muon_threads *t, int *count, char *m
     char *end;
     long v = strtol(env, &end, 10);
     if (*end || v < 1 || v > MUON__MAX_THREADS) {
-      snprintf(msg, size, "MUON_ERR_ARG: environment MUON_THREADS='%.40s' is not a thread count in [1, %d]", env, MUON__MAX_THREADS);
+      snprintf(msg, size, "MUON_ERR_ARG: environment MUON_THREADS='%.40s' is not a thread count in [1, %d]", env,
+               MUON__MAX_THREADS);
       return MUON_ERR_ARG;
     }
     *count = (int)v;
   }
   if (*count > 1 && !t->parallel_for && !MUON__POOL) {
-    snprintf(msg, size, "MUON_ERR_ARG: %d threads asked for, but this build has no thread pool (MUON_NO_THREADS, or not POSIX): set muon_cpu_desc.threads.parallel_for",
-             *count);
+    snprintf(
+        msg, size,
+        "MUON_ERR_ARG: %d threads asked for, but this build has no thread pool (MUON_NO_THREADS, or not POSIX): set muon_cpu_desc.threads.parallel_for",
+        *count);
     return MUON_ERR_ARG;
   }
   return MUON_OK;
@@ -6733,7 +7330,8 @@ static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size) {
   muon__free(cpu->allocator, args);
   if (err) {
     muon__pool_stop(cpu);
-    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: starting thread %d of %d failed: %s", w + 1, n + 1, strerror(err));
+    snprintf(msg, size, "MUON_ERR_NOMEM: muon_create: starting thread %d of %d failed: %s", w + 1, n + 1,
+             strerror(err));
     return MUON_ERR_NOMEM;
   }
   return MUON_OK;
@@ -6749,7 +7347,8 @@ static void muon__pool_stop(muon__cpu *cpu) { (void)cpu; }
 
 /* A CPU backend's context from its desc: the GEMM chosen, the thread count resolved, and muon's
    own pool started when there are threads and no parallel_for. */
-static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const muon_allocator *a, char *msg, size_t size) {
+static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const muon_allocator *a, char *msg,
+                                  size_t size) {
   muon_status st;
   memset(cpu, 0, sizeof *cpu);
   cpu->allocator = a;
@@ -6762,7 +7361,8 @@ static muon_status muon__cpu_init(muon__cpu *cpu, const muon_cpu_desc *d, const 
   cpu->cblas = d->gemm != MUON_GEMM_BUILTIN;
 #else
   if (d->gemm == MUON_GEMM_CBLAS) {
-    snprintf(msg, size, "MUON_ERR_ARG: muon_cpu_desc.gemm is MUON_GEMM_CBLAS but muon.h was compiled without MUON_USE_CBLAS");
+    snprintf(msg, size,
+             "MUON_ERR_ARG: muon_cpu_desc.gemm is MUON_GEMM_CBLAS but muon.h was compiled without MUON_USE_CBLAS");
     return MUON_ERR_ARG;
   }
 #endif
@@ -7299,7 +7899,8 @@ static int muon__use_cblas(const muon__cpu *cpu) {
    iteration k forms P = a I + b R + c R^2 and moves Q <- P Q, R <- P^2 R (all polynomials in
    R_0, so they commute); X = Q X_0 once at the end. A restart before iteration k makes X_0 = Q X_0,
    R = X_0 X_0^T and Q = I again, which bounds the error the m x m products accumulate. */
-static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__gemm_ctx *g, int bf16) {
+static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__gemm_ctx *g,
+                                  int bf16) {
   size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
   float *Y = ws, *R = ws + mn, *B = R + mm, *Q = B + mm, *T = Q + mm, *S = T + mm, *x0 = X, *t;
   int k, fresh = 1;   /* fresh: Q is the identity, not stored */
@@ -7346,7 +7947,8 @@ static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp
 
 /* ws holds muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n)) floats, and with cpu's threads
    threads - 1 more GEMM packs (muon__ns_pack_floats each). */
-static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws, int cblas, const muon__cpu *cpu) {
+static void muon__newton_schulz(float *X, int m, int n, const muon_hparams *hp, float *ws, int cblas,
+                                const muon__cpu *cpu) {
   size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
   int gram = muon__use_gram(hp, m, n);
   float *Y = ws, *A = ws + mn, *B = A + mm, *x = X, *t;
@@ -7476,7 +8078,8 @@ static int muon__cpu_threads(const void *ctx) { return ctx ? ((const muon__cpu *
 
 /* Row segment by row segment (see muon__next_seg): contiguous copies for wide matrices, strided
    for tall ones whose operand is the transpose. */
-static muon_status muon__cpu_pack(void *ctx, const muon_piece_copy *ops, int n, float *pieces, float *operands, int to_operand) {
+static muon_status muon__cpu_pack(void *ctx, const muon_piece_copy *ops, int n, float *pieces, float *operands,
+                                  int to_operand) {
   int i;
   (void)ctx;
   for (i = 0; i < n; i++) {
@@ -7556,7 +8159,8 @@ static void muon__ns_task(void *arg, int t) {
   const muon__ns_job *j = (const muon__ns_job *)arg;
   int b;
   for (b = t; b < j->whole; b += j->tasks)
-    muon__newton_schulz(j->X + (size_t)b * j->m * j->n, j->m, j->n, j->hp, j->ws + (size_t)t * j->ws_floats, j->cblas, NULL);
+    muon__newton_schulz(j->X + (size_t)b * j->m * j->n, j->m, j->n, j->hp, j->ws + (size_t)t * j->ws_floats, j->cblas,
+                        NULL);
 }
 
 static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
@@ -7566,7 +8170,8 @@ static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const m
   return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
 }
 
-static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp, void *ws) {
+static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp,
+                                           void *ws) {
   muon__ns_job j;
   int b, T = muon__cpu_threads(ctx);
   j.X = X; j.ws = (float *)ws; j.m = m; j.n = n; j.hp = hp; j.cblas = muon__use_cblas((const muon__cpu *)ctx);
@@ -7574,7 +8179,8 @@ static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m
   j.tasks = T;
   j.whole = T > 1 ? batch / T * T : 0;
   if (j.whole) muon__parallel((const muon__cpu *)ctx, T, muon__ns_task, &j);
-  for (b = j.whole; b < batch; b++) muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws, j.cblas, (const muon__cpu *)ctx);
+  for (b = j.whole; b < batch; b++)
+    muon__newton_schulz(X + (size_t)b * m * n, m, n, hp, (float *)ws, j.cblas, (const muon__cpu *)ctx);
   return MUON_OK;
 }
 
@@ -7618,7 +8224,8 @@ static void muon__ns_many_task(void *arg, int t) {
     for (q = 1; q < j->tasks; q++)
       if (load[q] < load[best]) best = q;
     load[best] += muon__ns_cost(j->m[next], j->n[next]);
-    if (best == t) muon__newton_schulz(j->X[next], j->m[next], j->n[next], j->hp[next], j->ws + (size_t)t * j->ws_floats, 1, NULL);
+    if (best == t)
+      muon__newton_schulz(j->X[next], j->m[next], j->n[next], j->hp[next], j->ws + (size_t)t * j->ws_floats, 1, NULL);
     prev = next;
   }
 }
@@ -7643,7 +8250,8 @@ static muon_status muon__cpu_newton_schulz_many(void *ctx, int count, float *con
       if (T < 2 || balanced < 2) muon__newton_schulz(X[i], m[i], n[i], hp[i], (float *)ws, 1, (const muon__cpu *)ctx);
       continue;
     }
-    while (k < count && hp[k] == hp[i] && m[k] == m[i] && n[k] == n[i] && X[k] == X[i] + (size_t)(k - i) * m[i] * n[i]) k++;
+    while (k < count && hp[k] == hp[i] && m[k] == m[i] && n[k] == n[i] && X[k] == X[i] + (size_t)(k - i) * m[i] * n[i])
+      k++;
     muon__cpu_newton_schulz(ctx, X[i], k - i, m[i], n[i], hp[i], ws);
   }
   return MUON_OK;
@@ -7671,12 +8279,14 @@ static muon_status muon__cpu_nonfinite(void *ctx, const void *x, muon_dtype dtyp
   int bad = 0;
   (void)ctx;
   for (i = 0; i < n && !bad; i++)
-    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u : !muon__finite(((const float *)x)[i]);
+    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u
+                                   : !muon__finite(((const float *)x)[i]);
   *flag = bad;
   return MUON_OK;
 }
 
-static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype, size_t n) {
+static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, const void *src, muon_dtype src_dtype,
+                                  size_t n) {
   size_t i;
   (void)ctx;
   for (i = 0; i < n; i++)
