@@ -1954,125 +1954,106 @@ MUON_API muon_dist_config muon_layout_config(void) {
 
 /* >>impl-create -------------------------------------------------------------------------------
    Creation, groups, registration */
-MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
-  muon_allocator a;
-  muon_optimizer *opt;
-  char msg[400];
+/* Writes a message for the caller to report and returns its status (printf-style). */
+static muon_status muon__why(char *msg, size_t size, muon_status st, const char *fmt, ...) MUON__PRINTF(4, 5);
+static muon_status muon__why(char *msg, size_t size, muon_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, size, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+/* muon_create's checks, each writing the whole message ("MUON_ERR_ARG: muon_desc...") to msg. */
+static muon_status muon__check_comm(const muon_comm *c, char *msg, size_t size) {
+  const char *bad = NULL;
+  if (!c->vt) bad = "muon_desc.comm->vt is NULL";
+  else if (c->vt->version < 1 || c->vt->version > MUON_COMM_VTABLE_VERSION) {
+    snprintf(msg, size,
+             "MUON_ERR_ARG: muon_desc.comm->vt->version is %d, this muon.h takes 1 to %d (MUON_COMM_VTABLE_VERSION)",
+             c->vt->version, MUON_COMM_VTABLE_VERSION);
+    return MUON_ERR_ARG;
+  } else if (!c->vt->alltoallv || !c->vt->allgather) bad = "muon_desc.comm->vt needs the alltoallv and allgather slots";
+  else if (c->size < 1 || c->rank < 0 || c->rank >= c->size) bad = "muon_desc.comm has rank outside [0, size)";
+  else if (c->vt->memory != MUON_MEMORY_HOST && c->vt->memory != MUON_MEMORY_DEVICE)
+    bad = "muon_desc.comm->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
+  else if (!MUON__SLOT(c->vt, 1, alltoallv_start) != !MUON__SLOT(c->vt, 1, join))
+    bad = "muon_desc.comm->vt: set both alltoallv_start and join, or neither";
+  if (!bad) return MUON_OK;
+  snprintf(msg, size, "MUON_ERR_ARG: %s", bad);
+  return MUON_ERR_ARG;
+}
+
+static muon_status muon__check_compute(const muon_compute *c, char *msg, size_t size) {
+  const muon_compute_vtable *v = c->vt;
+  const char *bad = NULL;
+  if (!v) bad = "muon_desc.compute->vt is NULL";
+  else if (v->version < 1 || v->version > MUON_COMPUTE_VTABLE_VERSION) {
+    snprintf(
+        msg, size,
+        "MUON_ERR_ARG: muon_desc.compute->vt->version is %d, this muon.h takes 1 to %d (MUON_COMPUTE_VTABLE_VERSION)",
+        v->version, MUON_COMPUTE_VTABLE_VERSION);
+    return MUON_ERR_ARG;
+  } else if (v->memory != MUON_MEMORY_HOST && v->memory != MUON_MEMORY_DEVICE)
+    bad = "muon_desc.compute->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
+  else if (!v->alloc || !v->free || !v->copy || !v->zero || !v->pack || !v->momentum || !v->ns_workspace ||
+           !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync || !v->normuon)
+    bad = "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error, destroy and "
+          "newton_schulz_many are required)";
+  else if (!v->alloc_host != !v->free_host)
+    bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
+  if (!bad) return MUON_OK;
+  snprintf(msg, size, "MUON_ERR_ARG: %s", bad);
+  return MUON_ERR_ARG;
+}
+
+static muon_status muon__check_desc(const muon_desc *desc, char *msg, size_t size) {
+  const muon_dist_config *d = desc->dist;
+  char why[400];
   muon_status st;
-  if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
-  *out = NULL;
-  muon__create_error[0] = '\0';
-  if (!desc) { muon__create_fail(NULL, "MUON_ERR_ARG: muon_create: desc is NULL"); return MUON_ERR_ARG; }
-  a = desc->allocator;
-  if (!a.alloc != !a.free) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.allocator: set both alloc and free, or neither");
-    return MUON_ERR_ARG;
-  }
-  if (!a.alloc) { a.alloc = muon__default_alloc; a.free = muon__default_free; a.user_data = NULL; }
-  if ((st = muon__check_hparams(&desc->hparams, msg, sizeof msg)) != MUON_OK ||
-      (st = muon__check_adamw_hparams(&desc->adamw, msg, sizeof msg)) != MUON_OK) {
-    char full[480];
-    snprintf(full, sizeof full, "%s: muon_desc: %s", muon_status_string(st), msg);
-    muon__create_fail(desc, full);
-    return st;
-  }
-  if ((unsigned)desc->on_nonfinite > (unsigned)MUON_NONFINITE_SKIP) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
-    return MUON_ERR_ARG;
-  }
-  if (desc->dist && (unsigned)desc->dist->wire > (unsigned)MUON_WIRE_BF16) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config.wire is not a muon_wire");
-    return MUON_ERR_ARG;
-  }
-  if (desc->dist && (desc->dist->prefetch < 0 || desc->dist->prefetch > MUON__MAX_PREFETCH)) {
-    snprintf(msg, sizeof msg, "MUON_ERR_ARG: muon_dist_config.prefetch must be in [0, %d] (got %d)", MUON__MAX_PREFETCH,
-             desc->dist->prefetch);
-    muon__create_fail(desc, msg);
-    return MUON_ERR_ARG;
-  }
-  if (desc->dist && desc->dist->async && !MUON__POOL &&
-      !(desc->comm && desc->comm->vt && muon__side_vtable(desc->comm->vt))) {
-    muon__create_fail(
-        desc,
-        "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none (MUON_NO_THREADS, or not POSIX)");
-    return MUON_ERR_ARG;
-  }
-  if (desc->comm) {
-    const muon_comm *c = desc->comm;
-    const char *bad = NULL;
-    if (!c->vt) bad = "muon_desc.comm->vt is NULL";
-    else if (c->vt->version < 1 || c->vt->version > MUON_COMM_VTABLE_VERSION) bad = "muon_desc.comm->vt->version";
-    else if (!c->vt->alltoallv || !c->vt->allgather) bad = "muon_desc.comm->vt needs the alltoallv and allgather slots";
-    else if (c->size < 1 || c->rank < 0 || c->rank >= c->size) bad = "muon_desc.comm has rank outside [0, size)";
-    else if (c->vt->memory != MUON_MEMORY_HOST && c->vt->memory != MUON_MEMORY_DEVICE)
-      bad = "muon_desc.comm->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
-    else if (!MUON__SLOT(c->vt, 1, alltoallv_start) != !MUON__SLOT(c->vt, 1, join))
-      bad = "muon_desc.comm->vt: set both alltoallv_start and join, or neither";
-    if (bad) {
-      char full[300];
-      if (strcmp(bad, "muon_desc.comm->vt->version") == 0)
-        snprintf(
-            full, sizeof full,
-            "MUON_ERR_ARG: muon_desc.comm->vt->version is %d, this muon.h takes 1 to %d (MUON_COMM_VTABLE_VERSION)",
-            c->vt->version, MUON_COMM_VTABLE_VERSION);
-      else snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
-      muon__create_fail(desc, full);
-      return MUON_ERR_ARG;
-    }
-  }
-  if (desc->compute) {
-    const muon_compute_vtable *v = desc->compute->vt;
-    const char *bad = NULL;
-    if (!v) bad = "muon_desc.compute->vt is NULL";
-    else if (v->version < 1 || v->version > MUON_COMPUTE_VTABLE_VERSION) bad = "muon_desc.compute->vt->version";
-    else if (v->memory != MUON_MEMORY_HOST && v->memory != MUON_MEMORY_DEVICE)
-      bad = "muon_desc.compute->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
-    else if (!v->alloc || !v->free || !v->copy || !v->zero || !v->pack || !v->momentum || !v->ns_workspace ||
-             !v->newton_schulz || !v->apply || !v->adamw || !v->nonfinite || !v->cast || !v->sync || !v->normuon)
-      bad =
-          "muon_desc.compute->vt lacks a required slot (all but alloc_host, free_host, error, destroy and newton_schulz_many are required)";
-    else if (!v->alloc_host != !v->free_host)
-      bad = "muon_desc.compute->vt: set both alloc_host and free_host, or neither";
-    if (bad) {
-      char full[300];
-      if (strcmp(bad, "muon_desc.compute->vt->version") == 0)
-        snprintf(
-            full, sizeof full,
-            "MUON_ERR_ARG: muon_desc.compute->vt->version is %d, this muon.h takes 1 to %d (MUON_COMPUTE_VTABLE_VERSION)",
-            v->version, MUON_COMPUTE_VTABLE_VERSION);
-      else snprintf(full, sizeof full, "MUON_ERR_ARG: %s", bad);
-      muon__create_fail(desc, full);
-      return MUON_ERR_ARG;
-    }
-  }
+  if (!desc->allocator.alloc != !desc->allocator.free)
+    return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_desc.allocator: set both alloc and free, or neither");
+  if ((st = muon__check_hparams(&desc->hparams, why, sizeof why)) != MUON_OK ||
+      (st = muon__check_adamw_hparams(&desc->adamw, why, sizeof why)) != MUON_OK)
+    return muon__why(msg, size, st, "%s: muon_desc: %s", muon_status_string(st), why);
+  if ((unsigned)desc->on_nonfinite > (unsigned)MUON_NONFINITE_SKIP)
+    return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_desc.on_nonfinite is not a muon_nonfinite");
+  if (d && (unsigned)d->wire > (unsigned)MUON_WIRE_BF16)
+    return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_dist_config.wire is not a muon_wire");
+  if (d && (d->prefetch < 0 || d->prefetch > MUON__MAX_PREFETCH))
+    return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_dist_config.prefetch must be in [0, %d] (got %d)",
+                     MUON__MAX_PREFETCH, d->prefetch);
+  if (d && d->async && !MUON__POOL && !(desc->comm && desc->comm->vt && muon__side_vtable(desc->comm->vt)))
+    return muon__why(msg, size, MUON_ERR_ARG,
+                     "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none "
+                     "(MUON_NO_THREADS, or not POSIX)");
+  if (desc->comm && (st = muon__check_comm(desc->comm, msg, size)) != MUON_OK) return st;
+  if (desc->compute && (st = muon__check_compute(desc->compute, msg, size)) != MUON_OK) return st;
   if (desc->comm && desc->comm->vt->memory == MUON_MEMORY_DEVICE &&
-      (!desc->compute || desc->compute->vt->memory != MUON_MEMORY_DEVICE)) {
-    muon__create_fail(desc,
-                      "MUON_ERR_ARG: muon_desc.comm exchanges device memory (e.g. NCCL) but muon_desc.compute is a "
-                      "host backend: set desc.compute to the device's backend (muon_cuda_create)");
-    return MUON_ERR_ARG;
-  }
-  if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
-    return MUON_ERR_ARG;
-  }
-  if (desc->dist && !desc->dist->gather != !desc->dist->redistribute) {
-    muon__create_fail(desc, "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
-    return MUON_ERR_ARG;
-  }
-  opt = (muon_optimizer *)muon__alloc(&a, sizeof *opt);
-  if (!opt) {
-    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the optimizer failed");
-    return MUON_ERR_NOMEM;
-  }
-  memset(opt, 0, sizeof *opt);
-  opt->allocator = a;
+      (!desc->compute || desc->compute->vt->memory != MUON_MEMORY_DEVICE))
+    return muon__why(msg, size, MUON_ERR_ARG,
+                     "MUON_ERR_ARG: muon_desc.comm exchanges device memory (e.g. NCCL) but muon_desc.compute is a "
+                     "host backend: set desc.compute to the device's backend (muon_cuda_create)");
+  if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC)
+    return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
+  if (d && !d->gather != !d->redistribute)
+    return muon__why(msg, size, MUON_ERR_ARG,
+                     "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
+  return MUON_OK;
+}
+
+/* The optimizer's fields from a checked desc, its groups, the agreement buffers, its own CPU
+   backend (desc.compute NULL) and the communication thread (async on a host communicator). On
+   failure msg says why and the caller destroys opt. */
+static muon_status muon__init(muon_optimizer *opt, const muon_desc *desc, char *msg, size_t size) {
+  const muon_allocator *a = &opt->allocator;
+  muon_status st;
   opt->logger = desc->logger;
   opt->on_nonfinite = desc->on_nonfinite;
   opt->comm = desc->comm ? *desc->comm : muon_comm_self();
   opt->distributed = desc->dist != NULL;
   if (desc->dist) opt->dist = *desc->dist;
-  opt->cpu.allocator = &opt->allocator;
+  opt->cpu.allocator = a;
   opt->cpu.threads = 1;
   if (desc->compute) opt->compute = *desc->compute;
   else opt->compute.vt = muon_compute_cpu().vt, opt->compute.ctx = &opt->cpu;
@@ -2080,32 +2061,43 @@ MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
   opt->grad_scale = 1.0f;
   opt->rounding = desc->rounding;
   opt->seed = desc->seed;
-  opt->groups = (muon_hparams *)muon__alloc(&a, sizeof(muon_hparams));
-  opt->adamw_groups = (muon_adamw_hparams *)muon__alloc(&a, sizeof(muon_adamw_hparams));
-  if (!opt->groups || !opt->adamw_groups) {
-    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the parameter groups failed");
-    muon_destroy(opt);
-    return MUON_ERR_NOMEM;
-  }
+  opt->groups = (muon_hparams *)muon__alloc(a, sizeof(muon_hparams));
+  opt->adamw_groups = (muon_adamw_hparams *)muon__alloc(a, sizeof(muon_adamw_hparams));
+  if (!opt->groups || !opt->adamw_groups)
+    return muon__why(msg, size, MUON_ERR_NOMEM, "MUON_ERR_NOMEM: muon_create: allocating the parameter groups failed");
   opt->groups[0] = desc->hparams;
   opt->n_groups = 1;
   opt->adamw_groups[0] = desc->adamw;
   opt->n_adamw_groups = 1;
-  if (opt->distributed && !(opt->agree = muon__alloc(&a, muon__agree_bytes(opt->comm.size)))) {
-    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the agreement buffers failed");
-    muon_destroy(opt);
-    return MUON_ERR_NOMEM;
-  }
+  if (opt->distributed && !(opt->agree = muon__alloc(a, muon__agree_bytes(opt->comm.size))))
+    return muon__why(msg, size, MUON_ERR_NOMEM, "MUON_ERR_NOMEM: muon_create: allocating the agreement buffers failed");
   if (!desc->compute) {   /* a CPU backend of its own, with the defaults */
     muon_cpu_desc cd = muon_cpu_default_desc();
-    if ((st = muon__cpu_init(&opt->cpu, &cd, &opt->allocator, msg, sizeof msg)) != MUON_OK) {
-      muon__create_fail(desc, msg);
-      muon_destroy(opt);
-      return st;
-    }
+    if ((st = muon__cpu_init(&opt->cpu, &cd, a, msg, size)) != MUON_OK) return st;
   }
-  if (opt->distributed && opt->dist.async && muon__async_comm(opt) &&
-      (st = muon__comm_thread_start(opt, msg, sizeof msg)) != MUON_OK) {
+  if (opt->distributed && opt->dist.async && muon__async_comm(opt)) return muon__comm_thread_start(opt, msg, size);
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_create(muon_optimizer **out, const muon_desc *desc) {
+  muon_allocator a;
+  muon_optimizer *opt;
+  char msg[480];
+  muon_status st;
+  if (!out) { muon__create_fail(desc, "MUON_ERR_ARG: muon_create: opt is NULL"); return MUON_ERR_ARG; }
+  *out = NULL;
+  muon__create_error[0] = '\0';
+  if (!desc) { muon__create_fail(NULL, "MUON_ERR_ARG: muon_create: desc is NULL"); return MUON_ERR_ARG; }
+  if ((st = muon__check_desc(desc, msg, sizeof msg)) != MUON_OK) { muon__create_fail(desc, msg); return st; }
+  a = desc->allocator;
+  if (!a.alloc) { a.alloc = muon__default_alloc; a.free = muon__default_free; a.user_data = NULL; }
+  if (!(opt = (muon_optimizer *)muon__alloc(&a, sizeof *opt))) {
+    muon__create_fail(desc, "MUON_ERR_NOMEM: muon_create: allocating the optimizer failed");
+    return MUON_ERR_NOMEM;
+  }
+  memset(opt, 0, sizeof *opt);
+  opt->allocator = a;
+  if ((st = muon__init(opt, desc, msg, sizeof msg)) != MUON_OK) {
     muon__create_fail(desc, msg);
     muon_destroy(opt);
     return st;
@@ -2277,21 +2269,21 @@ static muon_status muon__reserve_verdicts(muon_optimizer *opt, int n, const char
 
 static size_t muon__dtype_size(muon_dtype t) { return t == MUON_DTYPE_BF16 ? 2 : 4; }
 
-MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out) {
-  const char *name;
-  int count, i, first;
-  size_t size, stride, grad_stride, mirror_stride, mom_stride;
+/* What muon_add_matrix resolved from a muon_matrix: its layout and piece, strides, parts. */
+typedef struct muon__new_matrix {
   muon_layout layout;
   muon__piece piece;
-  muon__matrix *grown;
-  float **moms;
-  int parts;
+  size_t size, stride, grad_stride, mirror_stride, mom_stride;
+  int count, parts;
   float part_scale;
+} muon__new_matrix;
+
+/* Validate: every field of m, its layout and strides, before anything is allocated. */
+static muon_status muon__matrix_check(muon_optimizer *opt, const muon_matrix *m, const char *name, int first,
+                                      muon__new_matrix *r) {
+  int count;
+  size_t size, stride, grad_stride, mirror_stride, mom_stride;
   muon_status st = MUON_OK;
-  if (!opt) return MUON_ERR_ARG;
-  if (!m) return muon__fail(opt, MUON_ERR_ARG, "muon_add_matrix: m is NULL");
-  name = m->name ? m->name : "";
-  first = opt->n_matrices;
 #define MUON__BAD(st, ...) do { char what_[300]; snprintf(what_, sizeof what_, __VA_ARGS__); \
     return muon__fail(opt, st, "muon_add_matrix: %s (matrix %d, '%s')", what_, first, name); } while (0)
   if (m->ndim != 0 && m->ndim != 2)
@@ -2312,35 +2304,36 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     MUON__BAD(MUON_ERR_ARG, "muon_matrix.param_dtype is not a muon_dtype (got %d)", (int)m->param_dtype);
   if ((unsigned)m->grad_dtype > (unsigned)MUON_DTYPE_BF16)
     MUON__BAD(MUON_ERR_ARG, "muon_matrix.grad_dtype is not a muon_dtype (got %d)", (int)m->grad_dtype);
-  memset(&layout, 0, sizeof layout);
+  memset(&r->layout, 0, sizeof r->layout);
   if (m->layout) {            /* the matrix's own layout is the most specific: it wins */
     if (!opt->distributed)
       MUON__BAD(MUON_ERR_ARG, "muon_matrix.layout is set but muon_desc.dist is NULL (use muon_layout_config())");
-    layout = *m->layout;
+    r->layout = *m->layout;
   } else if (opt->distributed && opt->dist.layout) {
-    st = opt->dist.layout(opt->dist.state, first, m, &layout);
+    st = opt->dist.layout(opt->dist.state, first, m, &r->layout);
     if (st != MUON_OK) MUON__BAD(st, "muon_dist_config.layout returned %s", muon_status_string(st));
   }
   {
     char why[240];
-    if (muon__layout_piece(&layout, m->rows, m->cols, &piece, why, sizeof why) != MUON_OK)
+    if (muon__layout_piece(&r->layout, m->rows, m->cols, &r->piece, why, sizeof why) != MUON_OK)
       MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: %s", why);
   }
-  size = (size_t)(piece.f1 - piece.f0);
-  parts = muon__layout_parts(&layout, NULL, &part_scale);
-  if (parts < 1)
+  size = (size_t)(r->piece.f1 - r->piece.f0);
+  r->size = size;
+  r->parts = muon__layout_parts(&r->layout, NULL, &r->part_scale);
+  if (r->parts < 1)
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: its PARTIAL groups hold more than %d parts together", INT_MAX);
-  if (parts > 1 && m->momentum)
+  if (r->parts > 1 && m->momentum)
     MUON__BAD(
         MUON_ERR_ARG,
         "muon_matrix.momentum must be NULL for a Partial matrix: its momentum lives on its owner, whole, allocated by muon");
-  count = m->count ? m->count : 1;
+  count = r->count = m->count ? m->count : 1;
   if (count > INT_MAX - first || (size_t)count > MUON__MAX_FLOATS / (size ? size : 1))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.count %d of %zu floats each is too large", count, size);
-  stride = m->stride ? m->stride : size;
-  grad_stride = m->grad_stride ? m->grad_stride : stride;
-  mirror_stride = m->mirror_stride ? m->mirror_stride : stride;
-  mom_stride = m->momentum_stride ? m->momentum_stride : size;
+  stride = r->stride = m->stride ? m->stride : size;
+  grad_stride = r->grad_stride = m->grad_stride ? m->grad_stride : stride;
+  mirror_stride = r->mirror_stride = m->mirror_stride ? m->mirror_stride : stride;
+  mom_stride = r->mom_stride = m->momentum_stride ? m->momentum_stride : size;
   if (count > 1 && (stride < size || grad_stride < size || mirror_stride < size || mom_stride < size))
     MUON__BAD(
         MUON_ERR_SHAPE,
@@ -2351,14 +2344,24 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
        (size_t)(count - 1) > MUON__MAX_FLOATS / mirror_stride || (size_t)(count - 1) > MUON__MAX_FLOATS / mom_stride))
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix: %d slices at these strides overflow the address space", count);
 #undef MUON__BAD
-  /* Allocate everything first so a failure leaves the optimizer as it was. */
+  return MUON_OK;
+}
+
+/* Reserve: the verdicts, the grown matrix array and each slice's momentum (zeroed), so that a
+   failure leaves the optimizer as it was. */
+static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *m, const char *name, int first,
+                                        const muon__new_matrix *r, muon__matrix **grown_out, float ***moms_out) {
+  int i, count = r->count;
+  muon__matrix *grown;
+  float **moms;
+  muon_status st = MUON_OK;
   if ((st = muon__reserve_verdicts(opt, first + count + opt->n_adamw, "muon_add_matrix")) != MUON_OK) return st;
   moms = (float **)muon__alloc(&opt->allocator, (size_t)count * sizeof(float *));
   grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
   for (i = 0; grown && i < count; i++) {
-    if (parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
-    moms[i] =
-        m->momentum ? m->momentum + (size_t)i * mom_stride : (float *)muon__compute_alloc(opt, size * sizeof(float));
+    if (r->parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
+    moms[i] = m->momentum ? m->momentum + (size_t)i * r->mom_stride
+                          : (float *)muon__compute_alloc(opt, r->size * sizeof(float));
     if (!moms[i]) break;
   }
   if (!grown || i < count) {
@@ -2369,16 +2372,23 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
                       "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows,
                       m->cols, first, name);
   }
-  for (i = 0; i < count && parts == 1 &&
-              (st = muon__compute_zero(opt, moms[i], size * sizeof(float), "muon_add_matrix: zeroing the momentum")) ==
-                  MUON_OK;
-       i++) {}
+  for (i = 0; i < count && r->parts == 1 && st == MUON_OK; i++)
+    st = muon__compute_zero(opt, moms[i], r->size * sizeof(float), "muon_add_matrix: zeroing the momentum");
   if (st != MUON_OK) {
     for (i = 0; !m->momentum && i < count; i++) muon__compute_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return st;
   }
+  *grown_out = grown;
+  *moms_out = moms;
+  return MUON_OK;
+}
+
+/* Commit: the slices become matrices first .. first + count - 1; cannot fail. */
+static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const char *name, int first,
+                                const muon__new_matrix *r, muon__matrix *grown, float **moms) {
+  int i, count = r->count;
   if (first) memcpy(grown, opt->matrices, (size_t)first * sizeof(muon__matrix));
   for (i = 0; i < count; i++) {
     muon__matrix *x = &grown[first + i];
@@ -2387,118 +2397,126 @@ MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, 
     else muon__copy_name(x->name, sizeof x->name, name);
     if (name[0] || count > 1) x->name_hash = muon__name_hash(name, count > 1 ? i : -1);
     else { char anon[24]; snprintf(anon, sizeof anon, "#%d", first + i); x->name_hash = muon__name_hash(anon, -1); }
-    x->param = (char *)m->param + (size_t)i * stride * muon__dtype_size(m->param_dtype);
-    x->grad = m->grad ? (const char *)m->grad + (size_t)i * grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
-    x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * mirror_stride * 2 : NULL;
+    x->param = (char *)m->param + (size_t)i * r->stride * muon__dtype_size(m->param_dtype);
+    x->grad = m->grad ? (const char *)m->grad + (size_t)i * r->grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
+    x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * r->mirror_stride * 2 : NULL;
     x->param_dtype = m->param_dtype;
     x->grad_dtype = m->grad_dtype;
     x->rows = m->rows;
     x->cols = m->cols;
     x->group = m->group;
-    x->size = size;
-    x->layout = layout;
-    x->piece = piece;
+    x->size = r->size;
+    x->layout = r->layout;
+    x->piece = r->piece;
     x->global = -1;
     x->momentum = moms[i];
-    x->momentum_size = parts > 1 ? 0 : size;
+    x->momentum_size = r->parts > 1 ? 0 : r->size;
     x->own_momentum = m->momentum == NULL;
-    x->parts = parts;
-    x->part_scale = part_scale;
+    x->parts = r->parts;
+    x->part_scale = r->part_scale;
   }
   muon__free(&opt->allocator, moms);
   muon__free(&opt->allocator, opt->matrices);
   opt->matrices = grown;
   opt->n_matrices = first + count;
   opt->plan.ready = 0;
-  if (parts == 1) opt->stats.state_bytes += (size_t)count * size * sizeof(float);
-  if (index_out) *index_out = first;
+  if (r->parts == 1) opt->stats.state_bytes += (size_t)count * r->size * sizeof(float);
+}
+
+MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out) {
+  muon__new_matrix r;
+  muon__matrix *grown = NULL;
+  float **moms = NULL;
+  const char *name;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if (!m) return muon__fail(opt, MUON_ERR_ARG, "muon_add_matrix: m is NULL");
+  name = m->name ? m->name : "";
+  if ((st = muon__matrix_check(opt, m, name, opt->n_matrices, &r)) != MUON_OK ||
+      (st = muon__matrix_reserve(opt, m, name, opt->n_matrices, &r, &grown, &moms)) != MUON_OK)
+    return st;
+  if (index_out) *index_out = opt->n_matrices;
+  muon__matrix_commit(opt, m, name, opt->n_matrices, &r, grown, moms);
   return MUON_OK;
 }
 
-MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out) {
-  muon__adamw *grown, *x;
-  float *m1, *m2;
-  int i, k, parts, part;
+/* What muon_add_adamw_param resolved from a muon_adamw_param: its parts and this rank's chunk of
+   the moments [lo, hi), and which replica set of parts this rank is in. */
+typedef struct muon__new_adamw {
+  int parts, part;
   float part_scale;
   size_t lo, hi;
   long long replica;
+} muon__new_adamw;
+
+/* Validate: every field of p and its layout, before anything is allocated. */
+static muon_status muon__adamw_check(muon_optimizer *opt, const muon_adamw_param *p, int i, muon__new_adamw *r) {
+  const char *name = p->name ? p->name : "";
+  const char *src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
   muon_layout layout;
-  const char *src;   /* where the layout came from, for messages */
   muon__piece unused;
   char why[240];
+  long long a, b;
+  int k;
   muon_status st;
-  if (!opt) return MUON_ERR_ARG;
-  if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
-  i = opt->n_adamw;
-  if (!p->param)
-    return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: muon_adamw_param.param is NULL (param %d, '%s')", i,
-                      p->name ? p->name : "");
-  if (p->size == 0)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: muon_adamw_param.size must be > 0 (param %d, '%s')",
-                      i, p->name ? p->name : "");
-  if (p->size > MUON__MAX_FLOATS)
-    return muon__fail(opt, MUON_ERR_SHAPE,
-                      "muon_add_adamw_param: muon_adamw_param.size %zu is too large (param %d, '%s')", p->size, i,
-                      p->name ? p->name : "");
+#define MUON__BAD(st, ...) do { char what_[400]; snprintf(what_, sizeof what_, __VA_ARGS__); \
+    return muon__fail(opt, st, "muon_add_adamw_param: %s (param %d, '%s')", what_, i, name); } while (0)
+  if (!p->param) MUON__BAD(MUON_ERR_ARG, "muon_adamw_param.param is NULL");
+  if (p->size == 0) MUON__BAD(MUON_ERR_SHAPE, "muon_adamw_param.size must be > 0");
+  if (p->size > MUON__MAX_FLOATS) MUON__BAD(MUON_ERR_SHAPE, "muon_adamw_param.size %zu is too large", p->size);
   if (p->group < 0 || p->group >= opt->n_adamw_groups)
-    return muon__fail(opt, MUON_ERR_ARG,
-                      "muon_add_adamw_param: muon_adamw_param.group %d does not exist (have %d) (param %d, '%s')",
-                      p->group, opt->n_adamw_groups, i, p->name ? p->name : "");
+    MUON__BAD(MUON_ERR_ARG, "muon_adamw_param.group %d does not exist (have %d)", p->group, opt->n_adamw_groups);
   if ((unsigned)p->param_dtype > (unsigned)MUON_DTYPE_BF16 || (unsigned)p->grad_dtype > (unsigned)MUON_DTYPE_BF16)
-    return muon__fail(
-        opt, MUON_ERR_ARG,
-        "muon_add_adamw_param: muon_adamw_param.param_dtype and .grad_dtype must be muon_dtype values (got %d, %d) (param %d, '%s')",
-        (int)p->param_dtype, (int)p->grad_dtype, i, p->name ? p->name : "");
+    MUON__BAD(MUON_ERR_ARG, "muon_adamw_param.param_dtype and .grad_dtype must be muon_dtype values (got %d, %d)",
+              (int)p->param_dtype, (int)p->grad_dtype);
   if (p->full_size ? (p->full_size > MUON__MAX_FLOATS || p->offset > p->full_size || p->size > p->full_size - p->offset)
                    : p->offset != 0)
-    return muon__fail(
-        opt, MUON_ERR_SHAPE,
-        "muon_add_adamw_param: muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0) (param %d, '%s')",
-        p->offset, p->size, p->full_size, i, p->name ? p->name : "");
+    MUON__BAD(MUON_ERR_SHAPE,
+              "muon_adamw_param.offset %zu + size %zu does not fit full_size %zu (0: the whole parameter, offset 0)",
+              p->offset, p->size, p->full_size);
   memset(&layout, 0, sizeof layout);
-  src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
   if (p->layout) {
-    if (!opt->distributed)
-      return muon__fail(
-          opt, MUON_ERR_ARG,
-          "muon_add_adamw_param: muon_adamw_param.layout is set but muon_desc.dist is NULL (param %d, '%s')", i,
-          p->name ? p->name : "");
+    if (!opt->distributed) MUON__BAD(MUON_ERR_ARG, "muon_adamw_param.layout is set but muon_desc.dist is NULL");
     layout = *p->layout;
   } else if (opt->distributed && opt->dist.adamw_layout &&
              (st = opt->dist.adamw_layout(opt->dist.state, i, p, &layout)) != MUON_OK) {
-    return muon__fail(opt, st, "muon_add_adamw_param: muon_dist_config.adamw_layout returned %s (param %d, '%s')",
-                      muon_status_string(st), i, p->name ? p->name : "");
+    MUON__BAD(st, "muon_dist_config.adamw_layout returned %s", muon_status_string(st));
   }
   if (muon__layout_piece(&layout, 1, 1, &unused, why, sizeof why) != MUON_OK)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s: %s (param %d, '%s')", src, why, i,
-                      p->name ? p->name : "");
-  for (k = 0, replica = 0; k < layout.n_levels; k++) {
+    MUON__BAD(MUON_ERR_SHAPE, "%s: %s", src, why);
+  for (k = 0, r->replica = 0; k < layout.n_levels; k++) {
     const muon_level *v = &layout.levels[k];
     if (v->placement != MUON_PARTIAL && v->placement != MUON_REPLICATE)
-      return muon__fail(
-          opt, MUON_ERR_ARG,
-          "muon_add_adamw_param: muon_adamw_param.layout levels[%d] is neither PARTIAL nor REPLICATE: an AdamW param's layout says over which groups its gradient is a part and over which it is replicated (shards: offset and full_size) (param %d, '%s')",
-          k, i, p->name ? p->name : "");
-    if (v->placement == MUON_REPLICATE) replica = replica * v->size + v->index; /* which set of parts this rank is in */
+      MUON__BAD(
+          MUON_ERR_ARG,
+          "muon_adamw_param.layout levels[%d] is neither PARTIAL nor REPLICATE: an AdamW param's layout says "
+          "over which groups its gradient is a part and over which it is replicated (shards: offset and full_size)",
+          k);
+    if (v->placement == MUON_REPLICATE) r->replica = r->replica * v->size + v->index;
   }
-  parts = muon__layout_parts(&layout, &part, &part_scale);
-  if (parts < 1)
-    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s has more than %d parts (param %d, '%s')", src,
-                      INT_MAX, i, p->name ? p->name : "");
-  if (parts > 1 && opt->rounding == MUON_ROUND_STOCHASTIC)
-    return muon__fail(
-        opt, MUON_ERR_ARG,
-        "muon_add_adamw_param: a Partial AdamW param cannot use MUON_ROUND_STOCHASTIC (its random bits would depend on the chunking) (param %d, '%s')",
-        i, p->name ? p->name : "");
-  {   /* this rank's chunk of the moments: torch.chunk */
-    long long a, b;
-    muon__chunk((long long)p->size, parts, part, &a, &b);
-    lo = (size_t)a;
-    hi = (size_t)b;
-  }
+  r->parts = muon__layout_parts(&layout, &r->part, &r->part_scale);
+  if (r->parts < 1) MUON__BAD(MUON_ERR_SHAPE, "%s has more than %d parts", src, INT_MAX);
+  if (r->parts > 1 && opt->rounding == MUON_ROUND_STOCHASTIC)
+    MUON__BAD(MUON_ERR_ARG,
+              "a Partial AdamW param cannot use MUON_ROUND_STOCHASTIC (its random bits would depend on the chunking)");
+#undef MUON__BAD
+  muon__chunk((long long)p->size, r->parts, r->part, &a, &b);   /* this rank's chunk: torch.chunk */
+  r->lo = (size_t)a;
+  r->hi = (size_t)b;
+  return MUON_OK;
+}
+
+/* Reserve: the verdicts, the moments of this rank's chunk (zeroed) and the grown array, so that a
+   failure leaves the optimizer as it was. */
+static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_param *p, int i, const muon__new_adamw *r,
+                                       float **m1_out, float **m2_out) {
+  size_t n = r->hi - r->lo;
+  float *m1, *m2;
+  muon__adamw *grown;
+  muon_status st;
   if ((st = muon__reserve_verdicts(opt, opt->n_matrices + i + 1, "muon_add_adamw_param")) != MUON_OK) return st;
-  m1 = (float *)muon__compute_alloc(opt, (hi - lo) * sizeof(float));
-  m2 = m1 ? (float *)muon__compute_alloc(opt, (hi - lo) * sizeof(float)) : NULL;
+  m1 = (float *)muon__compute_alloc(opt, n * sizeof(float));
+  m2 = m1 ? (float *)muon__compute_alloc(opt, n * sizeof(float)) : NULL;
   grown = m2 ? (muon__adamw *)muon__grow(&opt->allocator, opt->adamw, i, sizeof *grown) : NULL;
   if (!grown) {
     muon__compute_free(opt, m1);
@@ -2507,16 +2525,22 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
                       "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i,
                       p->name ? p->name : "");
   }
-  opt->adamw = grown;
-  if ((st = muon__compute_zero(opt, m1, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) !=
-          MUON_OK ||
-      (st = muon__compute_zero(opt, m2, (hi - lo) * sizeof(float), "muon_add_adamw_param: zeroing the moments")) !=
-          MUON_OK) {
+  opt->adamw = grown;   /* only room: n_adamw still counts the old ones */
+  if ((st = muon__compute_zero(opt, m1, n * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
+      (st = muon__compute_zero(opt, m2, n * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
     muon__compute_free(opt, m1);
     muon__compute_free(opt, m2);
     return st;
   }
-  x = &grown[i];
+  *m1_out = m1;
+  *m2_out = m2;
+  return MUON_OK;
+}
+
+/* Commit: the param becomes AdamW param i; cannot fail. */
+static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, int i, const muon__new_adamw *r,
+                               float *m1, float *m2) {
+  muon__adamw *x = &opt->adamw[i];
   memset(x, 0, sizeof *x);
   muon__copy_name(x->name, sizeof x->name, p->name);
   if (p->name && p->name[0]) x->name_hash = muon__name_hash(p->name, -1);
@@ -2532,19 +2556,31 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   x->group = p->group;
   x->exp_avg = m1;
   x->exp_avg_sq = m2;
-  x->parts = parts;
-  x->part = part;
-  x->part_scale = part_scale;
-  x->lo = lo;
-  x->hi = hi;
+  x->parts = r->parts;
+  x->part = r->part;
+  x->part_scale = r->part_scale;
+  x->lo = r->lo;
+  x->hi = r->hi;
   x->members = -1;
-  x->state_offset = x->offset + lo;
-  x->state_size = hi - lo;
-  x->replica = replica;
+  x->state_offset = x->offset + r->lo;
+  x->state_size = r->hi - r->lo;
+  x->replica = r->replica;
   opt->n_adamw = i + 1;
   opt->plan.ready = 0;   /* distributed: the skip list is sized by every rank's count at planning */
-  opt->stats.state_bytes += 2 * (hi - lo) * sizeof(float);
-  if (index_out) *index_out = i;
+  opt->stats.state_bytes += 2 * (r->hi - r->lo) * sizeof(float);
+}
+
+MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out) {
+  muon__new_adamw r;
+  float *m1 = NULL, *m2 = NULL;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
+  if ((st = muon__adamw_check(opt, p, opt->n_adamw, &r)) != MUON_OK ||
+      (st = muon__adamw_reserve(opt, p, opt->n_adamw, &r, &m1, &m2)) != MUON_OK)
+    return st;
+  if (index_out) *index_out = opt->n_adamw;
+  muon__adamw_commit(opt, p, opt->n_adamw, &r, m1, m2);
   return MUON_OK;
 }
 
@@ -3437,26 +3473,18 @@ static int muon__plan_batches(muon_optimizer *opt) {
 }
 
 /* ---- >>impl-plan-build Plan: building it from every rank's entries --------------------------- */
-static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
+/* 1. The global list: matrices matched by (name, key), in order of first appearance; gid[t] is
+   the global index of entry t (rank by rank). */
+static muon_status muon__plan_globals(muon_optimizer *opt, const muon__entry *all, const int *count, int stride,
+                                      int *gid) {
   muon__plan *pl = &opt->plan;
-  int P = opt->plan.P, me = opt->plan.me, r, i, g, total = 0;
-  int *gid;
-  muon_status st = MUON_OK;
-  for (r = 0; r < P; r++) total += count[r];
-  gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
-  pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)total * sizeof(muon__global) + 1);
-  if (!gid || !pl->globals) {
-    muon__free(&opt->allocator, gid);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
-  }
-  memset(pl->globals, 0, (size_t)total * sizeof(muon__global));
-  /* 1. The global list: matrices matched by (name, key), in order of first appearance. */
-  for (r = 0, total = 0; r < P && st == MUON_OK; r++)
-    for (i = 0; i < count[r] && st == MUON_OK; i++, total++) {
+  int r, i, g, t;
+  for (r = 0, t = 0; r < pl->P; r++)
+    for (i = 0; i < count[r]; i++, t++) {
       const muon__entry *e = &all[(size_t)r * stride + i];
       for (g = 0; g < pl->n_globals; g++)
         if (pl->globals[g].key == e->key && pl->globals[g].name_hash == e->name_hash) break;
-      gid[total] = g;
+      gid[t] = g;
       if (g == pl->n_globals) {
         muon__global *x = &pl->globals[pl->n_globals++];
         memcpy(x->name, e->name, sizeof x->name);
@@ -3468,87 +3496,86 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
         x->mine = -1;
         x->owner = r; /* first registrant, for the messages below */
       } else if (pl->globals[g].rows != e->rows || pl->globals[g].cols != e->cols) {
-        st = muon__fail(opt, MUON_ERR_MISMATCH,
-                        "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d", e->name,
-                        pl->globals[g].rows, pl->globals[g].cols, pl->globals[g].owner, e->rows, e->cols, r);
+        return muon__fail(opt, MUON_ERR_MISMATCH,
+                          "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d", e->name,
+                          pl->globals[g].rows, pl->globals[g].cols, pl->globals[g].owner, e->rows, e->cols, r);
       }
     }
-  /* 2. Holders (non-empty pieces), ascending by rank; this rank's local index. */
-  for (g = 0; g < pl->n_globals && st == MUON_OK; g++) {
-    muon__global *x = &pl->globals[g];
-    int n = 0, t = 0;
-    unsigned long long hp = 0;
-    for (r = 0, t = 0; r < P; r++)
-      for (i = 0; i < count[r]; i++, t++)
-        if (gid[t] == g && all[(size_t)r * stride + i].piece[5] > all[(size_t)r * stride + i].piece[4]) n++;
-    x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
-    x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
-    if (!x->holders || !x->holder_ranks) {
-      st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
-      break;
-    }
-    for (r = 0, t = 0; r < P && st == MUON_OK; r++) {
-      int seen = 0;
-      for (i = 0; i < count[r]; i++, t++) {
-        const muon__entry *e = &all[(size_t)r * stride + i];
-        if (gid[t] != g) continue;
-        if (seen++) {
-          st = muon__fail(opt, MUON_ERR_ARG,
+  return MUON_OK;
+}
+
+/* 2. Holders (non-empty pieces) of global g, ascending by rank; this rank's local index; the
+   checks that the holders agree and their pieces tile the matrix. */
+static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *all, const int *count, int stride,
+                                      const int *gid, int g) {
+  muon__plan *pl = &opt->plan;
+  muon__global *x = &pl->globals[g];
+  int P = pl->P, me = pl->me, r, i, n = 0, t;
+  unsigned long long hp = 0;
+  for (r = 0, t = 0; r < P; r++)
+    for (i = 0; i < count[r]; i++, t++)
+      if (gid[t] == g && all[(size_t)r * stride + i].piece[5] > all[(size_t)r * stride + i].piece[4]) n++;
+  x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
+  x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
+  if (!x->holders || !x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
+  for (r = 0, t = 0; r < P; r++) {
+    int seen = 0;
+    for (i = 0; i < count[r]; i++, t++) {
+      const muon__entry *e = &all[(size_t)r * stride + i];
+      muon__holder *h = &x->holders[x->n_holders];
+      float scale;
+      int parts;
+      if (gid[t] != g) continue;
+      if (seen++)
+        return muon__fail(opt, MUON_ERR_ARG,
                           "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r,
                           e->name);
-          break;
-        }
-        if (r == me) x->local = i;
-        if (e->piece[5] <= e->piece[4]) continue;
-        if (x->n_holders && e->hparams != hp) {
-          st = muon__fail(opt, MUON_ERR_MISMATCH,
+      if (r == me) x->local = i;
+      if (e->piece[5] <= e->piece[4]) continue;
+      if (x->n_holders && e->hparams != hp)
+        return muon__fail(opt, MUON_ERR_MISMATCH,
                           "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters",
                           e->name, x->holders[0].rank, r);
-          break;
-        }
-        hp = e->hparams;
-        if (r == me) x->mine = x->n_holders;
-        x->holders[x->n_holders].rank = r;
-        x->holders[x->n_holders].local = i;
-        x->holders[x->n_holders].piece.r0 = e->piece[0];
-        x->holders[x->n_holders].piece.c0 = e->piece[1];
-        x->holders[x->n_holders].piece.h = e->piece[2];
-        x->holders[x->n_holders].piece.w = e->piece[3];
-        x->holders[x->n_holders].piece.f0 = e->piece[4];
-        x->holders[x->n_holders].piece.f1 = e->piece[5];
-        muon__get_layout(e->layout, &x->holders[x->n_holders].layout);
-        {
-          muon__holder *h = &x->holders[x->n_holders];
-          float scale;
-          int parts = muon__layout_parts(&h->layout, &h->part, &scale);
-          if (x->n_holders && (parts != x->parts || scale != x->part_scale)) {
-            st = muon__fail(
-                opt, MUON_ERR_MISMATCH,
-                "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
-                e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
-                scale == 1.0f ? "sum" : "mean");
-            break;
-          }
-          x->parts = parts;
-          x->part_scale = scale;
-          h->has_momentum = e->momentum_have != 0;
-        }
-        x->holder_ranks[x->n_holders] = r;
-        x->n_holders++;
-      }
+      hp = e->hparams;
+      if (r == me) x->mine = x->n_holders;
+      h->rank = r;
+      h->local = i;
+      h->piece.r0 = e->piece[0];
+      h->piece.c0 = e->piece[1];
+      h->piece.h = e->piece[2];
+      h->piece.w = e->piece[3];
+      h->piece.f0 = e->piece[4];
+      h->piece.f1 = e->piece[5];
+      muon__get_layout(e->layout, &h->layout);
+      parts = muon__layout_parts(&h->layout, &h->part, &scale);
+      if (x->n_holders && (parts != x->parts || scale != x->part_scale))
+        return muon__fail(
+            opt, MUON_ERR_MISMATCH,
+            "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
+            e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
+            scale == 1.0f ? "sum" : "mean");
+      x->parts = parts;
+      x->part_scale = scale;
+      h->has_momentum = e->momentum_have != 0;
+      x->holder_ranks[x->n_holders] = r;
+      x->n_holders++;
     }
-    if (st == MUON_OK && x->n_holders == 0)
-      st = muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
-                      g);
-    if (st == MUON_OK) st = muon__check_tiling(opt, x, g);
-    if (st == MUON_OK && x->parts > 1) st = muon__check_parts(opt, x, g);
   }
-  muon__free(&opt->allocator, gid);
-  if (st != MUON_OK) return st;
-  for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].global = -1;
-  for (g = 0; g < pl->n_globals; g++)
-    if (pl->globals[g].local >= 0) opt->matrices[pl->globals[g].local].global = g;
-  /* 3. Owners, sources, rounds. */
+  if (x->n_holders == 0)
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
+                      g);
+  if (x->parts > 1) {
+    muon_status st = muon__check_tiling(opt, x, g);
+    return st == MUON_OK ? muon__check_parts(opt, x, g) : st;
+  }
+  return muon__check_tiling(opt, x, g);
+}
+
+/* 3. Owners, sources, rounds. */
+static muon_status muon__plan_owners(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, g;
+  muon_status st;
   pl->prefetch = opt->dist.prefetch;
   pl->pipelined = opt->distributed && !opt->dist.gather && P > 1 &&
                   (pl->prefetch > 0 || (opt->dist.async && (muon__async_comm(opt) || muon__side_comm(opt))));
@@ -3575,8 +3602,14 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     muon__make_rounds(opt, owned);
     muon__free(&opt->allocator, owned);
   }
-  /* 4. NS batches: per round, the matrices this rank owns, sorted so that same-shaped ones with
-     the same Newton-Schulz settings sit next to each other in the gathered buffer. */
+  return MUON_OK;
+}
+
+/* 4. NS batches: per round, the matrices this rank owns, sorted so that same-shaped ones with the
+   same Newton-Schulz settings sit next to each other in the gathered buffer. */
+static muon_status muon__plan_ns_batches(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int i;
   pl->order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int) + 1);
   pl->order_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_rounds + 1) * sizeof(int));
   if (!pl->order || !pl->order_start)
@@ -3590,7 +3623,13 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     pl->many_m = (int *)(pl->many_hp + i);
     pl->many_n = pl->many_m + i;
   }
-  /* 5. Buffers, sized for the largest round; nothing is allocated inside a step. */
+  return MUON_OK;
+}
+
+/* 5. Buffers, sized for the largest round; nothing is allocated inside a step. */
+static muon_status muon__plan_buffers(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, me = pl->me, r, i, g;
   for (r = 0; r < pl->n_rounds; r++) {
     muon__traffic t = muon__round_traffic(opt, r, me);
     size_t s = t.out_send > t.back_send ? t.out_send : t.back_send;
@@ -3647,6 +3686,31 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
       (pl->stash_floats + pl->gathered_floats + pl->reduced_floats + pl->scratch_floats) * sizeof(float) +
       pl->ns_ws_bytes + muon__xfer_bytes(opt);
   return MUON_OK;
+}
+
+/* The plan from every rank's entries (count[r] of them at all + r * stride). */
+static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
+  muon__plan *pl = &opt->plan;
+  int r, i, g, total = 0;
+  int *gid;
+  muon_status st;
+  for (r = 0; r < pl->P; r++) total += count[r];
+  gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
+  pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)total * sizeof(muon__global) + 1);
+  if (!gid || !pl->globals) {
+    muon__free(&opt->allocator, gid);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  }
+  memset(pl->globals, 0, (size_t)total * sizeof(muon__global));
+  st = muon__plan_globals(opt, all, count, stride, gid);
+  for (g = 0; g < pl->n_globals && st == MUON_OK; g++) st = muon__plan_holders(opt, all, count, stride, gid, g);
+  muon__free(&opt->allocator, gid);
+  if (st != MUON_OK) return st;
+  for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].global = -1;
+  for (g = 0; g < pl->n_globals; g++)
+    if (pl->globals[g].local >= 0) opt->matrices[pl->globals[g].local].global = g;
+  if ((st = muon__plan_owners(opt)) != MUON_OK || (st = muon__plan_ns_batches(opt)) != MUON_OK) return st;
+  return muon__plan_buffers(opt);
 }
 
 /* A plan fingerprint: owners and rounds, hashed; ranks compare them to prove agreement. */
