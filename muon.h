@@ -1575,55 +1575,48 @@ MUON_API const char *muon_error(const muon_optimizer *opt) {
   return muon__create_error[0] ? muon__create_error : "muon_error: opt is NULL";
 }
 
+/* Writes a message for the caller to report and returns its status (printf-style). */
+static muon_status muon__why(char *msg, size_t size, muon_status st, const char *fmt, ...) MUON__PRINTF(4, 5);
+static muon_status muon__why(char *msg, size_t size, muon_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, size, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
 /* Checks one group's hyperparameters; writes the message into buf. */
 static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t size) {
   int k;
-  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) {
-    snprintf(buf, size, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd);
-    return MUON_ERR_ARG;
-  }
-  if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM) {
-    snprintf(buf, size, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)", (int)hp->ns_algorithm);
-    return MUON_ERR_ARG;
-  }
+  if (hp->cautious_wd != 0 && hp->cautious_wd != 1)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd);
+  if ((unsigned)hp->ns_algorithm > (unsigned)MUON_NS_GRAM)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.ns_algorithm is not a muon_ns_algorithm (got %d)",
+                     (int)hp->ns_algorithm);
   if (hp->ns_algorithm == MUON_NS_GRAM &&
-      ((hp->ns_restarts & 1u) || (hp->ns_steps >= 0 && hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps)))) {
-    snprintf(buf, size, "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)",
-             hp->ns_restarts, hp->ns_steps);
-    return MUON_ERR_ARG;
-  }
-  if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER) {
-    snprintf(buf, size, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon);
-    return MUON_ERR_ARG;
-  }
-  if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) {
-    snprintf(buf, size, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)", (double)hp->normuon_beta2);
-    return MUON_ERR_ARG;
-  }
-  if (!(muon__finite(hp->lr) && hp->lr >= 0)) {
-    snprintf(buf, size, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr);
-    return MUON_ERR_ARG;
-  }
-  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) {
-    snprintf(buf, size, "muon_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay);
-    return MUON_ERR_ARG;
-  }
-  if (!(hp->momentum >= 0 && hp->momentum < 1)) {
-    snprintf(buf, size, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum);
-    return MUON_ERR_ARG;
-  }
-  if (hp->nesterov != 0 && hp->nesterov != 1) {
-    snprintf(buf, size, "muon_hparams.nesterov must be 0 or 1 (got %d)", hp->nesterov);
-    return MUON_ERR_ARG;
-  }
-  if (hp->symmetric != 0 && hp->symmetric != 1) {
-    snprintf(buf, size, "muon_hparams.symmetric must be 0 or 1 (got %d)", hp->symmetric);
-    return MUON_ERR_ARG;
-  }
-  if (hp->ns_steps < 1 || hp->ns_steps > MUON_NS_MAX_STEPS) {
-    snprintf(buf, size, "muon_hparams.ns_steps must be in [1, %d] (got %d)", MUON_NS_MAX_STEPS, hp->ns_steps);
-    return MUON_ERR_ARG;
-  }
+      ((hp->ns_restarts & 1u) || (hp->ns_steps >= 0 && hp->ns_steps < 32 && (hp->ns_restarts >> hp->ns_steps))))
+    return muon__why(buf, size, MUON_ERR_ARG,
+                     "muon_hparams.ns_restarts 0x%x restarts at an iteration outside [1, ns_steps = %d)",
+                     hp->ns_restarts, hp->ns_steps);
+  if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon);
+  if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)",
+                     (double)hp->normuon_beta2);
+  if (!(muon__finite(hp->lr) && hp->lr >= 0))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr);
+  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.weight_decay must be finite and >= 0 (got %g)",
+                     (double)hp->weight_decay);
+  if (!(hp->momentum >= 0 && hp->momentum < 1))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.momentum must be in [0, 1) (got %g)", (double)hp->momentum);
+  if (hp->nesterov != 0 && hp->nesterov != 1)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.nesterov must be 0 or 1 (got %d)", hp->nesterov);
+  if (hp->symmetric != 0 && hp->symmetric != 1)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.symmetric must be 0 or 1 (got %d)", hp->symmetric);
+  if (hp->ns_steps < 1 || hp->ns_steps > MUON_NS_MAX_STEPS)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.ns_steps must be in [1, %d] (got %d)", MUON_NS_MAX_STEPS,
+                     hp->ns_steps);
   for (k = 0; k < hp->ns_steps; k++)
     if (!muon__finite(hp->ns_coefficients[k][0]) || !muon__finite(hp->ns_coefficients[k][1]) ||
         !muon__finite(hp->ns_coefficients[k][2])) {
@@ -1631,50 +1624,36 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
                (double)hp->ns_coefficients[k][0], (double)hp->ns_coefficients[k][1], (double)hp->ns_coefficients[k][2]);
       return MUON_ERR_ARG;
     }
-  if (!(muon__finite(hp->eps) && hp->eps > 0)) {
-    snprintf(buf, size, "muon_hparams.eps must be finite and > 0 (got %g)", (double)hp->eps);
-    return MUON_ERR_ARG;
-  }
-  if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_SPECTRAL_UNCLAMPED) {
-    snprintf(buf, size, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)", (int)hp->adjust_lr);
-    return MUON_ERR_ARG;
-  }
-  if ((unsigned)hp->momentum_style > (unsigned)MUON_MOMENTUM_SGD) {
-    snprintf(buf, size, "muon_hparams.momentum_style is not a muon_momentum_style (got %d)", (int)hp->momentum_style);
-    return MUON_ERR_ARG;
-  }
-  if ((unsigned)hp->precision > (unsigned)MUON_PRECISION_BF16) {
-    snprintf(buf, size, "muon_hparams.precision is not a muon_precision (got %d)", (int)hp->precision);
-    return MUON_ERR_ARG;
-  }
+  if (!(muon__finite(hp->eps) && hp->eps > 0))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.eps must be finite and > 0 (got %g)", (double)hp->eps);
+  if ((unsigned)hp->adjust_lr > (unsigned)MUON_ADJUST_LR_SPECTRAL_UNCLAMPED)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.adjust_lr is not a muon_adjust_lr (got %d)",
+                     (int)hp->adjust_lr);
+  if ((unsigned)hp->momentum_style > (unsigned)MUON_MOMENTUM_SGD)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.momentum_style is not a muon_momentum_style (got %d)",
+                     (int)hp->momentum_style);
+  if ((unsigned)hp->precision > (unsigned)MUON_PRECISION_BF16)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.precision is not a muon_precision (got %d)",
+                     (int)hp->precision);
   return MUON_OK;
 }
 
 static muon_status muon__check_adamw_hparams(const muon_adamw_hparams *hp, char *buf, size_t size) {
-  if (hp->cautious_wd != 0 && hp->cautious_wd != 1) {
-    snprintf(buf, size, "muon_adamw_hparams.cautious_wd must be 0 or 1 (got %d)", hp->cautious_wd);
-    return MUON_ERR_ARG;
-  }
-  if (!(muon__finite(hp->lr) && hp->lr >= 0)) {
-    snprintf(buf, size, "muon_adamw_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr);
-    return MUON_ERR_ARG;
-  }
-  if (!(hp->beta1 >= 0 && hp->beta1 < 1)) {
-    snprintf(buf, size, "muon_adamw_hparams.beta1 must be in [0, 1) (got %g)", (double)hp->beta1);
-    return MUON_ERR_ARG;
-  }
-  if (!(hp->beta2 >= 0 && hp->beta2 < 1)) {
-    snprintf(buf, size, "muon_adamw_hparams.beta2 must be in [0, 1) (got %g)", (double)hp->beta2);
-    return MUON_ERR_ARG;
-  }
-  if (!(muon__finite(hp->eps) && hp->eps >= 0)) {
-    snprintf(buf, size, "muon_adamw_hparams.eps must be finite and >= 0 (got %g)", (double)hp->eps);
-    return MUON_ERR_ARG;
-  }
-  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0)) {
-    snprintf(buf, size, "muon_adamw_hparams.weight_decay must be finite and >= 0 (got %g)", (double)hp->weight_decay);
-    return MUON_ERR_ARG;
-  }
+  if (hp->cautious_wd != 0 && hp->cautious_wd != 1)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_adamw_hparams.cautious_wd must be 0 or 1 (got %d)",
+                     hp->cautious_wd);
+  if (!(muon__finite(hp->lr) && hp->lr >= 0))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_adamw_hparams.lr must be finite and >= 0 (got %g)", (double)hp->lr);
+  if (!(hp->beta1 >= 0 && hp->beta1 < 1))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_adamw_hparams.beta1 must be in [0, 1) (got %g)", (double)hp->beta1);
+  if (!(hp->beta2 >= 0 && hp->beta2 < 1))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_adamw_hparams.beta2 must be in [0, 1) (got %g)", (double)hp->beta2);
+  if (!(muon__finite(hp->eps) && hp->eps >= 0))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_adamw_hparams.eps must be finite and >= 0 (got %g)",
+                     (double)hp->eps);
+  if (!(muon__finite(hp->weight_decay) && hp->weight_decay >= 0))
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_adamw_hparams.weight_decay must be finite and >= 0 (got %g)",
+                     (double)hp->weight_decay);
   return MUON_OK;
 }
 
@@ -1954,16 +1933,6 @@ MUON_API muon_dist_config muon_layout_config(void) {
 
 /* >>impl-create -------------------------------------------------------------------------------
    Creation, groups, registration */
-/* Writes a message for the caller to report and returns its status (printf-style). */
-static muon_status muon__why(char *msg, size_t size, muon_status st, const char *fmt, ...) MUON__PRINTF(4, 5);
-static muon_status muon__why(char *msg, size_t size, muon_status st, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, size, fmt, ap);
-  va_end(ap);
-  return st;
-}
-
 /* muon_create's checks, each writing the whole message ("MUON_ERR_ARG: muon_desc...") to msg. */
 static muon_status muon__check_comm(const muon_comm *c, char *msg, size_t size) {
   const char *bad = NULL;
