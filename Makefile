@@ -18,7 +18,7 @@ DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev redis-serve
 
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
 STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable
-EXAMPLES   := single muonrun muoncmp $(STRATEGIES)
+EXAMPLES   := single distributed muonrun muoncmp $(STRATEGIES)
 
 # CUDA: the toolkit's nvcc, headers and libraries (override CUDA_HOME). Without a GPU the CUDA
 # backend still compiles with nvcc, links against cudart/cuBLAS, and runs on the stand-ins
@@ -28,18 +28,22 @@ NVCC      ?= $(CUDA_HOME)/bin/nvcc
 HAVE_CUDA := $(shell test -x $(NVCC) && test -f $(CUDA_HOME)/include/cublas_v2.h && echo 1)
 CUDA_INC  := -isystem $(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas
+NCCL_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib -lnccl
 NVFLAGS   := -O2 -fmad=false -Xcompiler -Wall,-Wextra,-Werror
 STANDIN   := $(CUDA_INC) -DMUON_CUDA_STANDIN -DMUON_CUDA_IMPLEMENTATION -D_GNU_SOURCE -Itests/standin
+NCCL_STANDIN := $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o
+GPU_LINK  := $(BUILD)/cuda/muon_cuda.o $(CUDA_LIBS) -lstdc++
 
-.PHONY: all test demo bench examples install uninstall clean deps check-headers test-cuda test-gpu bench-gpu fuzz coverage mutate
+.PHONY: all test test-unit test-dist test-examples test-cuda print-tests demo bench examples install \
+        uninstall clean deps check-headers test-gpu bench-gpu fuzz coverage mutate
 
 all: examples
 
 deps:
 	@tools/install-deps.sh $(DEPS)
 
-$(BUILD):
-	@mkdir -p $(BUILD)
+$(BUILD) $(BUILD)/cuda $(BUILD)/nccl $(BUILD)/gpu:
+	@mkdir -p $@
 
 # ---- every public header alone, as C99 and as C++17, declarations and implementation --------
 check-headers: | $(BUILD)
@@ -62,32 +66,83 @@ ifeq ($(HAVE_CUDA),1)
 endif
 	@echo "headers: C99 and C++17 clean"
 
-# ---- building blocks ------------------------------------------------------------------------
-$(BUILD)/muonrun: tools/muonrun.c | $(BUILD)
-	$(CC) $(CWARN) $(O2) -D_POSIX_C_SOURCE=200809L $< -o $@
-$(BUILD)/muoncmp: tools/muoncmp.c | $(BUILD)
-	$(CC) $(CWARN) $(O2) $< -o $@
-$(BUILD)/test_muoncmp: tests/test_muoncmp.c tests/test.h | $(BUILD)
+# ==== build families: a binary's directory and name say how it is built ======================
+#   tools/X.c             $(BUILD)/X          the tools, at $(O2)
+#   examples/X.c          $(BUILD)/X          $(OPT), linked with the Gloo shim (single.c: alone)
+#   tests/X.c             $(BUILD)/X          C99 at $(OPT)
+#                         $(BUILD)/X_cxx      the same source as C++17
+#                         $(BUILD)/X_san      AddressSanitizer + UBSan ($(SAN))
+#                         $(BUILD)/X_fast     -Ofast -march=native, as trainers like llm.c build:
+#                                             the non-finite checks must survive it
+#                         $(BUILD)/X_tsan     ThreadSanitizer
+#                         $(BUILD)/X_nothreads  without the thread pool (MUON_NO_THREADS)
+#                         $(BUILD)/X_cblas    Newton-Schulz's GEMMs through OpenBLAS
+#   tests/fuzz/fuzz_X.c   $(BUILD)/fuzz_X_replay  the corpus replayer, without libFuzzer
+#   bench/X.c             $(BUILD)/X          -O3 -march=native with CBLAS
+#   and the CUDA families below: $(BUILD)/cuda/ (the stand-ins), nccl/ (stand-ins and NCCL),
+#   gpu/ (the real libraries). What a program needs beyond its family and -lm: its name in
+#   WITH_PTHREAD (links -pthread), WITH_POSIX (-D_POSIX_C_SOURCE=200809L), WITH_GLOO (the Gloo
+#   shim: muon_gloo.o, muon_gloo_san.o in _san builds, and GLOO_LIBS instead of -lm), WITH_NCCL
+#   (gpu/: muon_nccl.o and libnccl; the stand-ins' self-tests: nccl_standin.o).
+WITH_PTHREAD := test_threads test_faults test_misuse test_parallel test_nccl_standin
+WITH_POSIX   := muonrun test_dist test_agree test_verify test_reshard test_partial
+WITH_GLOO    := test_gloo test_dist test_agree test_verify test_reshard test_partial bench_dist bench_partial
+WITH_NCCL    := test_nccl bench_nccl test_nccl_standin
+# ThreadSanitizer is slow: test_parallel's small problems, with the pool's split thresholds lowered.
+TSAN.test_parallel  := -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256
+
+need      = $(filter $*,$(WITH_$1))
+posix     = $(if $(call need,POSIX),-D_POSIX_C_SOURCE=200809L)
+test_libs = $(if $(call need,GLOO),$(GLOO_LIBS),-lm$(if $(call need,PTHREAD), -pthread))
+# $(call ctest,FLAGS[,OBJECT SUFFIX[,LIBS FIRST]]): a tests/ family's C compile and link.
+ctest     = $(CC) $(CWARN) $1 $(posix) $(INC) $< $(if $(call need,GLOO),$(BUILD)/muon_gloo$2.o) -o $@ $3 $(test_libs)
+gloo_deps = $(if $(call need,GLOO),muon_gloo.h examples/common.h $(BUILD)/muon_gloo$1.o)
+TEST_DEPS := muon.h tests/test.h tests/tmat.h
+
+.SECONDEXPANSION:
+$(BUILD)/%: tools/%.c | $(BUILD)
+	$(CC) $(CWARN) $(O2) $(posix) $< -o $@
+$(BUILD)/test_muoncmp: tests/test_muoncmp.c tests/test.h | $(BUILD)    # built as the tool it tests
 	$(CC) $(CWARN) $(O2) -D_POSIX_C_SOURCE=200809L -Itests $< -o $@
 $(BUILD)/muon_gloo.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
 	$(CXX) $(CXXWARN) $(O2) -I. -c $< -o $@
 $(BUILD)/muon_gloo_san.o: examples/muon_gloo.cpp muon.h muon_gloo.h | $(BUILD)
 	$(CXX) $(CXXWARN) $(SAN) -I. -c $< -o $@
 
+$(BUILD)/%: tests/%.c $(TEST_DEPS) $$(call gloo_deps) | $(BUILD)
+	$(call ctest,$(OPT))
+$(BUILD)/%_cxx: tests/%.c $(TEST_DEPS) | $(BUILD)
+	$(CXX) $(CXXWARN) $(OPT) $(posix) $(INC) -x c++ $< -o $@ $(filter-out -lm,$(test_libs))
+$(BUILD)/%_san: tests/%.c $(TEST_DEPS) $$(call gloo_deps,_san) | $(BUILD)
+	$(call ctest,$(SAN),_san)
+$(BUILD)/%_fast: tests/%.c $(TEST_DEPS) $$(call gloo_deps) | $(BUILD)
+	$(call ctest,-Ofast -march=native)
+$(BUILD)/%_tsan: tests/%.c $(TEST_DEPS) $$(call gloo_deps) | $(BUILD)
+	$(call ctest,-O1 -g -fsanitize=thread $(TSAN.$*))
+$(BUILD)/%_nothreads: tests/%.c $(TEST_DEPS) $$(call gloo_deps) | $(BUILD)
+	$(call ctest,$(OPT) -DMUON_NO_THREADS)
+$(BUILD)/%_cblas: tests/%.c $(TEST_DEPS) $$(call gloo_deps) | $(BUILD)
+	$(call ctest,$(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS),,$(BLAS_LIBS))
+# make coverage builds the replays plain (REPLAY_SAN=-O0), so that their counters merge.
+REPLAY_SAN ?= $(SAN)
+$(BUILD)/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz_models.h tests/fuzz/fuzz_world.h muon.h | $(BUILD)
+	$(CC) $(CWARN) $(REPLAY_SAN) -I. $< tests/fuzz/replay.c -o $@ -lm -pthread
+$(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
+	$(PYTHON) tests/ref_muon.py $(BUILD)/golden
+	@touch $@
+
 # ---- examples -------------------------------------------------------------------------------
 examples: deps $(addprefix $(BUILD)/,$(EXAMPLES))
 $(BUILD)/single: examples/single.c muon.h | $(BUILD)
 	$(CC) $(CWARN) $(OPT) -I. $< -o $@ -lm
-$(addprefix $(BUILD)/,$(STRATEGIES)): $(BUILD)/%: examples/%.c examples/common.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o
+$(BUILD)/%: examples/%.c examples/common.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
 	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 
 # The flagship: TP x FSDP (2 x 2) on 4 local Gloo processes, checked bitwise against one device.
 demo: deps $(BUILD)/muonrun $(BUILD)/tp_fsdp
 	$(BUILD)/muonrun -n 4 $(BUILD)/tp_fsdp --steps 10
 
-# ---- CUDA: nvcc compile + link against the real libraries; the same code on the stand-ins ---
-$(BUILD)/cuda: | $(BUILD)
-	@mkdir -p $(BUILD)/cuda
+# ---- CUDA: nvcc's object, and the same code on the stand-ins (cuda/) -------------------------
 $(BUILD)/cuda/muon_cuda.o: examples/muon_cuda.cu muon.h muon_cuda.h | $(BUILD)/cuda
 	$(NVCC) $(NVFLAGS) -I. -c $< -o $@
 # Linking proves every cudart/cuBLAS call exists with the signature used; it runs on a GPU only.
@@ -97,62 +152,50 @@ $(BUILD)/cuda/standin.o: tests/standin/cuda_standin.c tests/standin/standin.h | 
 	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
 $(BUILD)/cuda/standin_san.o: tests/standin/cuda_standin.c tests/standin/standin.h | $(BUILD)/cuda
 	$(CC) $(CWARN) $(SAN) -D_GNU_SOURCE $(CUDA_INC) -c $< -o $@
-$(BUILD)/cuda/test_standin: tests/standin/test_standin.c $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/standin.o -o $@ -lm
-$(BUILD)/cuda/test_cuda_slots: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
-$(BUILD)/cuda/test_cuda: tests/test_cuda.c muon.h muon_cuda.h $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
-$(BUILD)/cuda/test_cuda_slots_san: tests/test_cuda_slots.c muon.h muon_cuda.h $(BUILD)/cuda/standin_san.o tests/test.h
-	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
-$(BUILD)/cuda/muonrun: $(BUILD)/muonrun | $(BUILD)/cuda
-	cp $< $@
-# Every strategy example with CUDA compute (on the stand-ins) and Gloo communication.
-$(addprefix $(BUILD)/cuda/,$(STRATEGIES)): $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
-	$(CC) $(CWARN) $(O2) -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
-
-# ---- NCCL: muon_nccl.h compiled against the real nccl.h; linked against the real libnccl (to
-# prove the calls exist), and run on the stand-ins: every strategy with CUDA compute + NCCL.
-NCCL_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib -lnccl
-$(BUILD)/nccl: | $(BUILD)
-	@mkdir -p $(BUILD)/nccl
-$(BUILD)/nccl/muon_nccl.o: examples/muon_nccl.c muon.h muon_nccl.h | $(BUILD)/nccl
-	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. -c $< -o $@
 $(BUILD)/cuda/nccl_standin.o: tests/standin/nccl_standin.c tests/standin/standin.h | $(BUILD)/cuda
 	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
-$(BUILD)/cuda/test_nccl_standin: tests/standin/test_nccl_standin.c $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o tests/test.h
-	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o -o $@ -lm -pthread
 $(BUILD)/cuda/nccl_standin_san.o: tests/standin/nccl_standin.c tests/standin/standin.h | $(BUILD)/cuda
 	$(CC) $(CWARN) $(SAN) -D_GNU_SOURCE $(CUDA_INC) -Itests/standin -c $< -o $@
-NCCL_STANDIN := $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o
-# AddressSanitizer + UBSan over everything at once: muon.h, muon_cuda.h, muon_nccl.h, both stand-ins.
-$(BUILD)/nccl/test_nccl_san: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o tests/test.h
-	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o -o $@ -lm -pthread
-$(BUILD)/nccl/test_nccl: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN) tests/test.h
-	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
-# Links muon_nccl.o with the real libnccl / libcudart / libcublas: runs only on a GPU (test-gpu).
-$(BUILD)/gpu/test_nccl: tests/test_nccl.c tests/tmat.h examples/common.h muon.h muon_cuda.h muon_nccl.h $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
-	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
-$(BUILD)/nccl/bench_nccl: bench/bench_nccl.c muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
-	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(NCCL_STANDIN) -o $@ -lm -pthread
-$(BUILD)/gpu/bench_nccl: bench/bench_nccl.c muon.h muon_cuda.h muon_nccl.h $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
-	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. $< $(BUILD)/nccl/muon_nccl.o $(GPU_LINK) $(NCCL_LIBS) -o $@ -lm
-$(BUILD)/nccl/muonrun: $(BUILD)/muonrun | $(BUILD)/nccl
+$(BUILD)/nccl/muon_nccl.o: examples/muon_nccl.c muon.h muon_nccl.h | $(BUILD)/nccl
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. -c $< -o $@
+$(BUILD)/cuda/muonrun $(BUILD)/nccl/muonrun $(BUILD)/gpu/muonrun: $(BUILD)/%/muonrun: $(BUILD)/muonrun | $(BUILD)/%
 	cp $< $@
-$(addprefix $(BUILD)/nccl/,$(STRATEGIES)): $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
+CUDA_DEPS := muon.h muon_cuda.h tests/test.h tests/tmat.h examples/common.h
+# The stand-ins' own tests (tests/standin/X.c).
+$(BUILD)/cuda/%: tests/standin/%.c tests/test.h $(BUILD)/cuda/standin.o $$(if $$(call need,NCCL),$(BUILD)/cuda/nccl_standin.o)
+	$(CC) $(CWARN) $(O2) -D_GNU_SOURCE $(CUDA_INC) -Itests -Itests/standin $< $(if $(call need,NCCL),$(BUILD)/cuda/nccl_standin.o) $(BUILD)/cuda/standin.o -o $@ $(test_libs)
+# The CUDA backend on the stand-ins: tests, the GPU bench's smoke run, and every strategy
+# example with CUDA compute and Gloo communication.
+$(BUILD)/cuda/%: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
+$(BUILD)/cuda/%_san: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin_san.o
+	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
+$(BUILD)/cuda/%_standin: bench/%.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
+$(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) $(O2) -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
+
+# ---- NCCL: muon_nccl.h compiled against the real nccl.h and run on the stand-ins (nccl/): the
+# tests, the bench's smoke run, every strategy with CUDA compute + NCCL; the _san build puts
+# AddressSanitizer + UBSan over everything at once (muon.h, muon_cuda.h, muon_nccl.h, stand-ins).
+$(BUILD)/nccl/%: tests/%.c $(CUDA_DEPS) muon_nccl.h $(NCCL_STANDIN)
+	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
+$(BUILD)/nccl/%_san: tests/%.c $(CUDA_DEPS) muon_nccl.h examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o | $(BUILD)/nccl
+	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< examples/muon_nccl.c $(BUILD)/cuda/nccl_standin_san.o $(BUILD)/cuda/standin_san.o -o $@ -lm -pthread
+$(BUILD)/nccl/%: bench/%.c muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
+	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(NCCL_STANDIN) -o $@ -lm -pthread
+$(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
 	$(CC) $(CWARN) $(O2) -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
 
-# ---- on a real GPU: the same suites linked against nvcc's object and the real libraries -------
-GPU_LINK := $(BUILD)/cuda/muon_cuda.o $(CUDA_LIBS) -lstdc++
-$(BUILD)/gpu: | $(BUILD)
-	@mkdir -p $(BUILD)/gpu
-$(BUILD)/gpu/test_cuda_slots: tests/test_cuda_slots.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
-	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
-$(BUILD)/gpu/test_cuda: tests/test_cuda.c $(BUILD)/cuda/muon_cuda.o tests/test.h | $(BUILD)/gpu
-	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(GPU_LINK) -o $@ -lm
-$(BUILD)/gpu/muonrun: $(BUILD)/muonrun | $(BUILD)/gpu
-	cp $< $@
-$(addprefix $(BUILD)/gpu/,$(STRATEGIES)): $(BUILD)/gpu/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/muon_cuda.o
+# ---- on a real GPU (gpu/): the same suites and benches linked against nvcc's object and the
+# real libraries (and libnccl); built by make test to prove the calls link, run by test-gpu.
+gpu_link = $(if $(call need,NCCL),$(BUILD)/nccl/muon_nccl.o) $(GPU_LINK)$(if $(call need,NCCL), $(NCCL_LIBS))
+gpu_deps = $(BUILD)/cuda/muon_cuda.o $(if $(call need,NCCL),$(BUILD)/nccl/muon_nccl.o)
+$(BUILD)/gpu/%: tests/%.c $(CUDA_DEPS) muon_nccl.h $$(gpu_deps) | $(BUILD)/gpu
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) $(INC) $< $(gpu_link) -o $@ -lm
+$(BUILD)/gpu/%: bench/%.c bench/bench.h muon.h muon_cuda.h muon_nccl.h $$(gpu_deps) | $(BUILD)/gpu
+	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. $< $(gpu_link) -o $@ -lm
+$(BUILD)/gpu/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
 	$(CC) $(CWARN) $(O2) -DEX_CUDA $(CUDA_INC) $(INC) $< $(BUILD)/muon_gloo.o $(GPU_LINK) -o $@ $(GLOO_LIBS)
 
 # World size 1, and several Gloo ranks sharing the one GPU; compute-sanitizer where installed.
@@ -166,13 +209,9 @@ test-gpu: $(addprefix $(BUILD)/gpu/,test_cuda_slots test_cuda test_nccl muonrun 
 
 # NS vs the cuBLAS GEMM ceiling, a GPT-2 124M step vs a torch-style C baseline and (where PyTorch
 # is importable by TORCH_PYTHON) torch.optim.Muon, memory held: see bench/README.md.
-TORCH_PYTHON ?= python3
-$(BUILD)/gpu/bench_gpu: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/muon_cuda.o | $(BUILD)/gpu
-	$(CC) $(CWARN) $(O2) $(CUDA_INC) -I. $< $(GPU_LINK) -o $@ -lm
-$(BUILD)/cuda/bench_gpu_standin: bench/bench_gpu.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
-	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
 # The distributed step over NCCL on 1, 2, 4, 8 GPUs of this node (up to NGPU), each against the
 # one-GPU time measured first in the same run.
+TORCH_PYTHON ?= python3
 NGPU ?= 1
 bench-gpu: $(BUILD)/gpu/bench_gpu $(BUILD)/gpu/bench_nccl $(BUILD)/gpu/muonrun
 	@$(TORCH_PYTHON) bench/bench_torch.py | tee $(BUILD)/gpu/bench_torch.txt
@@ -183,102 +222,34 @@ bench-gpu: $(BUILD)/gpu/bench_gpu $(BUILD)/gpu/bench_nccl $(BUILD)/gpu/muonrun
 	     $$([ $$n -eq 1 ] && echo --save $(BUILD)/gpu/bench_nccl.$$m.txt || echo --base $(BUILD)/gpu/bench_nccl.$$m.txt) || exit 1; \
 	 done; done
 
-CUDA_BINS := $(addprefix $(BUILD)/cuda/,muon_cuda.o test_cuda_slots_gpu test_standin test_cuda_slots test_cuda_slots_san test_cuda bench_gpu_standin muonrun $(STRATEGIES)) $(BUILD)/gpu/bench_gpu \
-             $(BUILD)/cuda/test_nccl_standin $(BUILD)/gpu/test_nccl $(BUILD)/gpu/bench_nccl \
-             $(addprefix $(BUILD)/nccl/,test_nccl test_nccl_san bench_nccl muonrun $(STRATEGIES))
-ifeq ($(HAVE_CUDA),1)
-CUDA_TESTS := "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" \
-              "$(BUILD)/cuda/test_cuda" \
-              "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
-              "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
-              $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
-              $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
-              "MUON_STANDIN_AHEAD=1 $(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
-              "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
-              "tests/run_examples.sh --one-size --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
-              "tests/run_wire.sh $(BUILD)/cuda 4 fsdp tp_fsdp" "tests/run_wire.sh $(BUILD)/nccl 4 fsdp tp_hsdp" \
-              "tests/run_overlap.sh $(BUILD)/cuda fsdp" "MUON_STANDIN_AHEAD=1 tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
-              "tests/run_partial.sh $(BUILD)/cuda ddp hsdp" "tests/run_partial.sh $(BUILD)/nccl cp tp_hsdp" \
-              "MUON_STANDIN_AHEAD=1 EXTRA='--partial sum' tests/run_overlap.sh --some $(BUILD)/nccl ddp" \
-              $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
-              "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
-else
-CUDA_BINS  :=
-CUDA_TESTS := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUDA compile, link and stand-in tests skipped'; echo '0 passed, 0 failed, 1 skipped'"
-endif
-
-# ---- tests ----------------------------------------------------------------------------------
-SINGLE := test_api test_golden test_ns test_trainer test_adamw test_gemm
-$(addprefix $(BUILD)/,$(SINGLE)): $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm
-$(addprefix $(BUILD)/,$(addsuffix _cxx,$(SINGLE))): $(BUILD)/%_cxx: tests/%.c muon.h tests/test.h | $(BUILD)
-	$(CXX) $(CXXWARN) $(OPT) $(INC) -x c++ $< -o $@
-$(addprefix $(BUILD)/,$(addsuffix _san,$(SINGLE))): $(BUILD)/%_san: tests/%.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm
-# -Ofast -march=native, as trainers like llm.c build: the non-finite checks must survive it.
-$(addprefix $(BUILD)/,$(addsuffix _fast,$(SINGLE))): $(BUILD)/%_fast: tests/%.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) -Ofast -march=native $(INC) $< -o $@ -lm
-$(BUILD)/test_ns_cblas: tests/test_ns.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm
-$(BUILD)/test_threads: tests/test_threads.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
-$(BUILD)/test_threads_fast: tests/test_threads.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) -Ofast -march=native $(INC) $< -o $@ -lm -pthread
-$(BUILD)/test_threads_san: tests/test_threads.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
-# ThreadSanitizer over the ranks-as-threads world, whose variants run the communication thread
-$(BUILD)/test_threads_tsan: tests/test_threads.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) -O1 -g -fsanitize=thread $(INC) $< -o $@ -lm -pthread
-# The compute backend failing at its N-th call (test_faults) and every API misuse (test_misuse).
-$(BUILD)/test_faults $(BUILD)/test_misuse: $(BUILD)/%: tests/%.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
-$(BUILD)/test_faults_san $(BUILD)/test_misuse_san: $(BUILD)/%_san: tests/%.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(SAN) $(INC) $< -o $@ -lm -pthread
-# The CPU backend's threads: every variant must give the single-thread bits (ThreadSanitizer
-# watches the pool; MUON_NO_THREADS builds without it; CBLAS runs side by side on muon's threads).
-$(BUILD)/test_parallel: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) $(INC) $< -o $@ -lm -pthread
-$(BUILD)/test_parallel_cxx: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
-	$(CXX) $(CXXWARN) $(OPT) $(INC) -x c++ $< -o $@ -pthread
-$(BUILD)/test_parallel_tsan: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) -O1 -g -fsanitize=thread -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256 $(INC) $< -o $@ -lm -pthread
-$(BUILD)/test_parallel_nothreads: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) -DMUON_NO_THREADS $(INC) $< -o $@ -lm -pthread
-$(BUILD)/test_parallel_cblas: tests/test_parallel.c muon.h tests/test.h | $(BUILD)
-	$(CC) $(CWARN) $(OPT) -DMUON_USE_CBLAS $(BLAS_CFLAGS) $(INC) $< -o $@ $(BLAS_LIBS) -lm -pthread
-# The fuzz targets' corpora replayed without libFuzzer (any compiler), under the sanitizers; make
-# coverage builds them plain (REPLAY_SAN=-O0), so that their counters merge with the other builds'.
-REPLAY_SAN ?= $(SAN)
-$(BUILD)/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz_models.h tests/fuzz/fuzz_world.h muon.h | $(BUILD)
-	$(CC) $(CWARN) $(REPLAY_SAN) -I. $< tests/fuzz/replay.c -o $@ -lm -pthread
-$(BUILD)/test_gloo: tests/test_gloo.c muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
-	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_dist: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
-	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_agree: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
-	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_verify: tests/test_verify.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
-	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_reshard: tests/test_reshard.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
-	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_agree_san: tests/test_agree.c tests/tmat.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
-	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_partial: tests/test_partial.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo.o
-	$(CC) $(CWARN) $(OPT) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_partial_san: tests/test_partial.c examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
-	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
-$(BUILD)/test_dist_san: tests/test_dist.c tests/tmat.h examples/common.h muon.h muon_gloo.h tests/test.h $(BUILD)/muon_gloo_san.o
-	$(CC) $(CWARN) $(SAN) -D_POSIX_C_SOURCE=200809L $(INC) $< $(BUILD)/muon_gloo_san.o -o $@ $(GLOO_LIBS)
-$(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
-	$(PYTHON) tests/ref_muon.py $(BUILD)/golden
-	@touch $@
-
-TEST_BINS := $(addprefix $(BUILD)/,$(SINGLE) $(addsuffix _cxx,$(SINGLE)) $(addsuffix _san,$(SINGLE)) $(addsuffix _fast,$(SINGLE)) \
-             test_ns_cblas test_threads test_threads_fast test_threads_san test_threads_tsan \
-             test_parallel test_parallel_cxx test_parallel_tsan test_parallel_nothreads test_parallel_cblas \
-             fuzz_state_replay fuzz_layout_replay test_faults test_faults_san test_misuse test_misuse_san test_gloo test_dist test_dist_san test_partial test_partial_san test_agree test_agree_san test_reshard test_verify test_muoncmp muoncmp \
-             muonrun $(STRATEGIES)) $(CUDA_BINS)
+# ==== the tests: four tables of commands for tests/run.sh ====================================
+# Each entry is one quoted shell command; tests/run.sh runs them one at a time and adds up their
+# "N passed, M failed" lines. What a table builds is found in its commands: every word
+# $(BUILD)/[DIR/]NAME whose NAME, less a family suffix, names a source (SRC_DIRS); NEEDS_<table>
+# adds what scripts run by themselves. So a new test is one line in one table (and its name in a
+# WITH_ list above when it needs more than C99 and -lm). `make print-tests [TABLE=unit]` lists them.
 RUN := $(BUILD)/muonrun --timeout 120
+# $(call each,NAME,BUILDS[,ARGS]): tests/NAME.c's builds (. = the plain one, else the suffix)
+each  = $(foreach f,$2,"$(BUILD)/$1$(patsubst _.,,_$f)$(if $3, $3)")
+# $(call ranks,SIZES,PROGRAM ARGS): the program under muonrun at each world size
+ranks = $(foreach n,$1,"$(RUN) -n $(n) $2")
+
+# Single-process: muon.h's API, the numpy reference data, every build flavour, threads, faults.
+TESTS_unit := \
+  $(call each,test_api,. cxx san fast) \
+  $(call each,test_trainer,. cxx san fast) \
+  $(call each,test_adamw,. cxx san fast) \
+  $(call each,test_gemm,. cxx san fast) \
+  $(call each,test_golden,. cxx san fast,$(BUILD)/golden) \
+  $(call each,test_ns,. cxx san fast,$(BUILD)/golden) "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
+  $(call each,test_threads,. fast san) "$(BUILD)/test_threads_tsan 60" \
+  $(call each,test_parallel,. cxx tsan nothreads) "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_parallel_cblas" \
+  $(call each,test_faults,. san,$(BUILD)/faults) \
+  $(call each,test_misuse,. san,$(BUILD)/misuse) \
+  "$(BUILD)/test_muoncmp $(BUILD)/muoncmp_test $(BUILD)/muoncmp" \
+  "tests/run_fuzz.sh $(BUILD) replay" \
+  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout"
+NEEDS_unit := $(BUILD)/golden/.done
 
 # Checkpoints across world sizes and layouts: one save, then loads at other sizes and layouts.
 RS := $(BUILD)/test_reshard
@@ -300,57 +271,88 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 1 $(RS) --layout single --normuon rows --save $(BUILD)/reshard/f" \
   "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1"
 
-# The binaries build in parallel (JOBS, default: every core); the tests then run one at a time.
+# Gloo, several processes: the communicator, the distributed step, agreement, dead and stalled
+# peers, Partial gradients, checkpoints, the verification workflow.
+TESTS_dist := \
+  $(call ranks,1 2 3 4 8,$(BUILD)/test_gloo) \
+  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --die-started" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
+  "tests/run_redis.sh $(BUILD)" \
+  $(call ranks,1 2 3 4 8,$(BUILD)/test_dist) "$(RUN) -n 3 $(BUILD)/test_dist_san" \
+  "MUON_GLOO_BLOCKING=1 $(RUN) -n 3 $(BUILD)/test_dist" \
+  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
+  "$(BUILD)/test_dist --fault kill 3 overlap" "$(BUILD)/test_dist --fault stall 3 overlap" \
+  "MUON_GLOO_BLOCKING=1 $(BUILD)/test_dist --fault kill 3 overlap" \
+  $(call ranks,1 2 3 4,$(BUILD)/test_agree) "$(RUN) -n 3 $(BUILD)/test_agree_san" \
+  $(call ranks,1 2 3 4,$(BUILD)/test_partial $(BUILD)/partial) "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
+  $(RESHARD_TESTS) \
+  $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
+  "tests/run_wrong_dim.sh $(BUILD)"
+NEEDS_dist := $(BUILD)/tp_fsdp
+
+# The examples: every strategy at its world sizes, the option variants, bf16 on the wire,
+# overlap, Partial gradients; each bitwise against one device.
+TESTS_examples := \
+  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
+  $(call ranks,1 2 3 4,$(BUILD)/distributed) \
+  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
+  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \
+  "$(RUN) -n 4 $(BUILD)/tp_fsdp --normuon rows --gram --quiet && echo 'tp_fsdp --normuon rows --gram: 1 passed, 0 failed'" \
+  $(foreach e,ddp fsdp tp_fsdp,"MUON_THREADS=3 $(RUN) -n 2 $(BUILD)/$(e) --normuon larger --quiet && echo '$(e) MUON_THREADS=3: 1 passed, 0 failed'") \
+  "tests/run_wire.sh $(BUILD) 4 ddp fsdp tp_fsdp hsdp ep_fsdp tp_hsdp" \
+  "MUON_THREADS=2 tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
+  "MUON_THREADS=2 MUON_GLOO_BLOCKING=1 tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
+  "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
+  "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
+  "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
+  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'"
+NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES))
+
+# CUDA: nvcc compiles the backend and it links against cudart/cuBLAS/NCCL (gpu/ and
+# cuda/test_cuda_slots_gpu are built, not run); the same code runs on the stand-ins.
+ifeq ($(HAVE_CUDA),1)
+TESTS_cuda := \
+  "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" "$(BUILD)/cuda/test_cuda" \
+  "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
+  "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
+  $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
+  $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
+  "MUON_STANDIN_AHEAD=1 $(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
+  "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
+  "tests/run_examples.sh --one-size --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \
+  "tests/run_wire.sh $(BUILD)/cuda 4 fsdp tp_fsdp" "tests/run_wire.sh $(BUILD)/nccl 4 fsdp tp_hsdp" \
+  "tests/run_overlap.sh $(BUILD)/cuda fsdp" "MUON_STANDIN_AHEAD=1 tests/run_overlap.sh --some $(BUILD)/nccl fsdp tp_hsdp" \
+  "tests/run_partial.sh $(BUILD)/cuda ddp hsdp" "tests/run_partial.sh $(BUILD)/nccl cp tp_hsdp" \
+  "MUON_STANDIN_AHEAD=1 EXTRA='--partial sum' tests/run_overlap.sh --some $(BUILD)/nccl ddp" \
+  $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
+  "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
+NEEDS_cuda := $(addprefix $(BUILD)/cuda/,muonrun $(STRATEGIES)) $(addprefix $(BUILD)/nccl/,muonrun $(STRATEGIES)) \
+  $(BUILD)/cuda/muon_cuda.o $(BUILD)/cuda/test_cuda_slots_gpu $(addprefix $(BUILD)/gpu/,bench_gpu test_nccl bench_nccl)
+else
+TESTS_cuda := "echo 'CUDA toolkit not found at $(CUDA_HOME) (set CUDA_HOME): CUDA compile, link and stand-in tests skipped'; echo '0 passed, 0 failed, 1 skipped'"
+endif
+
+SRC_DIRS := tests tests/standin tests/fuzz tools examples bench
+SUFFIXES := _cxx _san _fast _tsan _nothreads _cblas _replay _standin _gpu
+unsuffix  = $(or $(firstword $(foreach s,$(SUFFIXES),$(patsubst %$s,%,$(filter %$s,$1)))),$1)
+is_binary = $(wildcard $(foreach d,$(SRC_DIRS),$d/$1.c $d/$(call unsuffix,$1).c))
+binaries  = $(foreach w,$(filter $(BUILD)/%,$(subst ",,$1)),$(if $(call is_binary,$(notdir $w)),$w))
+# the first of each word, in order (a goal made earlier as another's prerequisite: 'up to date')
+uniq      = $(if $1,$(firstword $1) $(call uniq,$(filter-out $(firstword $1),$1)))
+TABLES    := unit dist examples cuda
+$(foreach t,$(TABLES),$(eval BINS_$t := $$(strip $$(call uniq,$$(call binaries,$$(TESTS_$t)) $$(NEEDS_$t)))))
+TEST_BINS := $(call uniq,$(foreach t,$(TABLES),$(BINS_$t)))
+
+# The binaries build in parallel (JOBS, default: every core); the tests then run one at a time,
+# all four tables in one tests/run.sh (one closing line); test-<table> builds and runs one.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps check-headers
-	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BINS) $(BUILD)/golden/.done
-	@tests/run.sh \
-	  "$(BUILD)/test_api" "$(BUILD)/test_api_cxx" "$(BUILD)/test_api_san" \
-	  "$(BUILD)/test_trainer" "$(BUILD)/test_trainer_cxx" "$(BUILD)/test_trainer_san" \
-	  "$(BUILD)/test_adamw" "$(BUILD)/test_adamw_cxx" "$(BUILD)/test_adamw_san" "$(BUILD)/test_adamw_fast" \
-	  "$(BUILD)/test_faults $(BUILD)/faults" "$(BUILD)/test_faults_san $(BUILD)/faults" "$(BUILD)/test_misuse $(BUILD)/misuse" "$(BUILD)/test_misuse_san $(BUILD)/misuse" \
-	  "$(BUILD)/test_gemm" "$(BUILD)/test_gemm_cxx" "$(BUILD)/test_gemm_san" "$(BUILD)/test_gemm_fast" \
-	  "$(BUILD)/test_api_fast" "$(BUILD)/test_trainer_fast" "$(BUILD)/test_golden_fast $(BUILD)/golden" \
-	  "$(BUILD)/test_ns_fast $(BUILD)/golden" \
-	  "$(BUILD)/test_golden $(BUILD)/golden" "$(BUILD)/test_golden_cxx $(BUILD)/golden" \
-	  "$(BUILD)/test_golden_san $(BUILD)/golden" \
-	  "$(BUILD)/test_ns $(BUILD)/golden" "$(BUILD)/test_ns_cxx $(BUILD)/golden" \
-	  "$(BUILD)/test_ns_san $(BUILD)/golden" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_ns_cblas $(BUILD)/golden" \
-	  "$(BUILD)/test_threads" "$(BUILD)/test_threads_fast" "$(BUILD)/test_threads_san" "$(BUILD)/test_threads_tsan 60" \
-	  "$(BUILD)/test_parallel" "$(BUILD)/test_parallel_cxx" "$(BUILD)/test_parallel_tsan" \
-	  "$(BUILD)/test_parallel_nothreads" "OPENBLAS_NUM_THREADS=1 $(BUILD)/test_parallel_cblas" \
-	  "$(RUN) -n 1 $(BUILD)/test_gloo" "$(RUN) -n 2 $(BUILD)/test_gloo" "$(RUN) -n 3 $(BUILD)/test_gloo" \
-	  "$(RUN) -n 4 $(BUILD)/test_gloo" "$(RUN) -n 8 $(BUILD)/test_gloo" \
-	  "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --die-started" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
-	  "tests/run_redis.sh $(BUILD)" \
-	  "$(RUN) -n 1 $(BUILD)/test_dist" "$(RUN) -n 2 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist" \
-	  "$(RUN) -n 4 $(BUILD)/test_dist" "$(RUN) -n 8 $(BUILD)/test_dist" "$(RUN) -n 3 $(BUILD)/test_dist_san" \
-	  "$(BUILD)/test_dist --fault kill 3" "$(BUILD)/test_dist --fault stall 3" \
-	  "$(RUN) -n 1 $(BUILD)/test_agree" "$(RUN) -n 2 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree" \
-	  "$(RUN) -n 4 $(BUILD)/test_agree" "$(RUN) -n 3 $(BUILD)/test_agree_san" \
-	  $(RESHARD_TESTS) \
-	  "$(BUILD)/test_muoncmp $(BUILD)/muoncmp_test $(BUILD)/muoncmp" \
-	  "$(RUN) -n 1 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 2 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
-	  "$(RUN) -n 3 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" "$(RUN) -n 4 $(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify" \
-	  "tests/run_wrong_dim.sh $(BUILD)" \
-	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
-	  $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \
-	  "$(RUN) -n 4 $(BUILD)/tp_fsdp --normuon rows --gram --quiet && echo 'tp_fsdp --normuon rows --gram: 1 passed, 0 failed'" \
-	  $(foreach e,ddp fsdp tp_fsdp,"MUON_THREADS=3 $(RUN) -n 2 $(BUILD)/$(e) --normuon larger --quiet && echo '$(e) MUON_THREADS=3: 1 passed, 0 failed'") \
-	  "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
-	  "tests/run_wire.sh $(BUILD) 4 ddp fsdp tp_fsdp hsdp ep_fsdp tp_hsdp" \
-	  "MUON_THREADS=2 tests/run_overlap.sh $(BUILD) fsdp tp_fsdp hsdp ep_fsdp full_4d" \
-	  "MUON_THREADS=2 MUON_GLOO_BLOCKING=1 tests/run_overlap.sh --some $(BUILD) ddp cp fsdp_flat tp tp_hsdp ep ep_tp pp layout_2d custom_vtable" \
-	  "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
-	  $(foreach n,1 2 3 4,"$(RUN) -n $(n) $(BUILD)/test_partial $(BUILD)/partial") "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
-	  "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
-	  "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
-	  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
-	  "$(BUILD)/test_dist --fault kill 3 overlap" "$(BUILD)/test_dist --fault stall 3 overlap" \
-	  "MUON_GLOO_BLOCKING=1 $(BUILD)/test_dist --fault kill 3 overlap" "MUON_GLOO_BLOCKING=1 $(RUN) -n 3 $(BUILD)/test_dist" \
-	  "tests/run_fuzz.sh $(BUILD) replay" \
-	  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout" \
-	  $(CUDA_TESTS)
+	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BINS)
+	@tests/run.sh $(foreach t,$(TABLES),$(TESTS_$t))
+$(addprefix test-,$(TABLES)): test-%: deps
+	$(if $(BINS_$*),@$(MAKE) --no-print-directory -j$(JOBS) $(BINS_$*))
+	@tests/run.sh $(TESTS_$*)
+print-tests:
+	@printf '%s\n' $(foreach t,$(or $(TABLE),$(TABLES)),$(TESTS_$t))
 
 # libFuzzer (clang): each target for FUZZ_SECONDS (default 60); make test replays the corpora.
 FUZZ_SECONDS ?= 60
@@ -388,12 +390,8 @@ mutate: deps
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and
 # numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight.
-$(BUILD)/bench_ns: bench/bench_ns.c bench/bench.h muon.h | $(BUILD)
-	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< -o $@ $(BLAS_LIBS) -lm
-$(BUILD)/bench_dist: bench/bench_dist.c bench/bench.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
-	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS)
-$(BUILD)/bench_partial: bench/bench_partial.c bench/bench.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
-	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS)
+$(BUILD)/%: bench/%.c bench/bench.h muon.h $$(call gloo_deps) | $(BUILD)
+	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(if $(call need,GLOO),$(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS),-o $@ $(BLAS_LIBS) -lm)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
 bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun
