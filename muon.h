@@ -1556,7 +1556,7 @@ static muon_status muon__fail(muon_optimizer *opt, muon_status status, const cha
 #else
 #define MUON__THREAD_LOCAL   /* no thread-local storage known: one buffer for all threads */
 #endif
-static MUON__THREAD_LOCAL char muon__create_error[480];
+static MUON__THREAD_LOCAL char muon__create_error[512]; /* as an optimizer's error: a backend's may quote its library */
 
 static void muon__create_fail(const muon_desc *desc, const char *msg) {
   snprintf(muon__create_error, sizeof muon__create_error, "%s", msg);

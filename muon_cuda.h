@@ -32,9 +32,7 @@
        muon_compute gpu;
        muon_cuda_desc cd = muon_cuda_default_desc();
        cd.stream = my_stream;                      // optional: the trainer's cudaStream_t
-       if (muon_cuda_create(&gpu, &cd) != MUON_OK) {
-         puts(muon_cuda_last_error(&gpu)); muon_compute_destroy(&gpu); ...
-       }
+       if (muon_cuda_create(&gpu, &cd) != MUON_OK) { puts(muon_error(NULL)); ... }
        muon_desc desc = muon_default_desc();
        desc.compute = &gpu;                        // param, grad, mirror, momentum: device memory
        ... muon_create(&opt, &desc) ... muon_step(opt) ...
@@ -72,12 +70,11 @@
        A failing CUDA or cuBLAS call makes the slot return MUON_ERR_BACKEND and records the FIRST
        failure since the last sync, e.g.
            "cublasGemmStridedBatchedEx at muon_cuda.h:612: CUBLAS_STATUS_INVALID_VALUE (...)"
-       readable with muon_cuda_last_error() or the vtable's `error` slot. Errors of queued work
+       readable with the vtable's `error` slot (gpu.vt->error(gpu.ctx)). Errors of queued work
        surface at `sync`, which returns the first failure since the previous sync. alloc and
-       alloc_host return NULL on failure and record the text. If muon_cuda_create fails after
-       its context exists, *out still holds that (dead) context so the reason can be read:
-       print muon_cuda_last_error(out), then muon_compute_destroy(out) as usual (every slot of a
-       dead context fails). Nothing is printed; nothing exits.
+       alloc_host return NULL on failure and record the text. If muon_cuda_create fails, it frees
+       whatever it had made, clears *out and leaves the reason (the same text, naming the call
+       that failed) in muon_error(NULL), as muon_create does. Nothing is printed; nothing exits.
 
    CONFIGURATION MACROS (define before the implementation include)
        MUON_CUDA_SYM_TILE       rows of a tile of the symmetric products (default 256)
@@ -118,15 +115,12 @@ typedef struct muon_cuda_desc {
 /* device 0, everything else NULL / 0. */
 MUON_API muon_cuda_desc muon_cuda_default_desc(void);
 
-/* Creates the backend (desc NULL: the defaults). Destroy it with muon_compute_destroy, after
-   every optimizer that uses it. On failure: MUON_ERR_ARG (out NULL), MUON_ERR_NOMEM (no host
-   memory for the context: *out cleared), MUON_ERR_BACKEND (*out holds a dead context whose
-   muon_cuda_last_error says why; destroy it). */
+/* Creates the backend in *out (desc NULL: the defaults). Destroy it with muon_compute_destroy,
+   after every optimizer that uses it. On failure *out is cleared (nothing is left to destroy)
+   and muon_error(NULL) gives the reason on this thread: MUON_ERR_ARG (out NULL, a negative
+   device), MUON_ERR_NOMEM (no host memory for the context), MUON_ERR_BACKEND (a CUDA or cuBLAS
+   call failed: "MUON_ERR_BACKEND: muon_cuda_create: cudaSetDevice at muon_cuda.h:...: ..."). */
 MUON_API muon_status muon_cuda_create(muon_compute *out, const muon_cuda_desc *desc);
-
-/* The text of the backend's last failure ("" if none); the same as c->vt->error(c->ctx).
-   Never NULL. */
-MUON_API const char *muon_cuda_last_error(const muon_compute *c);
 
 /* The cudaStream_t every slot queues its work on (desc.stream, or the backend's own), for
    ordering other work against it, e.g. muon_nccl_desc.compute_stream. NULL if c is not a live
@@ -152,6 +146,7 @@ MUON_API void *muon_cuda_stream(const muon_compute *c);
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,7 +229,6 @@ typedef struct muon_cuda__ctx {
   double *normuon_scale;     /* 1 double of device memory (allocated at create, so that no slot
                                 allocates): NorMuon's |O| / |O'|, from its second kernel to its
                                 third */
-  int dead;                  /* creation failed: every slot fails */
   int failed;                /* a failure was recorded since the last sync */
   char err[512];
 } muon_cuda__ctx;
@@ -291,8 +285,6 @@ static muon_status muon_cuda__invalid(muon_cuda__ctx *c, const char *what) {
   if (!c->failed) snprintf(c->err, sizeof c->err, "muon_cuda: %s", what);
   return MUON_ERR_ARG;
 }
-
-#define MUON_CUDA__LIVE(c) do { if ((c)->dead) return MUON_ERR_BACKEND; } while (0)
 
 /* ---------------------------------------------------------------------------------------------
    Kernels, each beside its launcher (stream last). Per-element formulas: muon.h's MUON__HD
@@ -520,7 +512,7 @@ static void *muon_cuda__alloc(void *ctx, size_t bytes) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   void *p = NULL;
   cudaError_t e;
-  if (c->dead || bytes == 0) return NULL;
+  if (bytes == 0) return NULL;
   e = cudaMalloc(&p, bytes);
   if (e != cudaSuccess) {
     /* reported by the NULL, not a failure of queued work: text only */
@@ -540,7 +532,7 @@ static void *muon_cuda__alloc_host(void *ctx, size_t bytes) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   void *p = NULL;
   cudaError_t e;
-  if (c->dead || bytes == 0) return NULL;
+  if (bytes == 0) return NULL;
   e = cudaMallocHost(&p, bytes);
   if (e != cudaSuccess) {
     muon_cuda__describe(c, (int)e, "cudaMallocHost", __FILE__, __LINE__);
@@ -559,7 +551,6 @@ static muon_status muon_cuda__copy(void *ctx, void *dst, const void *src, size_t
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   enum cudaMemcpyKind kind = to_host ? (from_host ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost)
                                      : (from_host ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToDevice);
-  MUON_CUDA__LIVE(c);
   if (bytes == 0) return MUON_OK;
   MUON_CUDA__CHECK(c, cudaMemcpyAsync(dst, src, bytes, kind, c->stream));
   return MUON_OK;
@@ -567,7 +558,6 @@ static muon_status muon_cuda__copy(void *ctx, void *dst, const void *src, size_t
 
 static muon_status muon_cuda__zero(void *ctx, void *dst, size_t bytes) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
-  MUON_CUDA__LIVE(c);
   if (bytes == 0) return MUON_OK;
   MUON_CUDA__CHECK(c, cudaMemsetAsync(dst, 0, bytes, c->stream));
   return MUON_OK;
@@ -579,7 +569,6 @@ static muon_status muon_cuda__pack(void *ctx, const muon_piece_copy *ops, int n,
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__pack_k k;
   int i = 0;
-  MUON_CUDA__LIVE(c);
   if (n < 0 || (n > 0 && !ops)) return muon_cuda__invalid(c, "pack: bad op list");
   while (i < n) {
     long long total = 0;
@@ -605,7 +594,6 @@ static muon_status muon_cuda__momentum(void *ctx, size_t n, float *momentum, con
                                        const muon_momentum_args *a, int update, float *u) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__momentum_k k;
-  MUON_CUDA__LIVE(c);
   if (!a) return muon_cuda__invalid(c, "momentum: args NULL");
   memset(&k, 0, sizeof k);
   k.n = n;
@@ -621,7 +609,6 @@ static muon_status muon_cuda__momentum(void *ctx, size_t n, float *momentum, con
 static muon_status muon_cuda__apply(void *ctx, size_t n, void *param, const float *O, const muon_apply_args *a) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__apply_k k;
-  MUON_CUDA__LIVE(c);
   if (!a) return muon_cuda__invalid(c, "apply: args NULL");
   memset(&k, 0, sizeof k);
   k.n = n;
@@ -636,7 +623,6 @@ static muon_status muon_cuda__adamw(void *ctx, size_t n, void *param, const void
                                     const muon_adamw_args *a) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__adamw_k k;
-  MUON_CUDA__LIVE(c);
   if (!a) return muon_cuda__invalid(c, "adamw: args NULL");
   memset(&k, 0, sizeof k);
   k.n = n;
@@ -652,7 +638,6 @@ static muon_status muon_cuda__adamw(void *ctx, size_t n, void *param, const void
 static muon_status muon_cuda__nonfinite(void *ctx, const void *x, muon_dtype dtype, size_t n, int *flag) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__nonfinite_k k;
-  MUON_CUDA__LIVE(c);
   MUON_CUDA__CHECK(c, cudaMemsetAsync(flag, 0, sizeof(int), c->stream));
   memset(&k, 0, sizeof k);
   k.x = x;
@@ -668,7 +653,6 @@ static muon_status muon_cuda__cast(void *ctx, void *dst, muon_dtype dst_dtype, c
                                    size_t n) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__cast_k k;
-  MUON_CUDA__LIVE(c);
   if (n == 0) return MUON_OK;
   if (dst_dtype == src_dtype) {
     if (dst != src)
@@ -993,7 +977,6 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
   cudaDataType_t type;
   void *x, *y, *A, *B, *t, *x0, **ptrs;
   float *norms;
-  MUON_CUDA__LIVE(c);
   if (batch == 0) return MUON_OK;
   if (!X || !ws || !hp) return muon_cuda__invalid(c, "newton_schulz: X, ws and hp must not be NULL");
   if (!muon_cuda__ns_shape_ok(batch, m, n)) return muon_cuda__invalid(c, "newton_schulz: needs batch >= 0, 0 < m <= n, m*n <= INT_MAX");
@@ -1184,7 +1167,6 @@ static muon_status muon_cuda__normuon(void *ctx, float *X, int m, int n, int per
                                       const muon_hparams *hp) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_cuda__normuon_k k;
-  MUON_CUDA__LIVE(c);
   if (!X || !v || !v_new || !hp) return muon_cuda__invalid(c, "normuon: X, v, v_new and hp must not be NULL");
   if (m <= 0 || n <= 0) return muon_cuda__invalid(c, "normuon: needs m > 0 and n > 0");
   if (hp->normuon != MUON_NORMUON_ROWS && hp->normuon != MUON_NORMUON_LARGER)
@@ -1212,7 +1194,6 @@ static muon_status muon_cuda__normuon(void *ctx, float *X, int m, int n, int per
 static muon_status muon_cuda__sync(void *ctx) {
   muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
   muon_status st;
-  MUON_CUDA__LIVE(c);
   (void)muon_cuda__check(c, (int)cudaStreamSynchronize(c->stream), "cudaStreamSynchronize", __FILE__, __LINE__);
   (void)muon_cuda__check(c, (int)cudaGetLastError(), "cudaGetLastError", __FILE__, __LINE__);
   st = c->failed ? MUON_ERR_BACKEND : MUON_OK;
@@ -1270,7 +1251,7 @@ MUON_API muon_cuda_desc muon_cuda_default_desc(void) {
   return d;
 }
 
-/* Creation steps; the first failure marks the context dead and is its error text. */
+/* Creation steps; the first failure is the context's error text. */
 static muon_status muon_cuda__setup(muon_cuda__ctx *c, const muon_cuda_desc *d) {
   MUON_CUDA__CHECK(c, cudaSetDevice(d->device));
   if (d->stream) {
@@ -1293,30 +1274,40 @@ static muon_status muon_cuda__setup(muon_cuda__ctx *c, const muon_cuda_desc *d) 
   return MUON_OK;
 }
 
+/* A failed creation: "MUON_ERR_X: muon_cuda_create: reason" becomes muon_error(NULL) on this
+   thread. */
+static muon_status muon_cuda__refuse(muon_status st, const char *fmt, ...) MUON__PRINTF_DECL(2, 3);
+static muon_status muon_cuda__refuse(muon_status st, const char *fmt, ...) {
+  const char *name = muon_status_string(st);   /* "MUON_ERR_X: its text": the name is kept */
+  char reason[600];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  muon_set_create_error("%.*s: muon_cuda_create: %s", (int)strcspn(name, ":"), name, reason);
+  return st;
+}
+
 MUON_API muon_status muon_cuda_create(muon_compute *out, const muon_cuda_desc *desc) {
   muon_cuda_desc d = desc ? *desc : muon_cuda_default_desc();
   muon_cuda__ctx *c;
-  if (!out) return MUON_ERR_ARG;
+  muon_set_create_error("%s", "");
+  if (!out) return muon_cuda__refuse(MUON_ERR_ARG, "out is NULL");
   out->vt = NULL;
   out->ctx = NULL;
+  if (d.device < 0) return muon_cuda__refuse(MUON_ERR_ARG, "muon_cuda_desc.device must be >= 0 (got %d)", d.device);
   c = (muon_cuda__ctx *)calloc(1, sizeof *c);
-  if (!c) return MUON_ERR_NOMEM;
+  if (!c) return muon_cuda__refuse(MUON_ERR_NOMEM, "no host memory for the context (%zu bytes)", sizeof *c);
   c->device = d.device;
-  out->vt = &muon_cuda__vtable;
-  out->ctx = c;
   if (muon_cuda__setup(c, &d) != MUON_OK) {
     (void)cudaGetLastError();
-    c->dead = 1;
-    c->failed = 0;
+    (void)muon_cuda__refuse(MUON_ERR_BACKEND, "%s", c->err);
+    muon_cuda__destroy(c);   /* what the steps made so far */
     return MUON_ERR_BACKEND;
   }
+  out->vt = &muon_cuda__vtable;
+  out->ctx = c;
   return MUON_OK;
-}
-
-MUON_API const char *muon_cuda_last_error(const muon_compute *c) {
-  if (!c || !c->vt) return "muon_cuda: no backend (muon_cuda_create failed for lack of host memory, or it was destroyed)";
-  if (c->vt == &muon_cuda__vtable) return muon_cuda__error(c->ctx);
-  return c->vt->error ? c->vt->error(c->ctx) : "";
 }
 
 MUON_API void *muon_cuda_stream(const muon_compute *c) {

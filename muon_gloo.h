@@ -9,12 +9,11 @@
 
        muon_gloo_desc gd = muon_gloo_default_desc();  // rank/size/store from the environment
        muon_comm world;
-       char err[256];
-       if (muon_gloo_create(&gd, &world, err, sizeof err) != MUON_OK) { puts(err); ... }
+       if (muon_gloo_create(&world, &gd) != MUON_OK) { puts(muon_error(NULL)); ... }
        int dims[2] = {2, 2};                          // 4 ranks as a 2 x 2 row-major mesh
        muon_comm tp, dp;
-       muon_gloo_mesh_subgroup(&world, dims, 2, 1, &tp, err, sizeof err);  // {0,1} {2,3}
-       muon_gloo_mesh_subgroup(&world, dims, 2, 0, &dp, err, sizeof err);  // {0,2} {1,3}
+       muon_gloo_mesh_subgroup(&tp, &world, dims, 2, 1);  // {0,1} {2,3}
+       muon_gloo_mesh_subgroup(&dp, &world, dims, 2, 0);  // {0,2} {1,3}
        ... desc.comm = world; ...
        muon_comm_destroy(&tp); muon_comm_destroy(&dp); muon_comm_destroy(&world);
 
@@ -24,7 +23,9 @@
        #define MUON_GLOO_IMPLEMENTATION
        #include "muon_gloo.h"
 
-   and link with -lgloo -pthread (and -lstdc++ when the final link is done by a C compiler).
+   and link with -lgloo -pthread (and -lstdc++ when the final link is done by a C compiler),
+   beside muon.h's implementation (MUON_IMPLEMENTATION in one file, as every muon program has),
+   whose muon_error(NULL) carries the reason of a failed creation.
    Start the processes with tools/muonrun (`muonrun -n 4 ./prog args`), torchrun or mpirun.
 
    ENVIRONMENT (read only for the desc fields left at their defaults)
@@ -90,10 +91,12 @@
          small exchanges) and return MUON_ERR_MISMATCH on every rank instead.
 
    ERRORS
-       muon_gloo_* return MUON_ERR_ARG for bad arguments (the message names the field),
-       MUON_ERR_BACKEND when Gloo cannot be set up (device, store), MUON_ERR_COMM /
-       MUON_ERR_TIMEOUT when the rendezvous fails, MUON_ERR_NOMEM. The comm's vt->error gives
-       the text of its last failure. Nothing is printed.
+       muon_gloo_create, muon_gloo_subgroup and muon_gloo_mesh_subgroup return MUON_ERR_ARG for
+       bad arguments (the message names the field), MUON_ERR_BACKEND when Gloo cannot be set up
+       (device, store), MUON_ERR_COMM / MUON_ERR_TIMEOUT when the rendezvous fails,
+       MUON_ERR_NOMEM. On failure *out is cleared and muon_error(NULL) says why on this thread
+       ("MUON_ERR_ARG: muon_gloo_create: ...", Gloo's own text included), as for muon_create. A
+       live comm's vt->error gives the text of its last failure. Nothing is printed.
 
    LICENSE: see the end of muon.h.
 */
@@ -124,26 +127,26 @@ typedef struct muon_gloo_desc {
 /* rank = size = -1, everything else NULL / 0. */
 MUON_API muon_gloo_desc muon_gloo_default_desc(void);
 
-/* Creates the world communicator. Collective over all `size` processes (they meet in the
-   store). On failure *out is cleared and err (if not NULL) holds the reason. */
-MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out, char *err,
-                                      size_t err_size);
+/* Creates the world communicator in *out. Collective over all `size` processes (they meet in
+   the store). On failure *out is cleared and muon_error(NULL) gives the reason. */
+MUON_API muon_status muon_gloo_create(muon_comm *out, const muon_gloo_desc *desc);
 
-/* A new communicator over the ranks ranks[0..n) OF THE PARENT (ascending or not; the new rank is
-   the position in this list), which must contain this rank. Collective over those n ranks only;
-   every member must make the same sequence of subgroup calls on the same parent (a per-parent
-   counter and the rank list keep the store keys of different groups apart). n == 1 needs no
-   communication. `parent` must be a Gloo communicator; it may itself be a subgroup. */
-MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int n,
-                                        muon_comm *out, char *err, size_t err_size);
+/* A new communicator in *out over the ranks ranks[0..n) OF THE PARENT (ascending or not; the new
+   rank is the position in this list), which must contain this rank. Collective over those n
+   ranks only; every member must make the same sequence of subgroup calls on the same parent (a
+   per-parent counter and the rank list keep the store keys of different groups apart). n == 1
+   needs no communication. `parent` must be a Gloo communicator; it may itself be a subgroup.
+   On failure *out is cleared and muon_error(NULL) gives the reason. */
+MUON_API muon_status muon_gloo_subgroup(muon_comm *out, muon_comm *parent, const int *ranks,
+                                        int n);
 
 /* For a row-major mesh of shape dims[0..ndims) over the parent's ranks (the product must equal
    the parent's size), the subgroup along mesh dimension `dim` that contains this rank: e.g.
    dims = {2, 2}: dim 1 = consecutive ranks {0,1} {2,3}, dim 0 = strided ranks {0,2} {1,3}.
-   Collective over the whole parent (every rank gets its own group). */
-MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *parent, const int *dims, int ndims,
-                                             int dim, muon_comm *out, char *err,
-                                             size_t err_size);
+   Collective over the whole parent (every rank gets its own group). Failures as for
+   muon_gloo_subgroup. */
+MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *out, muon_comm *parent, const int *dims,
+                                             int ndims, int dim);
 
 /* 1 if this build can use a RedisStore, else 0. */
 MUON_API int muon_gloo_has_redis(void);
@@ -315,14 +318,6 @@ struct muon_gloo__comm {
 };
 
 static const uint64_t muon_gloo__slot_base = (uint64_t)0x4d << 56; /* 'M'; Gloo's own < 0x10 */
-
-static void muon_gloo__msg(char *err, size_t err_size, const char *fmt, ...) {
-  va_list ap;
-  if (!err || !err_size) return;
-  va_start(ap, fmt);
-  vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
 
 static std::string muon_gloo__fmt(const char *fmt, ...) {
   char buf[1024];
@@ -677,7 +672,36 @@ static const muon_comm_vtable muon_gloo__vtable_blocking = {
     /* .alltoallv_start = */ NULL,
     /* .join            = */ NULL};
 
-/* ---- creation ----------------------------------------------------------------------------- */
+/* ---- creation ------------------------------------------------------------------------------
+   muon_gloo_create: the desc and the environment are resolved (rank and size, timeout, which
+   store), then the store, the SIGPIPE disposition and the TCP device are set up, and the world's
+   comm is started like every subgroup's (muon_gloo__start). Each step that fails says why through
+   muon_gloo__refuse, which is what muon_error(NULL) returns. */
+
+/* A failed creation: "MUON_ERR_X: fn: reason" becomes muon_error(NULL) on this thread. */
+static muon_status muon_gloo__refuse(muon_status st, const char *fn, const char *fmt, ...)
+    MUON__PRINTF_DECL(3, 4);
+static muon_status muon_gloo__refuse(muon_status st, const char *fn, const char *fmt, ...) {
+  const char *name = muon_status_string(st); /* "MUON_ERR_X: its text": the name is kept */
+  char reason[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  muon_set_create_error("%.*s: %s: %s", (int)strcspn(name, ":"), name, fn, reason);
+  return st;
+}
+
+/* The start of every creation: *out cleared, no reason left from an earlier failure. */
+static void muon_gloo__begin(muon_comm *out) {
+  if (out) {
+    out->vt = NULL;
+    out->ctx = NULL;
+    out->rank = 0;
+    out->size = 0;
+  }
+  muon_set_create_error("%s", "");
+}
 
 static int muon_gloo__env_int(const char *name, int *out) {
   const char *s = getenv(name);
@@ -691,18 +715,196 @@ static int muon_gloo__env_int(const char *name, int *out) {
   return 1;
 }
 
-static void muon_gloo__clear(muon_comm *out) {
-  if (out) {
-    out->vt = NULL;
-    out->ctx = NULL;
-    out->rank = 0;
-    out->size = 0;
+/* An environment switch such as MUON_GLOO_CHECK_COUNTS=1. */
+static bool muon_gloo__env_flag(const char *name) {
+  const char *s = getenv(name);
+  return s && atoi(s) != 0;
+}
+
+/* What muon_gloo_create takes from the desc and the environment before it touches Gloo. */
+struct muon_gloo__settings {
+  int rank, size;
+  double timeout_s;
+  const char *store_dir, *redis; /* at most one; neither for a world of one rank */
+  std::string host;              /* desc.hostname or MUON_GLOO_HOST; "": the store's default */
+};
+
+/* Rank and size: the desc's, else the first launcher convention present in the environment. */
+static muon_status muon_gloo__rank_size(const muon_gloo_desc *desc, muon_gloo__settings &s) {
+  static const char *const env_names[3][2] = {{"MUON_RANK", "MUON_WORLD_SIZE"},
+                                              {"RANK", "WORLD_SIZE"},
+                                              {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}};
+  s.rank = desc->rank;
+  s.size = desc->size;
+  for (int k = 0; k < 3 && (s.rank < 0 || s.size < 0); k++) {
+    int r = -1, n = -1;
+    int hr = muon_gloo__env_int(env_names[k][0], &r), hn = muon_gloo__env_int(env_names[k][1], &n);
+    if (hr < 0 || hn < 0)
+      return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "environment %s='%s' / %s='%s' is "
+                               "not a valid rank / size", env_names[k][0], getenv(env_names[k][0]) ?
+                               getenv(env_names[k][0]) : "", env_names[k][1],
+                               getenv(env_names[k][1]) ? getenv(env_names[k][1]) : "");
+    if (hr && hn) {
+      if (s.rank < 0) s.rank = r;
+      if (s.size < 0) s.size = n;
+    }
+  }
+  if (s.rank < 0 || s.size < 0)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.%s is -1 and none "
+                             "of MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/"
+                             "OMPI_COMM_WORLD_SIZE is set (start the program with muonrun, torchrun "
+                             "or mpirun)", s.rank < 0 ? "rank" : "size");
+  if (s.size < 1 || s.rank >= s.size)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc: rank %d is not in "
+                             "[0, size %d)", s.rank, s.size);
+  return MUON_OK;
+}
+
+/* The timeout: the desc's, else MUON_GLOO_TIMEOUT, else 300 s. */
+static muon_status muon_gloo__timeout(const muon_gloo_desc *desc, muon_gloo__settings &s) {
+  s.timeout_s = desc->timeout_s;
+  if (s.timeout_s == 0) {
+    const char *t = getenv("MUON_GLOO_TIMEOUT");
+    s.timeout_s = 300;
+    if (t && *t) {
+      char *end;
+      s.timeout_s = strtod(t, &end);
+      if (*end || !(s.timeout_s > 0))
+        return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "MUON_GLOO_TIMEOUT='%s' is not "
+                                 "a positive number of seconds", t);
+    }
+  }
+  if (!(s.timeout_s > 0) || s.timeout_s > 1e7)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.timeout_s must be > "
+                             "0 and <= 1e7 (got %g)", s.timeout_s);
+  return MUON_OK;
+}
+
+/* Where the ranks meet: the desc's FileStore or Redis, else MUON_STORE, else MUON_REDIS; and the
+   address to bind, if the desc or MUON_GLOO_HOST names one. */
+static muon_status muon_gloo__where(const muon_gloo_desc *desc, muon_gloo__settings &s) {
+  s.store_dir = desc->store_dir;
+  s.redis = desc->redis;
+  if (s.store_dir && s.redis)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc: set store_dir or "
+                             "redis, not both");
+  if (!s.store_dir && !s.redis) {
+    s.store_dir = getenv("MUON_STORE");
+    if (s.store_dir && !*s.store_dir) s.store_dir = NULL;
+    if (!s.store_dir) {
+      s.redis = getenv("MUON_REDIS");
+      if (s.redis && !*s.redis) s.redis = NULL;
+    }
+  }
+  if (s.size > 1 && !s.store_dir && !s.redis)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.store_dir and .redis "
+                             "are NULL and neither MUON_STORE nor MUON_REDIS is set: %d ranks need a "
+                             "rendezvous", s.size);
+  if (desc->hostname && *desc->hostname) s.host = desc->hostname;
+  else if (getenv("MUON_GLOO_HOST") && *getenv("MUON_GLOO_HOST")) s.host = getenv("MUON_GLOO_HOST");
+  return MUON_OK;
+}
+
+/* The FileStore in directory `dir`; the TCP device binds to 127.0.0.1 unless told otherwise. */
+static muon_status muon_gloo__open_file_store(const char *dir, muon_gloo__shared &sh,
+                                              std::string &host) {
+  sh.where = std::string("FileStore ") + dir;
+  try {
+    sh.store = std::make_shared<muon_gloo__file_store>(dir);
+  } catch (...) {
+    return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "FileStore directory '%s' cannot "
+                             "be used (it must exist and be fresh for this run): %s", dir,
+                             muon_gloo__what(std::current_exception()).c_str());
+  }
+  if (host.empty()) host = "127.0.0.1";
+  return MUON_OK;
+}
+
+/* The RedisStore of spec "host:port[/prefix]" (the prefix goes before every key); the TCP device
+   binds to this machine's host name unless told otherwise. */
+static muon_status muon_gloo__open_redis(const char *spec, double timeout_s, muon_gloo__shared &sh,
+                                         std::string &prefix, std::string &host) {
+#if MUON_GLOO__HAVE_REDIS
+  std::string hostport = spec;
+  size_t slash = hostport.find('/');
+  if (slash != std::string::npos) {
+    prefix = hostport.substr(slash + 1) + "/" + prefix;
+    hostport.resize(slash);
+  }
+  size_t colon = hostport.rfind(':');
+  std::string rhost = hostport.substr(0, colon);
+  int port = 6379;
+  if (colon != std::string::npos) {
+    char *end;
+    long p = strtol(hostport.c_str() + colon + 1, &end, 10);
+    if (*end || p <= 0 || p > 65535)
+      return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.redis '%s': bad "
+                               "port (want host:port[/prefix])", spec);
+    port = (int)p;
+  }
+  if (rhost.empty())
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.redis '%s': no host "
+                             "(want host:port[/prefix])", spec);
+  sh.where = "RedisStore " + hostport;
+  try {
+    sh.store = std::make_shared<muon_gloo__redis_store>(rhost, port, timeout_s);
+  } catch (...) {
+    return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "cannot connect to Redis at %s: "
+                             "%s", hostport.c_str(), muon_gloo__what(std::current_exception()).c_str());
+  }
+  if (host.empty()) {
+    char name[256];
+    if (gethostname(name, sizeof name) == 0) {
+      name[sizeof name - 1] = 0;
+      host = name;
+    } else {
+      host = "127.0.0.1";
+    }
+  }
+  return MUON_OK;
+#else
+  (void)timeout_s;
+  (void)sh;
+  (void)prefix;
+  (void)host;
+  return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "muon_gloo_desc.redis '%s': this "
+                           "build has no RedisStore (Gloo without GLOO_USE_REDIS, hiredis headers "
+                           "missing, or MUON_GLOO_NO_REDIS); use a FileStore directory", spec);
+#endif
+}
+
+/* Gloo writes to its sockets without MSG_NOSIGNAL: a write to a dead peer raises SIGPIPE, whose
+   default action kills the survivor (measured, 8 ranks, --die). Python ignores SIGPIPE, C does
+   not: ignore it unless the program chose a disposition itself. */
+static void muon_gloo__ignore_sigpipe(void) {
+  struct sigaction old;
+  if (sigaction(SIGPIPE, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
+      old.sa_handler == SIG_DFL) {
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, NULL);
   }
 }
 
+/* The one TCP device the world and its subgroups share, bound to `host`. */
+static muon_status muon_gloo__open_device(muon_gloo__shared &sh, const std::string &host) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = host;
+    sh.device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (...) {
+    return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "cannot create a TCP device on "
+                             "'%s' (set muon_gloo_desc.hostname or MUON_GLOO_HOST to this machine's "
+                             "address): %s", host.c_str(),
+                             muon_gloo__what(std::current_exception()).c_str());
+  }
+  return MUON_OK;
+}
+
 /* Builds the group's Gloo context through the store: the keys are prefix + group rank. */
-static muon_status muon_gloo__connect(muon_gloo__comm *c, const char *what, char *err,
-                                      size_t err_size) {
+static muon_status muon_gloo__connect(muon_gloo__comm *c, const char *fn) {
   if (c->size == 1) return MUON_OK; /* nothing to talk to; Gloo would only talk to itself */
   const muon_gloo__clock::time_point start = muon_gloo__clock::now();
   try {
@@ -723,12 +925,79 @@ static muon_status muon_gloo__connect(muon_gloo__comm *c, const char *what, char
       hint = " (the store holds keys of an earlier run: use a fresh directory or Redis prefix "
              "per run)";
     const bool timed_out = muon_gloo__is_timeout(text) || waited >= limit * 0.999;
-    muon_gloo__msg(err, err_size,
-                   "muon_gloo %s: rendezvous of rank %d of %d (keys '%s*' in %s) %s after %.3f s "
-                   "(timeout %.1f s): %s%s",
-                   what, c->rank, c->size, c->prefix.c_str(), c->shared->where.c_str(),
-                   timed_out ? "timed out" : "failed", waited, limit, text.c_str(), hint.c_str());
-    return timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM;
+    return muon_gloo__refuse(timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM, fn,
+                             "rendezvous of rank %d of %d (keys '%s*' in %s) %s after %.3f s "
+                             "(timeout %.1f s): %s%s", c->rank, c->size, c->prefix.c_str(),
+                             c->shared->where.c_str(), timed_out ? "timed out" : "failed", waited,
+                             limit, text.c_str(), hint.c_str());
+  }
+}
+
+/* The tail of every creation, the world's and each subgroup's: a comm that is rank `rank` of
+   the `size` ranks whose store keys start with `prefix`, connected through the store (a
+   collective over those ranks), published in *out. */
+static muon_status muon_gloo__start(const char *fn, const std::shared_ptr<muon_gloo__shared> &sh,
+                                    int rank, int size, const std::string &prefix,
+                                    bool check_counts, bool blocking, muon_comm *out) {
+  std::unique_ptr<muon_gloo__comm> c(new muon_gloo__comm());
+  c->shared = sh;
+  c->rank = rank;
+  c->size = size;
+  c->prefix = prefix;
+  c->subgroups = 0;
+  c->seq = 0;
+  c->broken = MUON_OK;
+  c->check_counts = check_counts;
+  c->blocking = blocking;
+  muon_status st = muon_gloo__connect(c.get(), fn);
+  if (st != MUON_OK) return st;
+  out->vt = blocking ? &muon_gloo__vtable_blocking : &muon_gloo__vtable;
+  out->ctx = c.release();
+  out->rank = rank;
+  out->size = size;
+  return MUON_OK;
+}
+
+/* muon_gloo_subgroup's work, for it and muon_gloo_mesh_subgroup (fn: the one called). */
+static muon_status muon_gloo__subgroup(const char *fn, muon_comm *out, muon_comm *parent,
+                                       const int *ranks, int n) {
+  if ((parent->vt != &muon_gloo__vtable && parent->vt != &muon_gloo__vtable_blocking) ||
+      !parent->ctx)
+    return muon_gloo__refuse(MUON_ERR_ARG, fn, "parent is not a Gloo communicator");
+  muon_gloo__comm *pc = (muon_gloo__comm *)parent->ctx;
+  if (n < 1 || n > pc->size)
+    return muon_gloo__refuse(MUON_ERR_ARG, fn, "n = %d must be in [1, parent size %d]", n, pc->size);
+  int me = -1;
+  for (int i = 0; i < n; i++) {
+    if (ranks[i] < 0 || ranks[i] >= pc->size)
+      return muon_gloo__refuse(MUON_ERR_ARG, fn, "ranks[%d] = %d is not a rank of the parent "
+                               "(size %d)", i, ranks[i], pc->size);
+    for (int j = 0; j < i; j++)
+      if (ranks[j] == ranks[i])
+        return muon_gloo__refuse(MUON_ERR_ARG, fn, "rank %d appears twice (ranks[%d] and "
+                                 "ranks[%d])", ranks[i], j, i);
+    if (ranks[i] == pc->rank) me = i;
+  }
+  if (me < 0)
+    return muon_gloo__refuse(MUON_ERR_ARG, fn, "this rank (%d of the parent) is not in "
+                             "ranks[0..%d)", pc->rank, n);
+  try {
+    /* parent prefix + this call's number + the rank list (hashed when long) */
+    std::string list;
+    for (int i = 0; i < n; i++) list += (i ? "," : "") + std::to_string(ranks[i]);
+    if (list.size() > 120) {
+      unsigned long long h = 1469598103934665603ULL; /* FNV-1a */
+      for (char ch : list) h = (h ^ (unsigned char)ch) * 1099511628211ULL;
+      list = std::to_string(n) + ":" + std::to_string(ranks[0]) + ".." +
+             std::to_string(ranks[n - 1]) + "#" + std::to_string(h);
+    }
+    const std::string prefix = pc->prefix + std::to_string(pc->subgroups++) + "[" + list + "]/";
+    return muon_gloo__start(fn, pc->shared, me, n, prefix,
+                            pc->check_counts || muon_gloo__env_flag("MUON_GLOO_CHECK_COUNTS"),
+                            pc->blocking, out);
+  } catch (...) {
+    return muon_gloo__refuse(MUON_ERR_NOMEM, fn, "%s",
+                             muon_gloo__what(std::current_exception()).c_str());
   }
 }
 
@@ -748,322 +1017,66 @@ MUON_API muon_gloo_desc muon_gloo_default_desc(void) {
 
 MUON_API int muon_gloo_has_redis(void) { return MUON_GLOO__HAVE_REDIS; }
 
-MUON_API muon_status muon_gloo_create(const muon_gloo_desc *desc, muon_comm *out, char *err,
-                                      size_t err_size) {
-  muon_gloo__clear(out);
-  if (err && err_size) err[0] = 0;
-  if (!desc || !out) {
-    muon_gloo__msg(err, err_size, "muon_gloo_create: %s is NULL", desc ? "out" : "desc");
-    return MUON_ERR_ARG;
-  }
-  int rank = desc->rank, size = desc->size;
-  /* rank / size from the environment, the first launcher convention that is present */
-  static const char *const env_names[3][2] = {{"MUON_RANK", "MUON_WORLD_SIZE"},
-                                              {"RANK", "WORLD_SIZE"},
-                                              {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}};
-  for (int k = 0; k < 3 && (rank < 0 || size < 0); k++) {
-    int r = -1, s = -1;
-    int hr = muon_gloo__env_int(env_names[k][0], &r), hs = muon_gloo__env_int(env_names[k][1], &s);
-    if (hr < 0 || hs < 0) {
-      muon_gloo__msg(err, err_size, "muon_gloo_create: environment %s='%s' / %s='%s' is not a "
-                     "valid rank / size", env_names[k][0], getenv(env_names[k][0]) ?
-                     getenv(env_names[k][0]) : "", env_names[k][1], getenv(env_names[k][1]) ?
-                     getenv(env_names[k][1]) : "");
-      return MUON_ERR_ARG;
-    }
-    if (hr && hs) {
-      if (rank < 0) rank = r;
-      if (size < 0) size = s;
-    }
-  }
-  if (rank < 0 || size < 0) {
-    muon_gloo__msg(err, err_size, "muon_gloo_desc.%s is -1 and none of MUON_RANK/"
-                   "MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE "
-                   "is set (start the program with muonrun, torchrun or mpirun)",
-                   rank < 0 ? "rank" : "size");
-    return MUON_ERR_ARG;
-  }
-  if (size < 1 || rank >= size) {
-    muon_gloo__msg(err, err_size, "muon_gloo_desc: rank %d is not in [0, size %d)", rank, size);
-    return MUON_ERR_ARG;
-  }
-  double timeout_s = desc->timeout_s;
-  if (timeout_s == 0) {
-    const char *t = getenv("MUON_GLOO_TIMEOUT");
-    if (t && *t) {
-      char *end;
-      timeout_s = strtod(t, &end);
-      if (*end || !(timeout_s > 0)) {
-        muon_gloo__msg(err, err_size, "muon_gloo_create: MUON_GLOO_TIMEOUT='%s' is not a "
-                       "positive number of seconds", t);
-        return MUON_ERR_ARG;
-      }
-    } else {
-      timeout_s = 300;
-    }
-  }
-  if (!(timeout_s > 0) || timeout_s > 1e7) {
-    muon_gloo__msg(err, err_size, "muon_gloo_desc.timeout_s must be > 0 and <= 1e7 (got %g)",
-                   timeout_s);
-    return MUON_ERR_ARG;
-  }
-  const char *store_dir = desc->store_dir, *redis = desc->redis;
-  if (store_dir && redis) {
-    muon_gloo__msg(err, err_size, "muon_gloo_desc: set store_dir or redis, not both");
-    return MUON_ERR_ARG;
-  }
-  if (!store_dir && !redis) {
-    store_dir = getenv("MUON_STORE");
-    if (store_dir && !*store_dir) store_dir = NULL;
-    if (!store_dir) {
-      redis = getenv("MUON_REDIS");
-      if (redis && !*redis) redis = NULL;
-    }
-  }
-  if (size > 1 && !store_dir && !redis) {
-    muon_gloo__msg(err, err_size, "muon_gloo_desc.store_dir and .redis are NULL and neither "
-                   "MUON_STORE nor MUON_REDIS is set: %d ranks need a rendezvous", size);
-    return MUON_ERR_ARG;
-  }
-
-  muon_gloo__comm *c = NULL;
+MUON_API muon_status muon_gloo_create(muon_comm *out, const muon_gloo_desc *desc) {
+  muon_gloo__begin(out);
+  if (!out || !desc)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "%s is NULL", !out ? "out" : "desc");
   try {
+    muon_gloo__settings s;
+    muon_status st;
+    if ((st = muon_gloo__rank_size(desc, s)) != MUON_OK || (st = muon_gloo__timeout(desc, s)) != MUON_OK ||
+        (st = muon_gloo__where(desc, s)) != MUON_OK)
+      return st;
     std::shared_ptr<muon_gloo__shared> sh = std::make_shared<muon_gloo__shared>();
-    sh->timeout = muon_gloo__ms((long long)(timeout_s * 1000 + 0.5));
+    sh->timeout = muon_gloo__ms((long long)(s.timeout_s * 1000 + 0.5));
     if (sh->timeout.count() < 1) sh->timeout = muon_gloo__ms(1);
-    std::string host;
-    if (desc->hostname && *desc->hostname) host = desc->hostname;
-    else if (getenv("MUON_GLOO_HOST") && *getenv("MUON_GLOO_HOST")) host = getenv("MUON_GLOO_HOST");
+    sh->where = "none (one rank)";
     std::string prefix = "muon/";
-    if (size > 1) {
-      if (store_dir) {
-        sh->where = std::string("FileStore ") + store_dir;
-        try {
-          sh->store = std::make_shared<muon_gloo__file_store>(store_dir);
-        } catch (...) {
-          muon_gloo__msg(err, err_size, "muon_gloo_create: FileStore directory '%s' cannot be "
-                         "used (it must exist and be fresh for this run): %s", store_dir,
-                         muon_gloo__what(std::current_exception()).c_str());
-          return MUON_ERR_BACKEND;
-        }
-        if (host.empty()) host = "127.0.0.1";
-      } else {
-#if MUON_GLOO__HAVE_REDIS
-        std::string spec = redis, hostport = spec;
-        size_t slash = spec.find('/');
-        if (slash != std::string::npos) {
-          hostport = spec.substr(0, slash);
-          prefix = spec.substr(slash + 1) + "/" + prefix;
-        }
-        size_t colon = hostport.rfind(':');
-        std::string rhost = hostport.substr(0, colon);
-        int port = 6379;
-        if (colon != std::string::npos) {
-          char *end;
-          long p = strtol(hostport.c_str() + colon + 1, &end, 10);
-          if (*end || p <= 0 || p > 65535) {
-            muon_gloo__msg(err, err_size, "muon_gloo_desc.redis '%s': bad port (want "
-                           "host:port[/prefix])", redis);
-            return MUON_ERR_ARG;
-          }
-          port = (int)p;
-        }
-        if (rhost.empty()) {
-          muon_gloo__msg(err, err_size, "muon_gloo_desc.redis '%s': no host (want "
-                         "host:port[/prefix])", redis);
-          return MUON_ERR_ARG;
-        }
-        sh->where = "RedisStore " + hostport;
-        try {
-          sh->store = std::make_shared<muon_gloo__redis_store>(rhost, port, timeout_s);
-        } catch (...) {
-          muon_gloo__msg(err, err_size, "muon_gloo_create: cannot connect to Redis at %s: %s",
-                         hostport.c_str(), muon_gloo__what(std::current_exception()).c_str());
-          return MUON_ERR_BACKEND;
-        }
-        if (host.empty()) {
-          char name[256];
-          if (gethostname(name, sizeof name) == 0) {
-            name[sizeof name - 1] = 0;
-            host = name;
-          } else {
-            host = "127.0.0.1";
-          }
-        }
-#else
-        muon_gloo__msg(err, err_size, "muon_gloo_desc.redis '%s': this build has no RedisStore "
-                       "(Gloo without GLOO_USE_REDIS, hiredis headers missing, or "
-                       "MUON_GLOO_NO_REDIS); use a FileStore directory", redis);
-        return MUON_ERR_BACKEND;
-#endif
-      }
-      /* Gloo writes to its sockets without MSG_NOSIGNAL: a write to a dead peer raises SIGPIPE,
-         whose default action kills the survivor (measured, 8 ranks, --die). Python ignores
-         SIGPIPE, C does not: ignore it unless the program chose a disposition itself. */
-      {
-        struct sigaction old;
-        if (sigaction(SIGPIPE, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
-            old.sa_handler == SIG_DFL) {
-          struct sigaction ign;
-          memset(&ign, 0, sizeof ign);
-          ign.sa_handler = SIG_IGN;
-          sigemptyset(&ign.sa_mask);
-          sigaction(SIGPIPE, &ign, NULL);
-        }
-      }
-      try {
-        gloo::transport::tcp::attr attr;
-        attr.hostname = host;
-        sh->device = gloo::transport::tcp::CreateDevice(attr);
-      } catch (...) {
-        muon_gloo__msg(err, err_size, "muon_gloo_create: cannot create a TCP device on '%s' "
-                       "(set muon_gloo_desc.hostname or MUON_GLOO_HOST to this machine's "
-                       "address): %s", host.c_str(),
-                       muon_gloo__what(std::current_exception()).c_str());
-        return MUON_ERR_BACKEND;
-      }
-    } else {
-      sh->where = "none (one rank)";
+    if (s.size > 1) {
+      st = s.store_dir ? muon_gloo__open_file_store(s.store_dir, *sh, s.host)
+                       : muon_gloo__open_redis(s.redis, s.timeout_s, *sh, prefix, s.host);
+      if (st != MUON_OK) return st;
+      muon_gloo__ignore_sigpipe();
+      if ((st = muon_gloo__open_device(*sh, s.host)) != MUON_OK) return st;
     }
-    c = new muon_gloo__comm();
-    c->shared = sh;
-    c->rank = rank;
-    c->size = size;
-    c->prefix = prefix;
-    c->subgroups = 0;
-    c->seq = 0;
-    c->broken = MUON_OK;
-    c->check_counts = getenv("MUON_GLOO_CHECK_COUNTS") && atoi(getenv("MUON_GLOO_CHECK_COUNTS"));
-    c->blocking = desc->blocking ||
-                  (getenv("MUON_GLOO_BLOCKING") && atoi(getenv("MUON_GLOO_BLOCKING")));
-    muon_status st = muon_gloo__connect(c, "muon_gloo_create", err, err_size);
-    if (st != MUON_OK) {
-      delete c;
-      return st;
-    }
+    return muon_gloo__start("muon_gloo_create", sh, s.rank, s.size, prefix,
+                            muon_gloo__env_flag("MUON_GLOO_CHECK_COUNTS"),
+                            desc->blocking || muon_gloo__env_flag("MUON_GLOO_BLOCKING"), out);
   } catch (...) {
-    const std::string text = muon_gloo__what(std::current_exception());
-    delete c;
-    muon_gloo__msg(err, err_size, "muon_gloo_create: %s", text.c_str());
-    return MUON_ERR_NOMEM;
+    return muon_gloo__refuse(MUON_ERR_NOMEM, "muon_gloo_create", "%s",
+                             muon_gloo__what(std::current_exception()).c_str());
   }
-  out->vt = c->blocking ? &muon_gloo__vtable_blocking : &muon_gloo__vtable;
-  out->ctx = c;
-  out->rank = rank;
-  out->size = size;
-  return MUON_OK;
 }
 
-MUON_API muon_status muon_gloo_subgroup(muon_comm *parent, const int *ranks, int n,
-                                        muon_comm *out, char *err, size_t err_size) {
-  muon_gloo__clear(out);
-  if (err && err_size) err[0] = 0;
-  if (!parent || !out || !ranks) {
-    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: %s is NULL",
-                   !parent ? "parent" : !out ? "out" : "ranks");
-    return MUON_ERR_ARG;
-  }
-  if ((parent->vt != &muon_gloo__vtable && parent->vt != &muon_gloo__vtable_blocking) ||
-      !parent->ctx) {
-    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: parent is not a Gloo communicator");
-    return MUON_ERR_ARG;
-  }
-  muon_gloo__comm *pc = (muon_gloo__comm *)parent->ctx;
-  if (n < 1 || n > pc->size) {
-    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: n = %d must be in [1, parent size %d]", n,
-                   pc->size);
-    return MUON_ERR_ARG;
-  }
-  int me = -1;
-  for (int i = 0; i < n; i++) {
-    if (ranks[i] < 0 || ranks[i] >= pc->size) {
-      muon_gloo__msg(err, err_size, "muon_gloo_subgroup: ranks[%d] = %d is not a rank of the "
-                     "parent (size %d)", i, ranks[i], pc->size);
-      return MUON_ERR_ARG;
-    }
-    for (int j = 0; j < i; j++)
-      if (ranks[j] == ranks[i]) {
-        muon_gloo__msg(err, err_size, "muon_gloo_subgroup: rank %d appears twice (ranks[%d] "
-                       "and ranks[%d])", ranks[i], j, i);
-        return MUON_ERR_ARG;
-      }
-    if (ranks[i] == pc->rank) me = i;
-  }
-  if (me < 0) {
-    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: this rank (%d of the parent) is not in "
-                   "ranks[0..%d)", pc->rank, n);
-    return MUON_ERR_ARG;
-  }
-  muon_gloo__comm *c = NULL;
-  try {
-    /* parent prefix + this call's number + the rank list (hashed when long) */
-    std::string list;
-    for (int i = 0; i < n; i++) list += (i ? "," : "") + std::to_string(ranks[i]);
-    if (list.size() > 120) {
-      unsigned long long h = 1469598103934665603ULL; /* FNV-1a */
-      for (char ch : list) h = (h ^ (unsigned char)ch) * 1099511628211ULL;
-      list = std::to_string(n) + ":" + std::to_string(ranks[0]) + ".." +
-             std::to_string(ranks[n - 1]) + "#" + std::to_string(h);
-    }
-    c = new muon_gloo__comm();
-    c->shared = pc->shared;
-    c->rank = me;
-    c->size = n;
-    c->prefix = pc->prefix + std::to_string(pc->subgroups++) + "[" + list + "]/";
-    c->subgroups = 0;
-    c->seq = 0;
-    c->broken = MUON_OK;
-    c->check_counts = pc->check_counts || (getenv("MUON_GLOO_CHECK_COUNTS") &&
-                                            atoi(getenv("MUON_GLOO_CHECK_COUNTS")));
-    c->blocking = pc->blocking;
-    muon_status st = muon_gloo__connect(c, "muon_gloo_subgroup", err, err_size);
-    if (st != MUON_OK) {
-      delete c;
-      return st;
-    }
-  } catch (...) {
-    const std::string text = muon_gloo__what(std::current_exception());
-    delete c;
-    muon_gloo__msg(err, err_size, "muon_gloo_subgroup: %s", text.c_str());
-    return MUON_ERR_NOMEM;
-  }
-  out->vt = c->blocking ? &muon_gloo__vtable_blocking : &muon_gloo__vtable;
-  out->ctx = c;
-  out->rank = c->rank;
-  out->size = c->size;
-  return MUON_OK;
+MUON_API muon_status muon_gloo_subgroup(muon_comm *out, muon_comm *parent, const int *ranks,
+                                        int n) {
+  muon_gloo__begin(out);
+  if (!out || !parent || !ranks)
+    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_subgroup", "%s is NULL",
+                             !out ? "out" : !parent ? "parent" : "ranks");
+  return muon_gloo__subgroup("muon_gloo_subgroup", out, parent, ranks, n);
 }
 
-MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *parent, const int *dims, int ndims,
-                                             int dim, muon_comm *out, char *err,
-                                             size_t err_size) {
-  muon_gloo__clear(out);
-  if (err && err_size) err[0] = 0;
-  if (!parent || !dims || !out) {
-    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: %s is NULL",
-                   !parent ? "parent" : !dims ? "dims" : "out");
-    return MUON_ERR_ARG;
-  }
-  if (ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims) {
-    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: need 1 <= ndims <= 16 and 0 <= dim "
-                   "< ndims (ndims %d, dim %d)", ndims, dim);
-    return MUON_ERR_ARG;
-  }
+MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *out, muon_comm *parent, const int *dims,
+                                             int ndims, int dim) {
+  static const char fn[] = "muon_gloo_mesh_subgroup";
+  muon_gloo__begin(out);
+  if (!out || !parent || !dims)
+    return muon_gloo__refuse(MUON_ERR_ARG, fn, "%s is NULL",
+                             !out ? "out" : !parent ? "parent" : "dims");
+  if (ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims)
+    return muon_gloo__refuse(MUON_ERR_ARG, fn, "need 1 <= ndims <= 16 and 0 <= dim < ndims "
+                             "(ndims %d, dim %d)", ndims, dim);
   long long total = 1;
   for (int i = 0; i < ndims; i++) {
-    if (dims[i] < 1) {
-      muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: dims[%d] = %d must be >= 1", i,
-                     dims[i]);
-      return MUON_ERR_ARG;
-    }
+    if (dims[i] < 1)
+      return muon_gloo__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d must be >= 1", i, dims[i]);
     total *= dims[i];
     if (total > (1 << 30)) break;
   }
-  if (total != parent->size) {
-    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: the mesh has %lld ranks but the "
-                   "parent has %d", total, parent->size);
-    return MUON_ERR_ARG;
-  }
+  if (total != parent->size)
+    return muon_gloo__refuse(MUON_ERR_ARG, fn, "the mesh has %lld ranks but the parent has %d",
+                             total, parent->size);
   /* row-major: stride of dim = product of the dims after it */
   int stride = 1;
   for (int i = dim + 1; i < ndims; i++) stride *= dims[i];
@@ -1072,10 +1085,9 @@ MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *parent, const int *dims,
   try {
     std::vector<int> ranks((size_t)len);
     for (int i = 0; i < len; i++) ranks[(size_t)i] = first + i * stride;
-    return muon_gloo_subgroup(parent, ranks.data(), len, out, err, err_size);
+    return muon_gloo__subgroup(fn, out, parent, ranks.data(), len);
   } catch (...) {
-    muon_gloo__msg(err, err_size, "muon_gloo_mesh_subgroup: out of memory");
-    return MUON_ERR_NOMEM;
+    return muon_gloo__refuse(MUON_ERR_NOMEM, fn, "out of memory");
   }
 }
 

@@ -20,8 +20,7 @@
        nd.stream = nccl_stream;                    // where the exchanges are queued
        nd.compute_stream = main_stream;            // ordered against it (NULL: the same stream)
        muon_comm world;
-       char err[512];
-       if (muon_nccl_wrap(nccl_comm, &nd, &world, err, sizeof err) != MUON_OK) { puts(err); ... }
+       if (muon_nccl_wrap(&world, nccl_comm, &nd) != MUON_OK) { puts(muon_error(NULL)); ... }
 
        muon_desc desc = muon_default_desc();
        desc.compute = &gpu;  desc.comm = &world;  desc.dist = &cfg;  ...
@@ -36,15 +35,15 @@
 
        muon_nccl_desc nd = muon_nccl_default_desc();
        nd.stream = muon_cuda_stream(&gpu);         // one stream for compute and exchange
-       muon_nccl_create(&nd, &world, err, sizeof err);
+       muon_nccl_create(&world, &nd);
 
    Groups (TP, FSDP, HSDP shard / replicate, EP, PP) are split from a parent, so
    muon_auto_config works unchanged:
 
        int dims[2] = {2, 4};                       // 8 ranks: 2 x 4 row-major mesh
        muon_comm tp, dp;
-       muon_nccl_mesh_subgroup(&world, dims, 2, 1, &tp, err, sizeof err);  // {0..3} {4..7}
-       muon_nccl_mesh_subgroup(&world, dims, 2, 0, &dp, err, sizeof err);  // {0,4} {1,5} ...
+       muon_nccl_mesh_subgroup(&tp, &world, dims, 2, 1);  // {0..3} {4..7}
+       muon_nccl_mesh_subgroup(&dp, &world, dims, 2, 0);  // {0,4} {1,5} ...
 
    The implementation uses only the CUDA runtime and NCCL host APIs: compile it in ONE C or C++
    file (no nvcc needed) and link with NCCL and the CUDA runtime:
@@ -54,6 +53,9 @@
 
        cc -I/usr/local/cuda/include -c muon_nccl.c
        cc train.o muon_nccl.o ... -L/usr/local/cuda/lib64 -lnccl -lcudart
+
+   beside muon.h's implementation (MUON_IMPLEMENTATION in one file, as every muon program has),
+   whose muon_error(NULL) carries the reason of a failed creation.
 
    SEMANTICS
        - alltoallv (the exchange of the step) is ONE NCCL group of ncclSend / ncclRecv, zero
@@ -100,9 +102,13 @@
        MUON_NCCL_TIMEOUT             seconds for every wait (default 300)
 
    ERRORS
-       muon_nccl_* return MUON_ERR_ARG for bad arguments (the message names the field),
-       MUON_ERR_BACKEND when CUDA refuses (events, device memory), MUON_ERR_COMM /
-       MUON_ERR_TIMEOUT when NCCL or the rendezvous fails, MUON_ERR_NOMEM. Nothing is printed.
+       muon_nccl_create, muon_nccl_wrap, muon_nccl_split and muon_nccl_mesh_subgroup return
+       MUON_ERR_ARG for bad arguments (the message names the field), MUON_ERR_BACKEND when CUDA
+       refuses (events, device memory), MUON_ERR_COMM / MUON_ERR_TIMEOUT when NCCL or the
+       rendezvous fails, MUON_ERR_NOMEM. On failure *out is cleared and muon_error(NULL) says
+       why on this thread ("MUON_ERR_COMM: muon_nccl_create: ...", NCCL's and CUDA's own text
+       included), as for muon_create. A live communicator's failures are its vtable's `error`
+       text (see FAILURES). Nothing is printed.
 
    LICENSE: see the end of muon.h.
 */
@@ -130,29 +136,30 @@ typedef struct muon_nccl_desc {
 /* rank = size = device = -1, everything else NULL / 0. */
 MUON_API muon_nccl_desc muon_nccl_default_desc(void);
 
+/* Each of these makes a communicator in *out. On failure *out is cleared and muon_error(NULL)
+   gives the reason on this thread (see ERRORS). */
+
 /* A muon communicator over the trainer's ncclComm_t (an `ncclComm_t` passed as void *), which
    stays the trainer's: muon_comm_destroy leaves it alone, unless a failure aborted it (see
    FAILURES). desc: stream, compute_stream and timeout_s are used; NULL = defaults. */
-MUON_API muon_status muon_nccl_wrap(void *nccl_comm, const muon_nccl_desc *desc, muon_comm *out,
-                                    char *err, size_t err_size);
+MUON_API muon_status muon_nccl_wrap(muon_comm *out, void *nccl_comm, const muon_nccl_desc *desc);
 
 /* Creates a world communicator: rank 0 makes the unique id and leaves it in the store
    directory, every rank joins (collective over all `size` processes, under the timeout). */
-MUON_API muon_status muon_nccl_create(const muon_nccl_desc *desc, muon_comm *out, char *err,
-                                      size_t err_size);
+MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc);
 
 /* ncclCommSplit of a muon_nccl communicator: collective over ALL ranks of the parent; ranks
    with the same color form a group, ordered by key (ties by parent rank). color -1
    (NCCL_SPLIT_NOCOLOR) joins no group: *out is cleared and MUON_OK returned. The new
    communicator inherits the parent's streams and timeout. */
-MUON_API muon_status muon_nccl_split(muon_comm *parent, int color, int key, muon_comm *out,
-                                     char *err, size_t err_size);
+MUON_API muon_status muon_nccl_split(muon_comm *out, muon_comm *parent, int color, int key);
 
-/* As muon_gloo_mesh_subgroup: for a row-major mesh dims[0..ndims) over the parent's ranks, the
-   group along dimension `dim` holding this rank. Collective over the whole parent. */
-MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *parent, const int *dims, int ndims,
-                                             int dim, muon_comm *out, char *err,
-                                             size_t err_size);
+/* For a row-major mesh of shape dims[0..ndims) over the parent's ranks (the product must equal
+   the parent's size), the group along mesh dimension `dim` holding this rank: e.g. dims = {2, 4}:
+   dim 1 = consecutive ranks {0..3} {4..7}, dim 0 = strided ranks {0,4} {1,5} ... A split, so
+   collective over the whole parent. */
+MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *out, muon_comm *parent, const int *dims,
+                                             int ndims, int dim);
 
 /* The ncclComm_t behind a muon_nccl communicator (NULL if it is not one, or was aborted). */
 MUON_API void *muon_nccl_handle(const muon_comm *c);
@@ -199,14 +206,6 @@ typedef struct muon_nccl__comm {
   char error[768];
 } muon_nccl__comm;
 
-static void muon_nccl__msg(char *err, size_t err_size, const char *fmt, ...) {
-  va_list ap;
-  if (!err || !err_size) return;
-  va_start(ap, fmt);
-  vsnprintf(err, err_size, fmt, ap);
-  va_end(ap);
-}
-
 /* gettimeofday and select: declared by strict -std=c99 builds too (clock_gettime is not). */
 static double muon_nccl__now(void) {
   struct timeval tv;
@@ -219,10 +218,6 @@ static void muon_nccl__pause(void) {
   tv.tv_sec = 0;
   tv.tv_usec = 20;
   (void)select(0, NULL, NULL, NULL, &tv);
-}
-
-static void muon_nccl__clear(muon_comm *out) {
-  if (out) { out->vt = NULL; out->ctx = NULL; out->rank = 0; out->size = 0; }
 }
 
 /* Breaks the communicator: the NCCL communicator is aborted (its queued kernels end, so no
@@ -455,43 +450,54 @@ static const muon_comm_vtable muon_nccl__vtable = {
   /* .join            = */ muon_nccl__join
 };
 
-/* ---- creation ------------------------------------------------------------------------------ */
-static muon_status muon_nccl__timeout(double t, double *out, char *err, size_t err_size) {
+/* ---- creation ------------------------------------------------------------------------------
+   Every failed creation (create, wrap, split, mesh_subgroup) clears *out and says why through
+   muon_nccl__refuse: "MUON_ERR_X: function: reason", what muon_error(NULL) returns. */
+
+static muon_status muon_nccl__refuse(muon_status st, const char *fn, const char *fmt, ...) MUON__PRINTF_DECL(3, 4);
+static muon_status muon_nccl__refuse(muon_status st, const char *fn, const char *fmt, ...) {
+  const char *name = muon_status_string(st);   /* "MUON_ERR_X: its text": the name is kept */
+  char reason[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  muon_set_create_error("%.*s: %s: %s", (int)strcspn(name, ":"), name, fn, reason);
+  return st;
+}
+
+/* The start of every creation: *out cleared, no reason left from an earlier failure. */
+static void muon_nccl__begin(muon_comm *out) {
+  if (out) { out->vt = NULL; out->ctx = NULL; out->rank = 0; out->size = 0; }
+  muon_set_create_error("%s", "");
+}
+
+static muon_status muon_nccl__timeout(const char *fn, double t, double *out) {
   if (t == 0) {
     const char *s = getenv("MUON_NCCL_TIMEOUT");
     t = 300;
     if (s && *s) {
       char *end;
       t = strtod(s, &end);
-      if (*end || !(t > 0)) {
-        muon_nccl__msg(err, err_size, "muon_nccl: MUON_NCCL_TIMEOUT='%s' is not a positive number of seconds", s);
-        return MUON_ERR_ARG;
-      }
+      if (*end || !(t > 0)) return muon_nccl__refuse(MUON_ERR_ARG, fn, "MUON_NCCL_TIMEOUT='%s' is not a positive number of seconds", s);
     }
   }
-  if (!(t > 0) || t > 1e7) {
-    muon_nccl__msg(err, err_size, "muon_nccl_desc.timeout_s must be > 0 and <= 1e7 (got %g)", t);
-    return MUON_ERR_ARG;
-  }
+  if (!(t > 0) || t > 1e7) return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.timeout_s must be > 0 and <= 1e7 (got %g)", t);
   *out = t;
   return MUON_OK;
 }
 
 /* The context around an NCCL communicator: its events (and nothing else on the GPU yet). */
-static muon_status muon_nccl__make(ncclComm_t comm, int owned, cudaStream_t stream, cudaStream_t compute, double timeout_s,
-                                   muon_comm *out, char *err, size_t err_size) {
+static muon_status muon_nccl__make(const char *fn, ncclComm_t comm, int owned, cudaStream_t stream, cudaStream_t compute,
+                                   double timeout_s, muon_comm *out) {
   muon_nccl__comm *c = (muon_nccl__comm *)calloc(1, sizeof *c);
   int rank = 0, size = 0, i;
   cudaError_t e;
-  if (!c) {
-    muon_nccl__msg(err, err_size, "muon_nccl: allocating the communicator failed");
-    return MUON_ERR_NOMEM;
-  }
+  if (!c) return muon_nccl__refuse(MUON_ERR_NOMEM, fn, "allocating the communicator failed");
   if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &size) != ncclSuccess || size < 1) {
-    muon_nccl__msg(err, err_size, "muon_nccl: ncclCommUserRank / ncclCommCount failed: not a live communicator (%s)",
-                   ncclGetLastError(comm));
     free(c);
-    return MUON_ERR_ARG;
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "ncclCommUserRank / ncclCommCount failed: not a live communicator (%s)",
+                             ncclGetLastError(comm));
   }
   c->comm = comm;
   c->owned = owned;
@@ -506,11 +512,10 @@ static muon_status muon_nccl__make(ncclComm_t comm, int owned, cudaStream_t stre
   for (i = 0; e == cudaSuccess && compute != stream && i < MUON_NCCL__TICKETS; i++)
     e = cudaEventCreateWithFlags(&c->ticket[i], cudaEventDisableTiming);
   if (e != cudaSuccess) {
-    muon_nccl__msg(err, err_size, "muon_nccl: cudaEventCreateWithFlags failed: %s", cudaGetErrorString(e));
     c->owned = 0;                 /* the caller still owns comm and decides its fate */
     c->comm = NULL;
     muon_nccl__destroy(c);
-    return MUON_ERR_BACKEND;
+    return muon_nccl__refuse(MUON_ERR_BACKEND, fn, "cudaEventCreateWithFlags failed: %s", cudaGetErrorString(e));
   }
   out->vt = &muon_nccl__vtable;
   out->ctx = c;
@@ -538,30 +543,24 @@ static int muon_nccl__env_int(const char *name, int *out) {
 /* The unique id through the store directory: rank 0 writes a temporary file and links it to
    its final name (which must not exist: a stale id would make everyone wait for nobody), the
    others wait for the final name. */
-static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, double timeout_s, ncclUniqueId *id,
-                                       char *err, size_t err_size) {
+static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, double timeout_s, ncclUniqueId *id) {
+  static const char fn[] = "muon_nccl_create";
   char path[1024], tmp[1100];
   double deadline = muon_nccl__now() + timeout_s;
   FILE *f;
   snprintf(path, sizeof path, "%s/muon_nccl_%d.id", dir, seq);
   if (rank == 0) {
     ncclResult_t r = ncclGetUniqueId(id);
-    if (r != ncclSuccess) {
-      muon_nccl__msg(err, err_size, "muon_nccl_create: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
-      return MUON_ERR_COMM;
-    }
+    if (r != ncclSuccess) return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
     f = fopen(tmp, "wb");
-    if (!f || fwrite(id, sizeof *id, 1, f) != 1 || fclose(f) != 0) {
-      muon_nccl__msg(err, err_size, "muon_nccl_create: writing %s failed: %s", tmp, strerror(errno));
-      return MUON_ERR_COMM;
-    }
+    if (!f || fwrite(id, sizeof *id, 1, f) != 1 || fclose(f) != 0)
+      return muon_nccl__refuse(MUON_ERR_COMM, fn, "writing %s failed: %s", tmp, strerror(errno));
     if (link(tmp, path) != 0) {
       int e = errno;
       (void)unlink(tmp);
-      muon_nccl__msg(err, err_size, "muon_nccl_create: publishing %s failed: %s%s", path, strerror(e),
-                     e == EEXIST ? " (the store holds an id of an earlier run: use a fresh directory per run)" : "");
-      return MUON_ERR_COMM;
+      return muon_nccl__refuse(MUON_ERR_COMM, fn, "publishing %s failed: %s%s", path, strerror(e),
+                               e == EEXIST ? " (the store holds an id of an earlier run: use a fresh directory per run)" : "");
     }
     (void)unlink(tmp);
     return MUON_OK;
@@ -573,30 +572,55 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
       fclose(f);
       if (got == 1) return MUON_OK;
     }
-    if (muon_nccl__now() > deadline) {
-      muon_nccl__msg(err, err_size, "muon_nccl_create: rank %d waited %.1f s for rank 0's id in %s (MUON_NCCL_TIMEOUT)", rank,
-                     timeout_s, path);
-      return MUON_ERR_TIMEOUT;
-    }
+    if (muon_nccl__now() > deadline)
+      return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "rank %d waited %.1f s for rank 0's id in %s (MUON_NCCL_TIMEOUT)", rank,
+                               timeout_s, path);
     muon_nccl__pause();
   }
 }
 
 /* Polls a non-blocking communicator being made until ready; aborts it on failure. */
-static muon_status muon_nccl__ready(ncclComm_t comm, ncclResult_t r, double timeout_s, const char *what, char *err,
-                                    size_t err_size) {
+static muon_status muon_nccl__ready(const char *fn, ncclComm_t comm, ncclResult_t r, double timeout_s, const char *what) {
   r = muon_nccl__poll(comm, r, timeout_s);
   if (r == ncclInProgress) {
     (void)ncclCommAbort(comm);
-    muon_nccl__msg(err, err_size, "muon_nccl: %s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join", what, timeout_s);
-    return MUON_ERR_TIMEOUT;
+    return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "%s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join", what,
+                             timeout_s);
   }
   if (r != ncclSuccess) {
-    muon_nccl__msg(err, err_size, "muon_nccl: %s failed: %s (NCCL: %s)", what, ncclGetErrorString(r), ncclGetLastError(comm));
+    muon_status st = muon_nccl__refuse(MUON_ERR_COMM, fn, "%s failed: %s (NCCL: %s)", what, ncclGetErrorString(r),
+                                       ncclGetLastError(comm));
     if (comm) (void)ncclCommAbort(comm);
-    return MUON_ERR_COMM;
+    return st;
   }
   return MUON_OK;
+}
+
+/* muon_nccl_split's work, for it and muon_nccl_mesh_subgroup (fn: the one called). */
+static muon_status muon_nccl__split(const char *fn, muon_comm *out, muon_comm *parent, int color, int key) {
+  muon_nccl__comm *pc = muon_nccl__of(parent);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  ncclComm_t comm = NULL;
+  muon_status st;
+  ncclResult_t r;
+  if (!pc) return muon_nccl__refuse(MUON_ERR_ARG, fn, "parent is not a muon_nccl communicator");
+  if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "color %d is negative (and not NCCL_SPLIT_NOCOLOR)", color);
+  if (pc->broken != MUON_OK) return muon_nccl__refuse(pc->broken, fn, "the parent is broken: %s", pc->error);
+  config.blocking = 0;
+  r = ncclCommSplit(pc->comm, color, key, &comm, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    st = muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommSplit failed: %s (NCCL: %s)", ncclGetErrorString(r), ncclGetLastError(pc->comm));
+    if (comm) (void)ncclCommAbort(comm);
+    return st;
+  }
+  if (!comm) {                   /* NCCL_SPLIT_NOCOLOR: only the parent's part to finish */
+    if ((st = muon_nccl__settle(pc, r, "ncclCommSplit")) != MUON_OK) return muon_nccl__refuse(st, fn, "%s", pc->error);
+    return MUON_OK;
+  }
+  if ((st = muon_nccl__ready(fn, comm, r, pc->timeout_s, "ncclCommSplit")) != MUON_OK) return st;
+  if ((st = muon_nccl__make(fn, comm, 1, pc->stream, pc->compute, pc->timeout_s, out)) != MUON_OK) (void)ncclCommDestroy(comm);
+  return st;
 }
 
 #ifdef __cplusplus
@@ -612,22 +636,20 @@ MUON_API muon_nccl_desc muon_nccl_default_desc(void) {
   return d;
 }
 
-MUON_API muon_status muon_nccl_wrap(void *nccl_comm, const muon_nccl_desc *desc, muon_comm *out, char *err, size_t err_size) {
+MUON_API muon_status muon_nccl_wrap(muon_comm *out, void *nccl_comm, const muon_nccl_desc *desc) {
+  static const char fn[] = "muon_nccl_wrap";
   muon_nccl_desc d = desc ? *desc : muon_nccl_default_desc();
   double timeout_s;
   muon_status st;
-  muon_nccl__clear(out);
-  if (err && err_size) err[0] = 0;
-  if (!nccl_comm || !out) {
-    muon_nccl__msg(err, err_size, "muon_nccl_wrap: %s is NULL", out ? "nccl_comm" : "out");
-    return MUON_ERR_ARG;
-  }
-  if ((st = muon_nccl__timeout(d.timeout_s, &timeout_s, err, err_size)) != MUON_OK) return st;
-  return muon_nccl__make((ncclComm_t)nccl_comm, 0, (cudaStream_t)d.stream,
-                         (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream), timeout_s, out, err, err_size);
+  muon_nccl__begin(out);
+  if (!out || !nccl_comm) return muon_nccl__refuse(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : "nccl_comm");
+  if ((st = muon_nccl__timeout(fn, d.timeout_s, &timeout_s)) != MUON_OK) return st;
+  return muon_nccl__make(fn, (ncclComm_t)nccl_comm, 0, (cudaStream_t)d.stream,
+                         (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream), timeout_s, out);
 }
 
-MUON_API muon_status muon_nccl_create(const muon_nccl_desc *desc, muon_comm *out, char *err, size_t err_size) {
+MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc) {
+  static const char fn[] = "muon_nccl_create";
   static const char *const env_names[3][2] = {{"MUON_RANK", "MUON_WORLD_SIZE"},
                                               {"RANK", "WORLD_SIZE"},
                                               {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}};
@@ -641,121 +663,67 @@ MUON_API muon_status muon_nccl_create(const muon_nccl_desc *desc, muon_comm *out
   muon_status st;
   ncclResult_t r;
   int k, rank, size;
-  muon_nccl__clear(out);
-  if (err && err_size) err[0] = 0;
-  if (!desc || !out) {
-    muon_nccl__msg(err, err_size, "muon_nccl_create: %s is NULL", desc ? "out" : "desc");
-    return MUON_ERR_ARG;
-  }
+  muon_nccl__begin(out);
+  if (!out || !desc) return muon_nccl__refuse(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : "desc");
   d = *desc;
   rank = d.rank;
   size = d.size;
   for (k = 0; k < 3 && (rank < 0 || size < 0); k++) {
     int r0 = -1, s0 = -1, hr = muon_nccl__env_int(env_names[k][0], &r0), hs = muon_nccl__env_int(env_names[k][1], &s0);
-    if (hr < 0 || hs < 0) {
-      muon_nccl__msg(err, err_size, "muon_nccl_create: environment %s / %s is not a valid rank / size", env_names[k][0], env_names[k][1]);
-      return MUON_ERR_ARG;
-    }
+    if (hr < 0 || hs < 0)
+      return muon_nccl__refuse(MUON_ERR_ARG, fn, "environment %s / %s is not a valid rank / size", env_names[k][0], env_names[k][1]);
     if (hr && hs) {
       if (rank < 0) rank = r0;
       if (size < 0) size = s0;
     }
   }
-  if (rank < 0 || size < 1 || rank >= size) {
-    muon_nccl__msg(err, err_size, rank < 0 || size < 0 ? "muon_nccl_desc.rank/size are -1 and no launcher environment "
-                   "(MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_*) is set: start with muonrun"
-                   : "muon_nccl_desc: rank %d is not in [0, size %d)", rank, size);
-    return MUON_ERR_ARG;
-  }
-  if ((st = muon_nccl__timeout(d.timeout_s, &timeout_s, err, err_size)) != MUON_OK) return st;
+  if (rank < 0 || size < 0)
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.rank/size are -1 and no launcher environment "
+                             "(MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_*) is set: start with muonrun");
+  if (size < 1 || rank >= size) return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc: rank %d is not in [0, size %d)", rank, size);
+  if ((st = muon_nccl__timeout(fn, d.timeout_s, &timeout_s)) != MUON_OK) return st;
   dir = d.store_dir ? d.store_dir : getenv("MUON_STORE");
-  if (size > 1 && (!dir || !*dir)) {
-    muon_nccl__msg(err, err_size, "muon_nccl_desc.store_dir is NULL and MUON_STORE is not set: %d ranks need a directory "
-                   "to share NCCL's unique id", size);
-    return MUON_ERR_ARG;
-  }
-  if (d.device >= 0 && cudaSetDevice(d.device) != cudaSuccess) {
-    muon_nccl__msg(err, err_size, "muon_nccl_create: cudaSetDevice(%d) failed: %s", d.device, cudaGetErrorString(cudaGetLastError()));
-    return MUON_ERR_BACKEND;
-  }
+  if (size > 1 && (!dir || !*dir))
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.store_dir is NULL and MUON_STORE is not set: %d ranks need a "
+                             "directory to share NCCL's unique id", size);
+  if (d.device >= 0 && cudaSetDevice(d.device) != cudaSuccess)
+    return muon_nccl__refuse(MUON_ERR_BACKEND, fn, "cudaSetDevice(%d) failed: %s", d.device, cudaGetErrorString(cudaGetLastError()));
   if (size == 1) {
-    if ((r = ncclGetUniqueId(&id)) != ncclSuccess) {
-      muon_nccl__msg(err, err_size, "muon_nccl_create: ncclGetUniqueId failed: %s", ncclGetErrorString(r));
-      return MUON_ERR_COMM;
-    }
-  } else if ((st = muon_nccl__share_id(dir, rank, created, timeout_s, &id, err, err_size)) != MUON_OK) {
+    if ((r = ncclGetUniqueId(&id)) != ncclSuccess) return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+  } else if ((st = muon_nccl__share_id(dir, rank, created, timeout_s, &id)) != MUON_OK) {
     return st;
   }
   created++;
   config.blocking = 0;
   r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (r != ncclSuccess && r != ncclInProgress && !comm) {
-    muon_nccl__msg(err, err_size, "muon_nccl_create: ncclCommInitRankConfig (rank %d of %d) failed: %s", rank, size, ncclGetErrorString(r));
-    return MUON_ERR_COMM;
-  }
-  if ((st = muon_nccl__ready(comm, r, timeout_s, "ncclCommInitRankConfig", err, err_size)) != MUON_OK) return st;
-  if ((st = muon_nccl__make(comm, 1, (cudaStream_t)d.stream, (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream),
-                            timeout_s, out, err, err_size)) != MUON_OK)
+  if (r != ncclSuccess && r != ncclInProgress && !comm)
+    return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommInitRankConfig (rank %d of %d) failed: %s", rank, size, ncclGetErrorString(r));
+  if ((st = muon_nccl__ready(fn, comm, r, timeout_s, "ncclCommInitRankConfig")) != MUON_OK) return st;
+  if ((st = muon_nccl__make(fn, comm, 1, (cudaStream_t)d.stream, (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream),
+                            timeout_s, out)) != MUON_OK)
     (void)ncclCommDestroy(comm);
   return st;
 }
 
-MUON_API muon_status muon_nccl_split(muon_comm *parent, int color, int key, muon_comm *out, char *err, size_t err_size) {
-  muon_nccl__comm *pc = muon_nccl__of(parent);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  ncclComm_t comm = NULL;
-  muon_status st;
-  ncclResult_t r;
-  muon_nccl__clear(out);
-  if (err && err_size) err[0] = 0;
-  if (!pc || !out) {
-    muon_nccl__msg(err, err_size, "muon_nccl_split: %s", !out ? "out is NULL" : "parent is not a muon_nccl communicator");
-    return MUON_ERR_ARG;
-  }
-  if (color < 0 && color != NCCL_SPLIT_NOCOLOR) {
-    muon_nccl__msg(err, err_size, "muon_nccl_split: color %d is negative (and not NCCL_SPLIT_NOCOLOR)", color);
-    return MUON_ERR_ARG;
-  }
-  if (pc->broken != MUON_OK) {
-    muon_nccl__msg(err, err_size, "%s", pc->error);
-    return pc->broken;
-  }
-  config.blocking = 0;
-  r = ncclCommSplit(pc->comm, color, key, &comm, &config);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    muon_nccl__msg(err, err_size, "muon_nccl_split: ncclCommSplit failed: %s (NCCL: %s)", ncclGetErrorString(r), ncclGetLastError(pc->comm));
-    if (comm) (void)ncclCommAbort(comm);
-    return MUON_ERR_COMM;
-  }
-  if (!comm) {                   /* NCCL_SPLIT_NOCOLOR: only the parent's part to finish */
-    if ((st = muon_nccl__settle(pc, r, "ncclCommSplit")) != MUON_OK) muon_nccl__msg(err, err_size, "%s", pc->error);
-    return st;
-  }
-  if ((st = muon_nccl__ready(comm, r, pc->timeout_s, "ncclCommSplit", err, err_size)) != MUON_OK) return st;
-  if ((st = muon_nccl__make(comm, 1, pc->stream, pc->compute, pc->timeout_s, out, err, err_size)) != MUON_OK)
-    (void)ncclCommDestroy(comm);
-  return st;
+MUON_API muon_status muon_nccl_split(muon_comm *out, muon_comm *parent, int color, int key) {
+  muon_nccl__begin(out);
+  if (!out) return muon_nccl__refuse(MUON_ERR_ARG, "muon_nccl_split", "out is NULL");
+  return muon_nccl__split("muon_nccl_split", out, parent, color, key);
 }
 
-MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *parent, const int *dims, int ndims, int dim, muon_comm *out,
-                                             char *err, size_t err_size) {
+MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *out, muon_comm *parent, const int *dims, int ndims, int dim) {
+  static const char fn[] = "muon_nccl_mesh_subgroup";
   int i, total = 1, rest, color = 0, stride = 1, coord[16];
-  muon_nccl__clear(out);
-  if (!parent || !dims || ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims) {
-    muon_nccl__msg(err, err_size, "muon_nccl_mesh_subgroup: need a parent, 1..16 dims and 0 <= dim < ndims");
-    return MUON_ERR_ARG;
-  }
+  muon_nccl__begin(out);
+  if (!out) return muon_nccl__refuse(MUON_ERR_ARG, fn, "out is NULL");
+  if (!parent || !dims || ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims)
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "need a parent, 1..16 dims and 0 <= dim < ndims");
   for (i = 0; i < ndims; i++) {
-    if (dims[i] < 1 || total > parent->size / dims[i]) {
-      muon_nccl__msg(err, err_size, "muon_nccl_mesh_subgroup: dims[%d] = %d does not fit the parent's %d ranks", i, dims[i], parent->size);
-      return MUON_ERR_ARG;
-    }
+    if (dims[i] < 1 || total > parent->size / dims[i])
+      return muon_nccl__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i], parent->size);
     total *= dims[i];
   }
-  if (total != parent->size) {
-    muon_nccl__msg(err, err_size, "muon_nccl_mesh_subgroup: the mesh has %d ranks, the parent %d", total, parent->size);
-    return MUON_ERR_ARG;
-  }
+  if (total != parent->size) return muon_nccl__refuse(MUON_ERR_ARG, fn, "the mesh has %d ranks, the parent %d", total, parent->size);
   for (i = ndims - 1, rest = parent->rank; i >= 0; i--) { coord[i] = rest % dims[i]; rest /= dims[i]; }
   /* The group is every rank with this rank's coordinates except along dim: number it by them. */
   for (i = ndims - 1; i >= 0; i--) {
@@ -763,7 +731,7 @@ MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *parent, const int *dims,
     color += coord[i] * stride;
     stride *= dims[i];
   }
-  return muon_nccl_split(parent, color, coord[dim], out, err, err_size);
+  return muon_nccl__split(fn, out, parent, color, coord[dim]);
 }
 
 MUON_API void *muon_nccl_handle(const muon_comm *c) {

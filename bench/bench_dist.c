@@ -444,7 +444,7 @@ int main(int argc, char **argv) {
   if (b.gemm == MUON_GEMM_CBLAS) { fprintf(stderr, "--gemm cblas: not compiled with -DMUON_USE_CBLAS\n"); return 2; }
 #endif
 
-  if (muon_gloo_create(&gd, &b.world, err, sizeof err) != MUON_OK) die(NULL, "muon_gloo_create", err);
+  if (muon_gloo_create(&b.world, &gd) != MUON_OK) die(NULL, "muon_gloo_create", muon_error(NULL));
   b.rank = b.world.rank;
   b.P = b.world.size;
   b.n = small > 0 ? small : b.layers * PER_LAYER;

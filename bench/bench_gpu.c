@@ -105,7 +105,7 @@ static void fail(const char *call, const char *why, int line) {
 }
 #define CK_CUDA(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) fail(#call, cudaGetErrorString(e_), __LINE__); } while (0)
 #define CK_BLAS(call) do { cublasStatus_t s_ = (call); if (s_ != CUBLAS_STATUS_SUCCESS) fail(#call, cublasGetStatusString(s_), __LINE__); } while (0)
-#define CK_SLOT(call) do { if ((call) != MUON_OK) fail(#call, muon_cuda_last_error(&G), __LINE__); } while (0)
+#define CK_SLOT(call) do { if ((call) != MUON_OK) fail(#call, G.vt->error(G.ctx), __LINE__); } while (0)
 #define CK_OPT(opt, call) do { if ((call) != MUON_OK) fail(#call, muon_error(opt), __LINE__); } while (0)
 
 /* ---- host data ------------------------------------------------------------------------------ */
@@ -716,7 +716,7 @@ int main(int argc, char **argv) {
   CK_CUDA(cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking));
   cd = muon_cuda_default_desc();
   cd.stream = (void *)S;
-  if (muon_cuda_create(&G, &cd) != MUON_OK) fail("muon_cuda_create", muon_cuda_last_error(&G), __LINE__);
+  if (muon_cuda_create(&G, &cd) != MUON_OK) fail("muon_cuda_create", muon_error(NULL), __LINE__);
   CK_BLAS(cublasCreate(&H));
   CK_BLAS(cublasSetStream(H, S));
   CK_BLAS(cublasSetMathMode(H, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));

@@ -50,7 +50,6 @@ int main(int argc, char **argv) {
   muon_optimizer *opt;
   muon_layout lay;
   muon_stats s0, s1;
-  char err[512];
   double t0, ms, *all, slowest = 0, S = 0, formula, sent;
   float *host;
   void **bufs;
@@ -72,9 +71,9 @@ int main(int argc, char **argv) {
   if (getenv("LOCAL_RANK")) dev = atoi(getenv("LOCAL_RANK"));
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) die("cudaGetDeviceCount", "no GPU");
   cd.device = dev % ndev;
-  if (muon_cuda_create(&gpu, &cd) != MUON_OK) die("muon_cuda_create", muon_cuda_last_error(&gpu));
+  if (muon_cuda_create(&gpu, &cd) != MUON_OK) die("muon_cuda_create", muon_error(NULL));
   nd.stream = muon_cuda_stream(&gpu);
-  if (muon_nccl_create(&nd, &world, err, sizeof err) != MUON_OK) die("muon_nccl_create", err);
+  if (muon_nccl_create(&world, &nd) != MUON_OK) die("muon_nccl_create", muon_error(NULL));
 
   desc.comm = &world;
   desc.dist = &cfg;

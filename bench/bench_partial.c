@@ -155,7 +155,6 @@ static double run(bench *b, int partial, double *bytes, double *momentum, unsign
 int main(int argc, char **argv) {
   bench b;
   muon_gloo_desc gd = muon_gloo_default_desc();
-  char err[512];
   int layers = 2, i, k;
   double t_ar, t_p, by_ar, by_p, mo_ar, mo_p, S, want_p, want_ar, *all;
   unsigned long long h_ar, h_p, hs[2];
@@ -168,7 +167,7 @@ int main(int argc, char **argv) {
     else { fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N]\n", argv[0]); return 2; }
   }
   if (b.steps < 1 || b.steps > MAX_STEPS || layers < 1) { fprintf(stderr, "--steps 1..%d, --layers >= 1\n", MAX_STEPS); return 2; }
-  if (muon_gloo_create(&gd, &b.world, err, sizeof err) != MUON_OK) { fprintf(stderr, "muon_gloo_create: %s\n", err); return 1; }
+  if (muon_gloo_create(&b.world, &gd) != MUON_OK) { fprintf(stderr, "%s\n", muon_error(NULL)); return 1; }
   b.rank = b.world.rank; b.P = b.world.size;
   b.n = 6 * layers;
   b.rows = (int *)malloc((size_t)b.n * sizeof(int));

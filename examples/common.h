@@ -95,7 +95,6 @@ static cudaStream_t ex__nccl_stream;   /* --async: the exchanges' own stream */
 
 static inline ex_world ex_init(int argc, char **argv) {
   ex_world w;
-  char err[512];
   int i;
   memset(&w, 0, sizeof w);
   w.steps = 5;
@@ -126,12 +125,12 @@ static inline ex_world ex_init(int argc, char **argv) {
       nd.compute_stream = nd.stream;
       nd.stream = ex__nccl_stream;
     }
-    if (muon_nccl_create(&nd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_nccl_create", err);
+    if (muon_nccl_create(&w.world, &nd) != MUON_OK) ex_die(NULL, "muon_nccl_create", muon_error(NULL));
   }
 #else
   {
     muon_gloo_desc gd = muon_gloo_default_desc();
-    if (muon_gloo_create(&gd, &w.world, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_gloo_create", err);
+    if (muon_gloo_create(&w.world, &gd) != MUON_OK) ex_die(NULL, "muon_gloo_create", muon_error(NULL));
   }
 #endif
   w.rank = w.world.rank;
@@ -142,11 +141,10 @@ static inline ex_world ex_init(int argc, char **argv) {
 /* The group along mesh dimension `dim` of a row-major mesh dims[0..ndims) over the world. */
 static inline muon_comm ex_mesh(ex_world *w, const int *dims, int ndims, int dim) {
   muon_comm c;
-  char err[512];
 #ifdef EX_NCCL
-  if (muon_nccl_mesh_subgroup(&w->world, dims, ndims, dim, &c, err, sizeof err) != MUON_OK) ex_die(w, "muon_nccl_mesh_subgroup", err);
+  if (muon_nccl_mesh_subgroup(&c, &w->world, dims, ndims, dim) != MUON_OK) ex_die(w, "muon_nccl_mesh_subgroup", muon_error(NULL));
 #else
-  if (muon_gloo_mesh_subgroup(&w->world, dims, ndims, dim, &c, err, sizeof err) != MUON_OK) ex_die(w, "muon_gloo_mesh_subgroup", err);
+  if (muon_gloo_mesh_subgroup(&c, &w->world, dims, ndims, dim) != MUON_OK) ex_die(w, "muon_gloo_mesh_subgroup", muon_error(NULL));
 #endif
   return c;
 }
@@ -167,7 +165,7 @@ static muon_compute ex__compute;
 static const muon_compute *ex_compute(const ex_world *w) {
   if (!ex__compute.vt) {
     muon_cuda_desc cd = muon_cuda_default_desc();
-    if (muon_cuda_create(&ex__compute, &cd) != MUON_OK) ex_die(w, "muon_cuda_create", "failed");
+    if (muon_cuda_create(&ex__compute, &cd) != MUON_OK) ex_die(w, "muon_cuda_create", muon_error(NULL));
   }
   return &ex__compute;
 }

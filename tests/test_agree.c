@@ -1123,13 +1123,12 @@ static void case_nan_adamw(int skip) {
 
 int main(int argc, char **argv) {
   muon_gloo_desc gd = muon_gloo_default_desc();
-  char err[512];
   int rc;
   (void)argc; (void)argv;
   signal(SIGPIPE, SIG_IGN);
   if (!getenv("MUON_GLOO_TIMEOUT")) gd.timeout_s = 10;
   memset(&W, 0, sizeof W);
-  if (muon_gloo_create(&gd, &W.world, err, sizeof err) != MUON_OK) { fprintf(stderr, "muon_gloo_create: %s\n", err); return 1; }
+  if (muon_gloo_create(&W.world, &gd) != MUON_OK) { fprintf(stderr, "%s\n", muon_error(NULL)); return 1; }
   W.rank = W.world.rank;
   W.size = W.world.size;
   if (W.size > MAXP) { fprintf(stderr, "at most %d ranks\n", MAXP); return 1; }

@@ -521,7 +521,7 @@ static muon_stats stats_of(const muon_optimizer *opt) {
    against the case just run), and is cleared so that one failing case cannot cascade. */
 static void drain(void) {
   muon_status st = G.vt->sync(G.ctx);
-  CHECK(st == MUON_OK, "the shared CUDA backend still held a failure after this case: %s", muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "the shared CUDA backend still held a failure after this case: %s", G.vt->error(G.ctx));
 #ifdef MUON_CUDA_STANDIN
   if (st != MUON_OK) {
     muon_standin_reset_errors();
@@ -1514,8 +1514,7 @@ int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
   st = muon_cuda_create(&G, &cd);
   if (st != MUON_OK) {
-    printf("muon_cuda_create: %s: %s\n", muon_status_string(st), muon_cuda_last_error(&G));
-    muon_compute_destroy(&G);
+    printf("%s\n", muon_error(NULL));
     printf("0 passed, 1 failed\n");
     return 1;
   }

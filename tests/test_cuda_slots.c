@@ -87,22 +87,22 @@ static void *xmalloc(size_t bytes) {
 
 static void *dalloc(size_t bytes) {
   void *p = G.vt->alloc(G.ctx, bytes ? bytes : 4);
-  CHECK(p != NULL, "alloc(%zu) failed: %s", bytes, muon_cuda_last_error(&G));
+  CHECK(p != NULL, "alloc(%zu) failed: %s", bytes, G.vt->error(G.ctx));
   return p;
 }
 static void dfree(void *p) { G.vt->free(G.ctx, p); }
 
 static void up(void *d, const void *h, size_t bytes) {
   muon_status st = G.vt->copy(G.ctx, d, h, bytes, 0, 1);
-  CHECK(st == MUON_OK, "copy to device: %s", muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "copy to device: %s", G.vt->error(G.ctx));
 }
 static void down(void *h, const void *d, size_t bytes) {
   muon_status st = G.vt->copy(G.ctx, h, d, bytes, 1, 0);
-  CHECK(st == MUON_OK, "copy to host: %s", muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "copy to host: %s", G.vt->error(G.ctx));
 }
 static int sync_ok(void) {
   muon_status st = G.vt->sync(G.ctx);
-  CHECK(st == MUON_OK, "sync: %s: %s", muon_status_string(st), muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "sync: %s: %s", muon_status_string(st), G.vt->error(G.ctx));
   return st == MUON_OK;
 }
 
@@ -239,7 +239,7 @@ static int nonfinite_of(const void *host, muon_dtype dt, size_t n) {
   int *flag = (int *)dalloc(sizeof(int)), seven = 7, got = -1;
   up(d, host, n * elem);
   up(flag, &seven, sizeof seven); /* the slot must clear it */
-  CHECK(G.vt->nonfinite(G.ctx, d, dt, n, flag) == MUON_OK, "nonfinite: %s", muon_cuda_last_error(&G));
+  CHECK(G.vt->nonfinite(G.ctx, d, dt, n, flag) == MUON_OK, "nonfinite: %s", G.vt->error(G.ctx));
   down(&got, flag, sizeof got);
   sync_ok();
   dfree(d);
@@ -349,7 +349,7 @@ static void test_pack(void) {
   dop = (float *)dalloc(operand_total * 4);
   up(dp, pieces, piece_total * 4);
   up(dop, operands, operand_total * 4);
-  CHECK(G.vt->pack(G.ctx, ops, n_ops, dp, dop, 1) == MUON_OK, "pack: %s", muon_cuda_last_error(&G));
+  CHECK(G.vt->pack(G.ctx, ops, n_ops, dp, dop, 1) == MUON_OK, "pack: %s", G.vt->error(G.ctx));
   down(got, dop, operand_total * 4);
   if (sync_ok()) same_bits(got, want_ops, operand_total, 4, "pieces -> operands");
   /* muon__piece_operand_index (what the kernel uses) agrees with the layout's definition */
@@ -360,7 +360,7 @@ static void test_pack(void) {
   same_bits(got, want_ops, operand_total, 4, "host muon__piece_operand_index");
   /* unpack into a poisoned piece buffer */
   CHECK(G.vt->zero(G.ctx, dp, piece_total * 4) == MUON_OK, "zero");
-  CHECK(G.vt->pack(G.ctx, ops, n_ops, dp, dop, 0) == MUON_OK, "unpack: %s", muon_cuda_last_error(&G));
+  CHECK(G.vt->pack(G.ctx, ops, n_ops, dp, dop, 0) == MUON_OK, "unpack: %s", G.vt->error(G.ctx));
   down(got, dp, piece_total * 4);
   if (sync_ok()) same_bits(got, pieces, piece_total, 4, "operands -> pieces");
   CHECK(G.vt->pack(G.ctx, ops, 0, dp, dop, 1) == MUON_OK, "pack of 0 ops");
@@ -402,7 +402,7 @@ static void test_momentum(void) {
             up(dm, b0, n * 4);
             CHECK(G.vt->zero(G.ctx, du, n * 4) == MUON_OK, "zero");
             CHECK(G.vt->momentum(G.ctx, n, dm, bf ? (const void *)dgb : (const void *)dg, &a, upd, with_u ? du : NULL) == MUON_OK,
-                  "momentum: %s", muon_cuda_last_error(&G));
+                  "momentum: %s", G.vt->error(G.ctx));
             down(got, dm, n * 4);
             if (!sync_ok()) continue;
             if (!same_bits(got, bw, n, 4, "momentum buffer"))
@@ -465,7 +465,7 @@ static void test_apply(void) {
         for (i = 0; i < n; i++) muon__apply_store(bf ? (void *)pwb : (void *)pw, i, O, &ah);
         if (bf) up(dp, p0b, n * 2); else up(dp, p0, n * 4);
         CHECK(G.vt->zero(G.ctx, dmirror, n * 2) == MUON_OK, "zero");
-        CHECK(G.vt->apply(G.ctx, n, dp, dO, &a) == MUON_OK, "apply: %s", muon_cuda_last_error(&G));
+        CHECK(G.vt->apply(G.ctx, n, dp, dO, &a) == MUON_OK, "apply: %s", G.vt->error(G.ctx));
         if (bf) down(gotb, dp, n * 2); else down(gotf, dp, n * 4);
         if (!sync_ok()) continue;
         if (!(bf ? same_bits(gotb, pwb, n, 2, "bf16 param") : same_bits(gotf, pw, n, 4, "fp32 param")))
@@ -524,7 +524,7 @@ static void test_adamw(void) {
           if (gbf) up(dg, gb, n * 2); else up(dg, g, n * 4);
           up(dm, m0, n * 4);
           up(dv, v0, n * 4);
-          CHECK(G.vt->adamw(G.ctx, n, dp, dg, dm, dv, &a) == MUON_OK, "adamw: %s", muon_cuda_last_error(&G));
+          CHECK(G.vt->adamw(G.ctx, n, dp, dg, dm, dv, &a) == MUON_OK, "adamw: %s", G.vt->error(G.ctx));
           if (pbf) down(gotb, dp, n * 2); else down(got, dp, n * 4);
           if (!sync_ok()) continue;
           if (!(pbf ? same_bits(gotb, pwb, n, 2, "bf16 param") : same_bits(got, pw, n, 4, "fp32 param")))
@@ -554,7 +554,7 @@ static int gpu_ns(const float *in, float *out, int batch, int m, int n, const mu
   CHECK(wsb > 0, "ns_workspace(%d, %d, %d) = 0", batch, m, n);
   up(dX, in, total * 4);
   st = G.vt->newton_schulz(G.ctx, dX, batch, m, n, hp, ws);
-  CHECK(st == MUON_OK, "newton_schulz(%d x %d x %d): %s", batch, m, n, muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "newton_schulz(%d x %d x %d): %s", batch, m, n, G.vt->error(G.ctx));
   down(out, dX, total * 4);
   ok = sync_ok() && st == MUON_OK;
   dfree(dX);
@@ -760,7 +760,7 @@ static void normuon_case(muon_normuon kind, int per_column, int m, int n, float 
   launches = muon_standin_calls("kernel");
 #endif
   st = G.vt->normuon(G.ctx, dX, m, n, per_column, dv, dvn, &hp);
-  CHECK(st == MUON_OK, "%s: %s", what, muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "%s: %s", what, G.vt->error(G.ctx));
 #if STANDIN
   CHECK(muon_standin_calls("flush") == flushes, "%s: the slot waited for the stream", what);
   CHECK(muon_standin_calls("kernel") - launches == 3, "%s: %lld launches, want 3", what, muon_standin_calls("kernel") - launches);
@@ -847,7 +847,7 @@ static void test_normuon(void) {
     up(dv, v, (size_t)n * 4);
     for (run = 0; run < 2; run++) {
       up(dX, X, mn * 4);
-      CHECK(G.vt->normuon(G.ctx, dX, m, n, 1, dv, dvn, &hp) == MUON_OK, "normuon: %s", muon_cuda_last_error(&G));
+      CHECK(G.vt->normuon(G.ctx, dX, m, n, 1, dv, dvn, &hp) == MUON_OK, "normuon: %s", G.vt->error(G.ctx));
       down(run ? x2 : x1, dX, mn * 4);
       down(run ? v2 : v1, dvn, (size_t)n * 4);
     }
@@ -867,7 +867,7 @@ static void test_normuon(void) {
     CHECK(G.vt->normuon(G.ctx, NULL, 4, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "X NULL");
     CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 0, dv, dvn, NULL) == MUON_ERR_ARG, "hp NULL");
     CHECK(G.vt->normuon(G.ctx, dX, 0, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "m = 0");
-    CHECK(contains_normuon(muon_cuda_last_error(&G)), "text: '%s'", muon_cuda_last_error(&G));
+    CHECK(contains_normuon(G.vt->error(G.ctx)), "text: '%s'", G.vt->error(G.ctx));
     hp.normuon = MUON_NORMUON_OFF;
     CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 0, dv, dvn, &hp) == MUON_ERR_ARG, "normuon OFF");
     hp.normuon = MUON_NORMUON_LARGER;
@@ -880,11 +880,11 @@ static void test_normuon(void) {
     CHECK(G.vt->zero(G.ctx, dX, 16 * 4) == MUON_OK && G.vt->zero(G.ctx, dv, 4 * 4) == MUON_OK, "zero");
     sync_ok();
     muon_standin_fail("kernel", 2);
-    CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 1, dv, dvn, &hp) == MUON_OK, "the launches succeed: %s", muon_cuda_last_error(&G));
+    CHECK(G.vt->normuon(G.ctx, dX, 4, 4, 1, dv, dvn, &hp) == MUON_OK, "the launches succeed: %s", G.vt->error(G.ctx));
     CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "sync must fail");
     muon_standin_reset_errors();
     muon_standin_fail("kernel", 0);
-    CHECK(G.vt->sync(G.ctx) == MUON_OK, "after reset: %s", muon_cuda_last_error(&G));
+    CHECK(G.vt->sync(G.ctx) == MUON_OK, "after reset: %s", G.vt->error(G.ctx));
 #endif
     dfree(dX); dfree(dv); dfree(dvn);
   }
@@ -910,19 +910,18 @@ static void test_errors(void) {
   sync_ok();
   muon_standin_fail("cublasGemmStridedBatchedEx", 2);
   st = G.vt->newton_schulz(G.ctx, dX, batch, m, n, &hp, ws);
-  e = muon_cuda_last_error(&G);
+  e = G.vt->error(G.ctx);
   CHECK(st == MUON_ERR_BACKEND, "got %s", muon_status_string(st));
   CHECK(contains(e, "cublasGemmStridedBatchedEx at muon_cuda.h:") && contains(e, "CUBLAS_STATUS_EXECUTION_FAILED"),
         "error text: '%s'", e);
-  CHECK(G.vt->error && strcmp(G.vt->error(G.ctx), e) == 0, "error slot differs from muon_cuda_last_error");
   CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "sync must report the slot's failure");
-  CHECK(G.vt->sync(G.ctx) == MUON_OK, "the failure is reported once: %s", muon_cuda_last_error(&G));
+  CHECK(G.vt->sync(G.ctx) == MUON_OK, "the failure is reported once: %s", G.vt->error(G.ctx));
   muon_standin_fail("cublasGemmStridedBatchedEx", 0);
 
   TEST_CASE("errors: injected cublasSnrm2 failure");
   muon_standin_fail("cublasSnrm2_v2", 3);
   st = G.vt->newton_schulz(G.ctx, dX, batch, m, n, &hp, ws);
-  e = muon_cuda_last_error(&G);
+  e = G.vt->error(G.ctx);
   CHECK(st == MUON_ERR_BACKEND && contains(e, "cublasSnrm2"), "got %s, '%s'", muon_status_string(st), e);
   G.vt->sync(G.ctx);
   CHECK(G.vt->sync(G.ctx) == MUON_OK, "sync after the failure was reported");
@@ -935,10 +934,10 @@ static void test_errors(void) {
   muon_standin_fail("cudaMemsetAsync", 1);
   st = G.vt->zero(G.ctx, dX, 16);
   CHECK(st == MUON_ERR_BACKEND, "zero: got %s", muon_status_string(st));
-  e = muon_cuda_last_error(&G);
+  e = G.vt->error(G.ctx);
   CHECK(contains(e, "cudaMemcpyAsync at muon_cuda.h:") && contains(e, "cudaErrorInvalidValue"), "text: '%s'", e);
   CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "sync must report it");
-  CHECK(G.vt->sync(G.ctx) == MUON_OK, "then OK: %s", muon_cuda_last_error(&G));
+  CHECK(G.vt->sync(G.ctx) == MUON_OK, "then OK: %s", G.vt->error(G.ctx));
   muon_standin_fail("cudaMemcpyAsync", 0);
   muon_standin_fail("cudaMemsetAsync", 0);
 
@@ -949,13 +948,13 @@ static void test_errors(void) {
     a.mu = 0.9f; a.grad_scale = 1.0f;
     muon_standin_fail("kernel", 1);
     st = G.vt->momentum(G.ctx, total - 1, dX, dX + 1, &a, 0, NULL); /* harmless if it ran */
-    CHECK(st == MUON_OK, "the launch itself succeeds: %s", muon_cuda_last_error(&G));
+    CHECK(st == MUON_OK, "the launch itself succeeds: %s", G.vt->error(G.ctx));
     CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "sync must fail");
-    e = muon_cuda_last_error(&G);
+    e = G.vt->error(G.ctx);
     CHECK(contains(e, "cudaStreamSynchronize at muon_cuda.h:") && contains(e, "cudaErrorLaunchFailure"), "text: '%s'", e);
     CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "sticky");
     muon_standin_reset_errors();
-    CHECK(G.vt->sync(G.ctx) == MUON_OK, "after reset: %s", muon_cuda_last_error(&G));
+    CHECK(G.vt->sync(G.ctx) == MUON_OK, "after reset: %s", G.vt->error(G.ctx));
   }
 
   TEST_CASE("errors: allocation failure -> NULL with the native text, not a pending failure");
@@ -963,13 +962,13 @@ static void test_errors(void) {
     void *p;
     muon_standin_fail("cudaMalloc", 1);
     p = G.vt->alloc(G.ctx, 1024);
-    e = muon_cuda_last_error(&G);
+    e = G.vt->error(G.ctx);
     CHECK(p == NULL, "alloc must fail");
     CHECK(contains(e, "cudaMalloc") && contains(e, "cudaErrorMemoryAllocation"), "text: '%s'", e);
-    CHECK(G.vt->sync(G.ctx) == MUON_OK, "sync after a failed alloc: %s", muon_cuda_last_error(&G));
+    CHECK(G.vt->sync(G.ctx) == MUON_OK, "sync after a failed alloc: %s", G.vt->error(G.ctx));
     muon_standin_fail("cudaMallocHost", 1);
     p = G.vt->alloc_host(G.ctx, 1024);
-    CHECK(p == NULL && contains(muon_cuda_last_error(&G), "cudaMallocHost"), "alloc_host: '%s'", muon_cuda_last_error(&G));
+    CHECK(p == NULL && contains(G.vt->error(G.ctx), "cudaMallocHost"), "alloc_host: '%s'", G.vt->error(G.ctx));
     CHECK(G.vt->sync(G.ctx) == MUON_OK, "sync after a failed alloc_host");
     p = G.vt->alloc_host(G.ctx, 1024);
     CHECK(p != NULL, "alloc_host");
@@ -979,7 +978,7 @@ static void test_errors(void) {
     CHECK(G.vt->zero(G.ctx, dX, 16) == MUON_ERR_BACKEND, "zero must fail");
     muon_standin_fail("cudaMalloc", 1);
     CHECK(G.vt->alloc(G.ctx, 1024) == NULL, "alloc must fail");
-    CHECK(contains(muon_cuda_last_error(&G), "cudaMemsetAsync"), "first failure kept: '%s'", muon_cuda_last_error(&G));
+    CHECK(contains(G.vt->error(G.ctx), "cudaMemsetAsync"), "first failure kept: '%s'", G.vt->error(G.ctx));
     CHECK(G.vt->sync(G.ctx) == MUON_ERR_BACKEND, "the pending failure survives a failed alloc");
     CHECK(G.vt->sync(G.ctx) == MUON_OK, "then OK");
     muon_standin_fail("cudaMemsetAsync", 0);
@@ -993,7 +992,7 @@ static void test_errors(void) {
 
   TEST_CASE("errors: bad arguments are MUON_ERR_ARG, not a crash");
   CHECK(G.vt->newton_schulz(G.ctx, dX, 1, 6, 4, &hp, ws) == MUON_ERR_ARG, "m > n");
-  CHECK(contains(muon_cuda_last_error(&G), "newton_schulz"), "text: '%s'", muon_cuda_last_error(&G));
+  CHECK(contains(G.vt->error(G.ctx), "newton_schulz"), "text: '%s'", G.vt->error(G.ctx));
   CHECK(G.vt->newton_schulz(G.ctx, dX, 0, 4, 6, &hp, ws) == MUON_OK, "batch 0 is nothing to do");
   CHECK(G.vt->sync(G.ctx) == MUON_OK, "nothing was queued: not a failure for sync");
 
@@ -1008,27 +1007,39 @@ static void test_create_failures(void) {
   static const char *texts[] = {"cudaErrorMemoryAllocation", "CUBLAS_STATUS_ALLOC_FAILED", "cudaErrorMemoryAllocation"};
   size_t before = muon_standin_device_bytes();
   int k;
-  TEST_CASE("create: failures leave a dead context that says why; nothing leaks");
+  TEST_CASE("create: a failing step frees what was made, clears *out and says why in muon_error(NULL); nothing leaks");
   for (k = 0; k < 3; k++) {
-    muon_compute c;
+    muon_compute c = G;          /* a live backend's fields: a failed create must clear them */
     muon_cuda_desc d = muon_cuda_default_desc();
     muon_status st;
     d.workspace_limit = 1 << 20;
     muon_standin_fail(calls[k], 1);
     st = muon_cuda_create(&c, &d);
     CHECK(st == MUON_ERR_BACKEND, "%s: got %s", calls[k], muon_status_string(st));
-    CHECK(contains(muon_cuda_last_error(&c), names[k]) && contains(muon_cuda_last_error(&c), texts[k]),
-          "%s: text '%s'", calls[k], muon_cuda_last_error(&c));
-    if (c.vt) {
-      CHECK(c.vt->alloc(c.ctx, 16) == NULL, "a dead context allocates nothing");
-      CHECK(c.vt->sync(c.ctx) == MUON_ERR_BACKEND, "a dead context fails");
-    }
-    muon_compute_destroy(&c);
+    CHECK(contains(muon_error(NULL), "MUON_ERR_BACKEND: muon_cuda_create: ") && contains(muon_error(NULL), names[k]) &&
+          contains(muon_error(NULL), texts[k]), "%s: text '%s'", calls[k], muon_error(NULL));
+    CHECK(c.vt == NULL && c.ctx == NULL, "%s: *out not cleared", calls[k]);
     muon_standin_fail(calls[k], 0);
   }
   CHECK(muon_standin_device_bytes() == before, "device bytes %zu, were %zu", muon_standin_device_bytes(), before);
-  CHECK(muon_cuda_create(NULL, NULL) == MUON_ERR_ARG, "out NULL");
-  CHECK(strlen(muon_cuda_last_error(NULL)) > 0, "text for no backend");
+
+  TEST_CASE("create: bad arguments are MUON_ERR_ARG with the reason in muon_error(NULL); a device the stand-in lacks is CUDA's text");
+  {
+    muon_compute c = G;
+    muon_cuda_desc d = muon_cuda_default_desc();
+    CHECK(muon_cuda_create(NULL, NULL) == MUON_ERR_ARG && contains(muon_error(NULL), "MUON_ERR_ARG: muon_cuda_create: out is NULL"),
+          "out NULL: '%s'", muon_error(NULL));
+    d.device = -1;
+    CHECK(muon_cuda_create(&c, &d) == MUON_ERR_ARG && contains(muon_error(NULL), "MUON_ERR_ARG: muon_cuda_create: ") &&
+          contains(muon_error(NULL), "muon_cuda_desc.device must be >= 0 (got -1)"), "device -1: '%s'", muon_error(NULL));
+    CHECK(c.vt == NULL && c.ctx == NULL, "device -1: *out not cleared");
+    d.device = 1;
+    CHECK(muon_cuda_create(&c, &d) == MUON_ERR_BACKEND && contains(muon_error(NULL), "MUON_ERR_BACKEND: muon_cuda_create: ") &&
+          contains(muon_error(NULL), "cudaSetDevice at") && contains(muon_error(NULL), "cudaErrorInvalidDevice"),
+          "device 1: '%s'", muon_error(NULL));
+    CHECK(c.vt == NULL && c.ctx == NULL, "device 1: *out not cleared");
+    CHECK(muon_standin_device_bytes() == before, "device bytes %zu, were %zu", muon_standin_device_bytes(), before);
+  }
 }
 #endif
 
@@ -1050,7 +1061,7 @@ static void test_shared(void) {
   d.stream = (void *)s;
   d.cublas = (void *)h;
   d.workspace_limit = 4 << 20;
-  CHECK(muon_cuda_create(&c, &d) == MUON_OK, "create: %s", muon_cuda_last_error(&c));
+  CHECK(muon_cuda_create(&c, &d) == MUON_OK, "create: %s", muon_error(NULL));
   G = c;
   if (gpu_ns(in, shared, batch, m, n, &hp)) same_bits(shared, own, total, 4, "shared vs own");
   muon_compute_destroy(&c);
@@ -1067,13 +1078,13 @@ int main(void) {
   size_t before = device_bytes();
   TEST_CASE("create: vtable version, memory, every slot");
   st = muon_cuda_create(&G, NULL);
-  CHECK(st == MUON_OK, "muon_cuda_create: %s", muon_cuda_last_error(&G));
+  CHECK(st == MUON_OK, "muon_cuda_create: %s", muon_error(NULL));
   if (st != MUON_OK) return test_summary();
   CHECK(G.vt->version == MUON_COMPUTE_VTABLE_VERSION && G.vt->memory == MUON_MEMORY_DEVICE, "version / memory");
   CHECK(G.vt->alloc && G.vt->free && G.vt->alloc_host && G.vt->free_host && G.vt->copy && G.vt->zero && G.vt->pack &&
         G.vt->momentum && G.vt->ns_workspace && G.vt->newton_schulz && G.vt->apply && G.vt->adamw &&
         G.vt->nonfinite && G.vt->cast && G.vt->sync && G.vt->error && G.vt->destroy && G.vt->normuon, "a slot is NULL");
-  CHECK(strcmp(muon_cuda_last_error(&G), "") == 0, "fresh error text '%s'", muon_cuda_last_error(&G));
+  CHECK(strcmp(G.vt->error(G.ctx), "") == 0, "fresh error text '%s'", G.vt->error(G.ctx));
 
   test_copy_zero();
   test_cast();

@@ -28,23 +28,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#define MUON_IMPLEMENTATION /* muon_gloo.h reports failed creations through muon_error(NULL) */
 #include "muon.h"
 #include "muon_gloo.h"
 #include "test.h"
 
-/* Local stand-ins, so this test does not need muon.h's implementation (MUON_IMPLEMENTATION):
-   the status names come straight from the X-macro, and destroy is what muon_comm_destroy does. */
-#define TEST__STATUS_NAME(name, text) #name,
-static const char *test_status_name(muon_status s) {
-  static const char *const names[] = {MUON_STATUS_LIST(TEST__STATUS_NAME) "?"};
-  return (unsigned)s < (unsigned)MUON_STATUS_COUNT ? names[s] : "?";
-}
-static void test_comm_destroy(muon_comm *c) {
-  if (c->vt && c->vt->destroy) c->vt->destroy(c->ctx);
-  c->vt = NULL;
-  c->ctx = NULL;
-  c->rank = c->size = 0;
-}
 static const char *test_comm_error(const muon_comm *c) {
   const char *e = c->vt && c->vt->error ? c->vt->error(c->ctx) : NULL;
   return e ? e : "";
@@ -268,23 +256,23 @@ static int run_die(muon_comm *w, int started) {
   bad = started ? started_rounds(w, members, -1, 3, 0, &st) : alltoallv_round(w, members, -1, &st);
   dt = now_s() - t0;
   CHECK(bad == -1 && st == MUON_ERR_COMM, "alltoallv after rank 1 died: %s (%s)",
-        test_status_name(st), test_comm_error(w));
+        muon_status_string(st), test_comm_error(w));
   CHECK(dt < 2.0, "took %.3f s to notice a dead peer", dt);
   CHECK(strstr(test_comm_error(w), "alltoallv") != NULL, "message does not name the op: %s",
         test_comm_error(w));
-  printf("rank %d: dead peer noticed after %.1f ms: %s: %s\n", me, dt * 1e3, test_status_name(st),
+  printf("rank %d: dead peer noticed after %.1f ms: %s: %s\n", me, dt * 1e3, muon_status_string(st),
          test_comm_error(w));
   begin("die: the broken comm answers at once, with the same status");
   t0 = now_s();
   st = w->vt->allgather(w->ctx, &me, members, sizeof(int));
-  CHECK(st == MUON_ERR_COMM, "allgather on a broken comm: %s", test_status_name(st));
+  CHECK(st == MUON_ERR_COMM, "allgather on a broken comm: %s", muon_status_string(st));
   if (started) {
     size_t z[64] = {0};
     int ticket = 7;
     st = w->vt->alltoallv_start(w->ctx, NULL, z, z, NULL, z, z, &ticket);
-    CHECK(st == MUON_ERR_COMM && ticket == -1, "alltoallv_start on a broken comm: %s, ticket %d", test_status_name(st), ticket);
+    CHECK(st == MUON_ERR_COMM && ticket == -1, "alltoallv_start on a broken comm: %s, ticket %d", muon_status_string(st), ticket);
     st = w->vt->join(w->ctx, 0);
-    CHECK(st == MUON_ERR_COMM, "join on a broken comm: %s", test_status_name(st));
+    CHECK(st == MUON_ERR_COMM, "join on a broken comm: %s", muon_status_string(st));
   }
   CHECK(now_s() - t0 < 0.05, "a broken comm took %.3f s to answer", now_s() - t0);
   free(members);
@@ -308,7 +296,7 @@ static int run_stall(muon_comm *w, double timeout) {
   t0 = now_s();
   bad = alltoallv_round(w, members, 1, &st);
   dt = now_s() - t0;
-  CHECK(bad == 0, "a round with a peer 0.5 x timeout late failed: %s (%s)", test_status_name(st), test_comm_error(w));
+  CHECK(bad == 0, "a round with a peer 0.5 x timeout late failed: %s (%s)", muon_status_string(st), test_comm_error(w));
   if (me != 1) CHECK(dt > 0.4 * timeout, "rank %d did not wait for the late peer (%.3f s)", me, dt);
   if (me == 1) sleep_s(2 * timeout);
   begin("stall: the others time out within the timeout + slack");
@@ -317,17 +305,17 @@ static int run_stall(muon_comm *w, double timeout) {
   dt = now_s() - t0;
   if (me != 1) {
     CHECK(bad == -1 && (st == MUON_ERR_TIMEOUT || st == MUON_ERR_COMM),
-          "alltoallv with a stalled peer: %s (%s)", test_status_name(st), test_comm_error(w));
+          "alltoallv with a stalled peer: %s (%s)", muon_status_string(st), test_comm_error(w));
     CHECK(dt < timeout + 1.5, "took %.3f s with a %.1f s timeout", dt, timeout);
     CHECK(dt > 0.9 * timeout, "gave up after %.3f s, long before the %.1f s timeout", dt, timeout);
     printf("rank %d: stalled peer: returned after %.3f s (timeout %.1f s): %s: %s\n", me, dt,
-           timeout, test_status_name(st), test_comm_error(w));
+           timeout, muon_status_string(st), test_comm_error(w));
   } else {
     CHECK(bad == -1 && (st == MUON_ERR_TIMEOUT || st == MUON_ERR_COMM),
-          "the late rank's alltoallv: %s (%s)", test_status_name(st), test_comm_error(w));
+          "the late rank's alltoallv: %s (%s)", muon_status_string(st), test_comm_error(w));
     CHECK(dt < timeout + 1.5, "the late rank took %.3f s", dt);
     printf("rank %d (the late one): returned after %.3f s: %s: %s\n", me, dt,
-           test_status_name(st), test_comm_error(w));
+           muon_status_string(st), test_comm_error(w));
   }
   begin("stall: the communicator stays broken: the next call fails at once with the same status and message");
   {
@@ -337,7 +325,7 @@ static int run_stall(muon_comm *w, double timeout) {
     t0 = now_s();
     bad = alltoallv_round(w, members, 2, &st2);
     dt = now_s() - t0;
-    CHECK(bad == -1 && st2 == st, "after the failure: %s, the failure was %s", test_status_name(st2), test_status_name(st));
+    CHECK(bad == -1 && st2 == st, "after the failure: %s, the failure was %s", muon_status_string(st2), muon_status_string(st));
     CHECK(dt < 0.5, "the call on a broken communicator took %.3f s", dt);
     CHECK(strcmp(first, test_comm_error(w)) == 0, "the message changed: '%s' then '%s'", first, test_comm_error(w));
   }
@@ -406,7 +394,7 @@ static int redis_group_name(const char *pattern, const char *want, char *name, s
 
 /* Rank 0 of a world of two rendezvousing through the Redis at `spec` with a 2 s timeout: the
    status, and the seconds it took in *dt. */
-static muon_status redis_create_timed(const char *spec, muon_comm *x, char *err, size_t err_size, double *dt) {
+static muon_status redis_create_timed(const char *spec, muon_comm *x, double *dt) {
   muon_gloo_desc d = muon_gloo_default_desc();
   double t0 = now_s();
   muon_status st;
@@ -415,7 +403,7 @@ static muon_status redis_create_timed(const char *spec, muon_comm *x, char *err,
   d.redis = spec;
   d.hostname = "127.0.0.1";
   d.timeout_s = 2;
-  st = muon_gloo_create(&d, x, err, err_size);
+  st = muon_gloo_create(x, &d);
   *dt = now_s() - t0;
   return st;
 }
@@ -425,7 +413,7 @@ static void run_redis(muon_comm *w, int *members, int *got) {
   /* the run's store directory name (muonrun makes a fresh one) is unique: the key prefix */
   const char *store = getenv("MUON_STORE"), *base = store ? strrchr(store, '/') : NULL;
   const char *dead = getenv("MUON_TEST_REDIS_DEAD");
-  char spec[512], err[512];
+  char spec[512];
   muon_gloo_desc d;
   muon_comm r;
   muon_status st;
@@ -443,8 +431,8 @@ static void run_redis(muon_comm *w, int *members, int *got) {
   d.redis = spec;
   d.hostname = "127.0.0.1";
   d.timeout_s = 10;
-  st = muon_gloo_create(&d, &r, err, sizeof err);
-  CHECK(st == MUON_OK, "redis create: %s", err);
+  st = muon_gloo_create(&r, &d);
+  CHECK(st == MUON_OK, "redis create: %s", muon_error(NULL));
   if (st == MUON_OK) {
     have_r = 1;
     CHECK(members_of(&r, me, got), "allgather: %s", test_comm_error(&r));
@@ -456,15 +444,15 @@ static void run_redis(muon_comm *w, int *members, int *got) {
   {
     muon_comm x;
     double dt;
-    st = redis_create_timed(dead, &x, err, sizeof err, &dt);
-    CHECK(st == MUON_ERR_BACKEND, "dead Redis %s: %s: %s", dead, test_status_name(st), err);
-    CHECK(strstr(err, "Redis") && strstr(err, dead), "the message names neither Redis nor %s: %s",
-          dead, err);
+    st = redis_create_timed(dead, &x, &dt);
+    CHECK(st == MUON_ERR_BACKEND, "dead Redis %s: %s: %s", dead, muon_status_string(st), muon_error(NULL));
+    CHECK(strstr(muon_error(NULL), "Redis") && strstr(muon_error(NULL), dead), "the message names neither Redis nor %s: %s",
+          dead, muon_error(NULL));
     CHECK(dt < 2.0 + 3.0, "took %.3f s with a 2 s timeout", dt);
     CHECK(x.vt == NULL && x.ctx == NULL, "out not cleared on failure");
     if (me == 0)
-      printf("dead Redis %s: %s after %.3f s: %s\n", dead, test_status_name(st), dt, err);
-    if (st == MUON_OK) test_comm_destroy(&x);
+      printf("dead Redis %s: %s after %.3f s: %s\n", dead, muon_status_string(st), dt, muon_error(NULL));
+    if (st == MUON_OK) muon_comm_destroy(&x);
   }
 
   begin("redis: a Redis that accepts and never answers is an error within the timeout, not a hang");
@@ -481,12 +469,12 @@ static void run_redis(muon_comm *w, int *members, int *got) {
     CHECK(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 && listen(s, 16) == 0 &&
           getsockname(s, (struct sockaddr *)&a, &len) == 0, "a listening socket");
     snprintf(spec, sizeof spec, "127.0.0.1:%d", ntohs(a.sin_port));
-    st = redis_create_timed(spec, &x, err, sizeof err, &dt);
-    CHECK(st == MUON_ERR_TIMEOUT || st == MUON_ERR_BACKEND || st == MUON_ERR_COMM, "silent Redis %s: %s: %s", spec, test_status_name(st), err);
-    CHECK(strstr(err, spec) != NULL, "the message does not name %s: %s", spec, err);
+    st = redis_create_timed(spec, &x, &dt);
+    CHECK(st == MUON_ERR_TIMEOUT || st == MUON_ERR_BACKEND || st == MUON_ERR_COMM, "silent Redis %s: %s: %s", spec, muon_status_string(st), muon_error(NULL));
+    CHECK(strstr(muon_error(NULL), spec) != NULL, "the message does not name %s: %s", spec, muon_error(NULL));
     CHECK(dt < 2.0 + 3.0, "took %.3f s with a 2 s timeout", dt);
-    if (me == 0) printf("silent Redis %s: %s after %.3f s\n", spec, test_status_name(st), dt);
-    if (st == MUON_OK) test_comm_destroy(&x);
+    if (me == 0) printf("silent Redis %s: %s after %.3f s\n", spec, muon_status_string(st), dt);
+    if (st == MUON_OK) muon_comm_destroy(&x);
     if (s >= 0) close(s);
   }
 
@@ -508,8 +496,8 @@ static void run_redis(muon_comm *w, int *members, int *got) {
       int pos = -1;
       for (i = 0; i < n; i++)
         if (lists[k][i] == me) pos = i;
-      st = muon_gloo_subgroup(&r, lists[k], n, &g[k], err, sizeof err);
-      CHECK(st == MUON_OK, "subgroup %d: %s", k, err);
+      st = muon_gloo_subgroup(&g[k], &r, lists[k], n);
+      CHECK(st == MUON_OK, "subgroup %d: %s", k, muon_error(NULL));
       if (st != MUON_OK) continue;
       CHECK(g[k].rank == pos && g[k].size == n, "subgroup %d: rank %d size %d, want %d %d", k,
             g[k].rank, g[k].size, pos, n);
@@ -538,13 +526,13 @@ static void run_redis(muon_comm *w, int *members, int *got) {
       CHECK(strcmp(names[0], names[1]) != 0, "two different lists got the same name '%s'",
             names[0]);
     }
-    for (k = 0; k < 2 && have_r; k++) test_comm_destroy(&g[k]);
+    for (k = 0; k < 2 && have_r; k++) muon_comm_destroy(&g[k]);
     free(swapped);
   } else if (me == 0) {
     printf("redis: hashed subgroup names need a rank list over %d characters (44 ranks); "
            "tests/run_redis.sh runs test_gloo --redis on 44\n", REDIS_LIST_SPELLED_MAX);
   }
-  if (have_r) test_comm_destroy(&r);
+  if (have_r) muon_comm_destroy(&r);
 }
 
 /* ---- the normal run --------------------------------------------------------------------------- */
@@ -552,7 +540,6 @@ static void run_redis(muon_comm *w, int *members, int *got) {
 static void run_normal(muon_comm *w) {
   const int me = w->rank, n = w->size;
   int *members = (int *)malloc((size_t)n * sizeof(int)), *got = (int *)malloc((size_t)n * sizeof(int));
-  char err[512];
   int i, it;
   muon_status st;
 
@@ -567,7 +554,7 @@ static void run_normal(muon_comm *w) {
   begin("world: alltoallv, random counts with zeros, an all-zero sender and receiver");
   for (it = 0; it < 12; it++) {
     long bad = alltoallv_round(w, members, it, &st);
-    CHECK(bad == 0, "round %d: %ld wrong floats, status %s: %s", it, bad, test_status_name(st),
+    CHECK(bad == 0, "round %d: %ld wrong floats, status %s: %s", it, bad, muon_status_string(st),
           test_comm_error(w));
   }
 
@@ -576,9 +563,9 @@ static void run_normal(muon_comm *w) {
     size_t *z = (size_t *)calloc((size_t)n, sizeof(size_t));
     float dummy = 7.0f;
     st = w->vt->alltoallv(w->ctx, &dummy, z, z, &dummy, z, z);
-    CHECK(st == MUON_OK && dummy == 7.0f, "all-zero alltoallv: %s", test_status_name(st));
+    CHECK(st == MUON_OK && dummy == 7.0f, "all-zero alltoallv: %s", muon_status_string(st));
     st = w->vt->alltoallv(w->ctx, NULL, z, z, NULL, z, z);
-    CHECK(st == MUON_OK, "all-zero alltoallv with NULL buffers: %s", test_status_name(st));
+    CHECK(st == MUON_OK, "all-zero alltoallv with NULL buffers: %s", muon_status_string(st));
     free(z);
   }
 
@@ -593,7 +580,7 @@ static void run_normal(muon_comm *w) {
       for (k = 0; k < 13; k++) bad += all[i * 13 + k] != (unsigned char)(i * 17 + k);
     CHECK(bad == 0, "%d wrong bytes", bad);
     st = w->vt->allgather(w->ctx, NULL, NULL, 0);
-    CHECK(st == MUON_OK, "allgather of 0 bytes: %s", test_status_name(st));
+    CHECK(st == MUON_OK, "allgather of 0 bytes: %s", muon_status_string(st));
     free(all);
   }
 
@@ -611,9 +598,9 @@ static void run_normal(muon_comm *w) {
   CHECK(w->vt->alltoallv_start && w->vt->join, "the start / join pair is missing");
   if (w->vt->alltoallv_start) {
     long bad = started_rounds(w, members, 30, 4, 1, &st);
-    CHECK(bad == 0, "%ld wrong floats, status %s: %s", bad, test_status_name(st), test_comm_error(w));
+    CHECK(bad == 0, "%ld wrong floats, status %s: %s", bad, muon_status_string(st), test_comm_error(w));
     bad = started_rounds(w, members, 3, 1, 1, &st);   /* round 3: large messages */
-    CHECK(bad == 0, "large round: %ld wrong floats, status %s: %s", bad, test_status_name(st), test_comm_error(w));
+    CHECK(bad == 0, "large round: %ld wrong floats, status %s: %s", bad, muon_status_string(st), test_comm_error(w));
   }
 
   begin("world: 64 exchanges in flight; a 65th start is MUON_ERR_ARG; bad tickets are MUON_ERR_ARG; the comm still works");
@@ -629,7 +616,7 @@ static void run_normal(muon_comm *w) {
     round_make(&r[64], w, members, 104);
     st = w->vt->alltoallv_start(w->ctx, r[64].send, r[64].sc, r[64].sd, r[64].recv, r[64].rc, r[64].rd, &extra);
     CHECK(st == MUON_ERR_ARG && extra == -1 && strstr(test_comm_error(w), "not joined"), "a 65th start: %s, ticket %d: %s",
-          test_status_name(st), extra, test_comm_error(w));
+          muon_status_string(st), extra, test_comm_error(w));
     round_check(&r[64], MUON_ERR_ARG);
     for (k = 0; k < 64; k++) {
       long bad = round_check(&r[k], ok ? w->vt->join(w->ctx, ticket[k]) : MUON_ERR_ARG);
@@ -638,17 +625,17 @@ static void run_normal(muon_comm *w) {
     CHECK(ok, "the 64 exchanges: %s", test_comm_error(w));
     st = w->vt->join(w->ctx, ticket[0]);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "not a started exchange"), "joining twice: %s: %s",
-          test_status_name(st), test_comm_error(w));
+          muon_status_string(st), test_comm_error(w));
     st = w->vt->join(w->ctx, -1);
-    CHECK(st == MUON_ERR_ARG, "join(-1): %s", test_status_name(st));
+    CHECK(st == MUON_ERR_ARG, "join(-1): %s", muon_status_string(st));
     st = w->vt->join(w->ctx, 64);
-    CHECK(st == MUON_ERR_ARG, "join(64): %s", test_status_name(st));
+    CHECK(st == MUON_ERR_ARG, "join(64): %s", muon_status_string(st));
     st = w->vt->alltoallv_start(w->ctx, NULL, &z, &z, NULL, &z, &z, NULL);
-    CHECK(st == MUON_ERR_ARG, "a NULL ticket: %s", test_status_name(st));
+    CHECK(st == MUON_ERR_ARG, "a NULL ticket: %s", muon_status_string(st));
     extra = 7;
     st = w->vt->alltoallv_start(w->ctx, NULL, NULL, NULL, NULL, NULL, NULL, &extra);
     CHECK(st == MUON_ERR_ARG && extra == -1 && strstr(test_comm_error(w), "NULL"), "NULL counts: %s, ticket %d: %s",
-          test_status_name(st), extra, test_comm_error(w));
+          muon_status_string(st), extra, test_comm_error(w));
     CHECK(alltoallv_round(w, members, 5, &st) == 0, "the comm after the misuse: %s", test_comm_error(w));
   }
 
@@ -657,8 +644,8 @@ static void run_normal(muon_comm *w) {
     int par[1024], np = 0;
     muon_comm g;
     for (i = me % 2; i < n; i += 2) par[np++] = i;
-    st = muon_gloo_subgroup(w, par, np, &g, err, sizeof err);
-    CHECK(st == MUON_OK, "subgroup: %s", err);
+    st = muon_gloo_subgroup(&g, w, par, np);
+    CHECK(st == MUON_OK, "subgroup: %s", muon_error(NULL));
     if (st == MUON_OK) {
       CHECK(g.size == np && g.rank == me / 2, "rank %d size %d", g.rank, g.size);
       CHECK(members_of(&g, me, got), "allgather: %s", test_comm_error(&g));
@@ -666,7 +653,7 @@ static void run_normal(muon_comm *w) {
       for (it = 0; it < 6; it++)
         CHECK(alltoallv_round(&g, par, it, &st) == 0, "round %d: %s", it, test_comm_error(&g));
       CHECK(g.vt->alltoallv_start && started_rounds(&g, par, 60, 3, 1, &st) == 0, "3 started: %s", test_comm_error(&g));
-      test_comm_destroy(&g);
+      muon_comm_destroy(&g);
     }
   }
 
@@ -675,14 +662,14 @@ static void run_normal(muon_comm *w) {
     int *rev = (int *)malloc((size_t)n * sizeof(int));
     muon_comm g;
     for (i = 0; i < n; i++) rev[i] = n - 1 - i;
-    st = muon_gloo_subgroup(w, rev, n, &g, err, sizeof err);
-    CHECK(st == MUON_OK, "subgroup: %s", err);
+    st = muon_gloo_subgroup(&g, w, rev, n);
+    CHECK(st == MUON_OK, "subgroup: %s", muon_error(NULL));
     if (st == MUON_OK) {
       CHECK(g.rank == n - 1 - me && g.size == n, "rank %d size %d", g.rank, g.size);
       CHECK(members_of(&g, me, got), "allgather: %s", test_comm_error(&g));
       for (i = 0; i < n; i++) CHECK(got[i] == rev[i], "member %d is %d, want %d", i, got[i], rev[i]);
       CHECK(alltoallv_round(&g, rev, 5, &st) == 0, "alltoallv: %s", test_comm_error(&g));
-      test_comm_destroy(&g);
+      muon_comm_destroy(&g);
     }
     free(rev);
   }
@@ -690,12 +677,12 @@ static void run_normal(muon_comm *w) {
   begin("subgroup: a group of one needs nobody");
   {
     muon_comm g;
-    st = muon_gloo_subgroup(w, &me, 1, &g, err, sizeof err);
-    CHECK(st == MUON_OK && g.size == 1 && g.rank == 0, "subgroup {me}: %s", err);
+    st = muon_gloo_subgroup(&g, w, &me, 1);
+    CHECK(st == MUON_OK && g.size == 1 && g.rank == 0, "subgroup {me}: %s", muon_error(NULL));
     if (st == MUON_OK) {
       CHECK(alltoallv_round(&g, &me, 2, &st) == 0, "alltoallv: %s", test_comm_error(&g));
       CHECK(comm_barrier(&g) == MUON_OK, "barrier");
-      test_comm_destroy(&g);
+      muon_comm_destroy(&g);
     }
   }
 
@@ -704,18 +691,18 @@ static void run_normal(muon_comm *w) {
     muon_comm g, self = {NULL, NULL, 0, 1};
     int other = (me + 1) % n, dup[2] = {me, me}, dims[2] = {n, 2};
     if (n > 1) {
-      st = muon_gloo_subgroup(w, &other, 1, &g, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "not in"), "group without this rank: %s %s",
-            test_status_name(st), err);
+      st = muon_gloo_subgroup(&g, w, &other, 1);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "not in"), "group without this rank: %s %s",
+            muon_status_string(st), muon_error(NULL));
     }
-    st = muon_gloo_subgroup(w, dup, 2, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG, "duplicate rank: %s %s", test_status_name(st), err);
-    st = muon_gloo_subgroup(w, members, 0, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG, "n = 0: %s", test_status_name(st));
-    st = muon_gloo_subgroup(&self, members, 1, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "not a Gloo"), "non-Gloo parent: %s", err);
-    st = muon_gloo_mesh_subgroup(w, dims, 2, 0, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "mesh"), "mesh of the wrong size: %s", err);
+    st = muon_gloo_subgroup(&g, w, dup, 2);
+    CHECK(st == MUON_ERR_ARG, "duplicate rank: %s %s", muon_status_string(st), muon_error(NULL));
+    st = muon_gloo_subgroup(&g, w, members, 0);
+    CHECK(st == MUON_ERR_ARG, "n = 0: %s", muon_status_string(st));
+    st = muon_gloo_subgroup(&g, &self, members, 1);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "not a Gloo"), "non-Gloo parent: %s", muon_error(NULL));
+    st = muon_gloo_mesh_subgroup(&g, w, dims, 2, 0);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "mesh"), "mesh of the wrong size: %s", muon_error(NULL));
     CHECK(g.vt == NULL && g.ctx == NULL, "out not cleared on failure");
   }
 
@@ -726,10 +713,10 @@ static void run_normal(muon_comm *w) {
     dims[0] = 2;
     dims[1] = n / 2;
     begin("mesh: {2, n/2}: dim 1 = consecutive ranks (tp), dim 0 = strided ranks (dp)");
-    s1 = muon_gloo_mesh_subgroup(w, dims, 2, 1, &tp, err, sizeof err);
-    CHECK(s1 == MUON_OK, "tp: %s", err);
-    s2 = muon_gloo_mesh_subgroup(w, dims, 2, 0, &dp, err, sizeof err);
-    CHECK(s2 == MUON_OK, "dp: %s", err);
+    s1 = muon_gloo_mesh_subgroup(&tp, w, dims, 2, 1);
+    CHECK(s1 == MUON_OK, "tp: %s", muon_error(NULL));
+    s2 = muon_gloo_mesh_subgroup(&dp, w, dims, 2, 0);
+    CHECK(s2 == MUON_OK, "dp: %s", muon_error(NULL));
     if (s1 == MUON_OK && s2 == MUON_OK) {
       CHECK(tp.size == n / 2 && tp.rank == me % (n / 2), "tp rank %d size %d", tp.rank, tp.size);
       CHECK(dp.size == 2 && dp.rank == me / (n / 2), "dp rank %d size %d", dp.rank, dp.size);
@@ -758,17 +745,17 @@ static void run_normal(muon_comm *w) {
       if (tp.size % 2 == 0) {
         int half[2] = {tp.rank & ~1, tp.rank | 1}, hm[2];
         muon_comm h;
-        st = muon_gloo_subgroup(&tp, half, 2, &h, err, sizeof err);
-        CHECK(st == MUON_OK, "subgroup of tp: %s", err);
+        st = muon_gloo_subgroup(&h, &tp, half, 2);
+        CHECK(st == MUON_OK, "subgroup of tp: %s", muon_error(NULL));
         if (st == MUON_OK) {
           CHECK(members_of(&h, me, hm) && hm[0] == tpm[half[0]] && hm[1] == tpm[half[1]],
                 "members %d %d", hm[0], hm[1]);
           CHECK(alltoallv_round(&h, hm, 4, &st) == 0, "alltoallv: %s", test_comm_error(&h));
-          test_comm_destroy(&h);
+          muon_comm_destroy(&h);
         }
       }
-      test_comm_destroy(&tp);
-      test_comm_destroy(&dp);
+      muon_comm_destroy(&tp);
+      muon_comm_destroy(&dp);
     }
   }
 
@@ -778,8 +765,8 @@ static void run_normal(muon_comm *w) {
     begin("mesh: 2x2x2, each dimension");
     c3[0] = me / 4; c3[1] = (me / 2) % 2; c3[2] = me % 2;
     for (d = 0; d < 3; d++) {
-      st = muon_gloo_mesh_subgroup(w, dims, 3, d, &g, err, sizeof err);
-      CHECK(st == MUON_OK, "dim %d: %s", d, err);
+      st = muon_gloo_mesh_subgroup(&g, w, dims, 3, d);
+      CHECK(st == MUON_OK, "dim %d: %s", d, muon_error(NULL));
       if (st != MUON_OK) continue;
       CHECK(g.rank == c3[d] && g.size == 2, "dim %d: rank %d", d, g.rank);
       CHECK(members_of(&g, me, m), "allgather");
@@ -790,7 +777,7 @@ static void run_normal(muon_comm *w) {
         want = cc[0] * 4 + cc[1] * 2 + cc[2];
         CHECK(m[i] == want, "dim %d member %d is %d, want %d", d, i, m[i], want);
       }
-      test_comm_destroy(&g);
+      muon_comm_destroy(&g);
     }
   }
 
@@ -798,9 +785,9 @@ static void run_normal(muon_comm *w) {
   if (n > 1) {
     muon_comm g;
     setenv("MUON_GLOO_CHECK_COUNTS", "1", 1);
-    st = muon_gloo_subgroup(w, members, n, &g, err, sizeof err);
+    st = muon_gloo_subgroup(&g, w, members, n);
     unsetenv("MUON_GLOO_CHECK_COUNTS");
-    CHECK(st == MUON_OK, "subgroup: %s", err);
+    CHECK(st == MUON_OK, "subgroup: %s", muon_error(NULL));
     if (st == MUON_OK) {
       size_t *sc = (size_t *)calloc((size_t)n, sizeof(size_t)), *rc = (size_t *)calloc((size_t)n, sizeof(size_t));
       size_t *dz = (size_t *)calloc((size_t)n, sizeof(size_t));
@@ -808,13 +795,13 @@ static void run_normal(muon_comm *w) {
       if (me == 0) sc[1] = 4; /* rank 1 expects 2: Gloo alone would abort rank 1 */
       if (me == 1) rc[0] = 2;
       st = g.vt->alltoallv(g.ctx, buf, sc, dz, out, rc, dz);
-      CHECK(st == MUON_ERR_MISMATCH, "mismatched counts: %s (%s)", test_status_name(st),
+      CHECK(st == MUON_ERR_MISMATCH, "mismatched counts: %s (%s)", muon_status_string(st),
             test_comm_error(&g));
       if (me == 1) printf("rank 1: %s\n", test_comm_error(&g));
       CHECK(alltoallv_round(&g, members, 9, &st) == 0, "the comm still works after: %s",
             test_comm_error(&g));
       free(sc); free(rc); free(dz);
-      test_comm_destroy(&g);
+      muon_comm_destroy(&g);
     }
   }
 
@@ -829,15 +816,15 @@ static void run_normal(muon_comm *w) {
       d.size = 1;
       d.store_dir = NULL;
       d.blocking = blocking;
-      st = muon_gloo_create(&d, &one, err, sizeof err);
-      CHECK(st == MUON_OK && one.size == 1, "create (blocking %d): %s", blocking, err);
+      st = muon_gloo_create(&one, &d);
+      CHECK(st == MUON_OK && one.size == 1, "create (blocking %d): %s", blocking, muon_error(NULL));
       if (st != MUON_OK) continue;
       CHECK(alltoallv_round(&one, &zero, 1, &st) == 0, "alltoallv: %s", test_comm_error(&one));
       if (blocking)   /* async then uses muon's communication thread */
         CHECK(!one.vt->alltoallv_start && !one.vt->join && one.vt->version == MUON_COMM_VTABLE_VERSION, "the pair is there");
       else
         CHECK(started_rounds(&one, &zero, 2, 2, 1, &st) == 0, "started: %s", test_comm_error(&one));
-      test_comm_destroy(&one);
+      muon_comm_destroy(&one);
     }
   }
 
@@ -850,11 +837,11 @@ static void run_normal(muon_comm *w) {
     d.rank = 0;
     d.size = 2;
     d.timeout_s = 5;
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st != MUON_OK && strstr(err, "earlier run"), "reused store: %s: %s",
-          test_status_name(st), err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st != MUON_OK && strstr(muon_error(NULL), "earlier run"), "reused store: %s: %s",
+          muon_status_string(st), muon_error(NULL));
     CHECK(now_s() - t0 < 1.0, "took %.3f s", now_s() - t0);
-    if (st == MUON_OK) test_comm_destroy(&x);
+    if (st == MUON_OK) muon_comm_destroy(&x);
   }
 
   begin("store trap: a missing peer at rendezvous times out after the configured 1 s, not 30 s");
@@ -869,12 +856,12 @@ static void run_normal(muon_comm *w) {
     d.store_dir = dir;
     d.timeout_s = 1;
     t0 = now_s();
-    st = muon_gloo_create(&d, &x, err, sizeof err);
+    st = muon_gloo_create(&x, &d);
     dt = now_s() - t0;
-    CHECK(st == MUON_ERR_TIMEOUT, "alone at rendezvous: %s: %s", test_status_name(st), err);
+    CHECK(st == MUON_ERR_TIMEOUT, "alone at rendezvous: %s: %s", muon_status_string(st), muon_error(NULL));
     CHECK(dt < 3.5, "took %.3f s", dt);
-    if (me == 0) printf("rendezvous timeout (1 s configured) after %.3f s: %s\n", dt, err);
-    if (st == MUON_OK) test_comm_destroy(&x);
+    if (me == 0) printf("rendezvous timeout (1 s configured) after %.3f s: %s\n", dt, muon_error(NULL));
+    if (st == MUON_OK) muon_comm_destroy(&x);
     remove_dir(dir);
   }
 
@@ -884,31 +871,31 @@ static void run_normal(muon_comm *w) {
     muon_comm x;
     d.rank = 3;
     d.size = 2;
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "rank 3"), "rank >= size: %s", err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "rank 3"), "rank >= size: %s", muon_error(NULL));
     d = muon_gloo_default_desc();
     d.timeout_s = -1;
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "timeout_s"), "negative timeout: %s", err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "timeout_s"), "negative timeout: %s", muon_error(NULL));
     d = muon_gloo_default_desc();
     d.store_dir = "/nonexistent/muon";
     d.rank = 0;
     d.size = 2;
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_BACKEND && strstr(err, "/nonexistent/muon"), "missing dir: %s", err);
-    st = muon_gloo_create(NULL, &x, err, sizeof err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_BACKEND && strstr(muon_error(NULL), "/nonexistent/muon"), "missing dir: %s", muon_error(NULL));
+    st = muon_gloo_create(&x, NULL);
     CHECK(st == MUON_ERR_ARG, "NULL desc");
     d = muon_gloo_default_desc();
     d.rank = 0; d.size = 2; d.store_dir = "/tmp"; d.redis = "127.0.0.1:6379";
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "not both"), "store_dir and redis: %s", err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "not both"), "store_dir and redis: %s", muon_error(NULL));
     if (muon_gloo_has_redis()) {
       d.store_dir = NULL; d.redis = "127.0.0.1:http";
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "bad port"), "redis port: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "bad port"), "redis port: %s", muon_error(NULL));
       d.redis = ":6379";
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "no host"), "redis host: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "no host"), "redis host: %s", muon_error(NULL));
     }
     {
       /* The environment's turn: a bad MUON_RANK / MUON_GLOO_TIMEOUT, each named, then restored. */
@@ -916,13 +903,13 @@ static void run_normal(muon_comm *w) {
       char *old_timeout = getenv("MUON_GLOO_TIMEOUT") ? strdup(getenv("MUON_GLOO_TIMEOUT")) : NULL;
       d = muon_gloo_default_desc();
       setenv("MUON_RANK", "two", 1);
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "MUON_RANK='two'"), "MUON_RANK=two: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "MUON_RANK='two'"), "MUON_RANK=two: %s", muon_error(NULL));
       if (old_rank) setenv("MUON_RANK", old_rank, 1); else unsetenv("MUON_RANK");
       d.rank = 0; d.size = 2; d.store_dir = "/tmp";
       setenv("MUON_GLOO_TIMEOUT", "soon", 1);
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "MUON_GLOO_TIMEOUT='soon'"), "MUON_GLOO_TIMEOUT=soon: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "MUON_GLOO_TIMEOUT='soon'"), "MUON_GLOO_TIMEOUT=soon: %s", muon_error(NULL));
       if (old_timeout) setenv("MUON_GLOO_TIMEOUT", old_timeout, 1); else unsetenv("MUON_GLOO_TIMEOUT");
       free(old_rank);
       free(old_timeout);
@@ -940,40 +927,61 @@ static void run_normal(muon_comm *w) {
         unsetenv(names[k]);
       }
       d = muon_gloo_default_desc();
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "rank is -1") && strstr(err, "none of MUON_RANK"), "no launcher: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "rank is -1") && strstr(muon_error(NULL), "none of MUON_RANK"), "no launcher: %s", muon_error(NULL));
       d.rank = 1;
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "size is -1"), "rank set, size from nowhere: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "size is -1"), "rank set, size from nowhere: %s", muon_error(NULL));
       d.rank = 0; d.size = 2;
       setenv("MUON_STORE", "", 1);   /* empty counts as unset */
-      st = muon_gloo_create(&d, &x, err, sizeof err);
-      CHECK(st == MUON_ERR_ARG && strstr(err, "need a rendezvous"), "no store: %s", err);
+      st = muon_gloo_create(&x, &d);
+      CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "need a rendezvous"), "no store: %s", muon_error(NULL));
       if (muon_gloo_has_redis()) {
         setenv("MUON_REDIS", "127.0.0.1:http", 1);
-        st = muon_gloo_create(&d, &x, err, sizeof err);
-        CHECK(st == MUON_ERR_ARG && strstr(err, "bad port"), "MUON_REDIS with a bad port: %s", err);
+        st = muon_gloo_create(&x, &d);
+        CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "bad port"), "MUON_REDIS with a bad port: %s", muon_error(NULL));
       }
       for (k = 0; k < 8; k++) {
         if (old[k]) setenv(names[k], old[k], 1); else unsetenv(names[k]);
         free(old[k]);
       }
     }
-    /* NULL out is named; NULL everything is refused without a crash; an err of size 0 is never
-       written (its first byte keeps its sentinel). */
+    /* NULL out is named; NULL everything is refused without a crash; a failed create clears
+       the fields of a live comm it is given. */
     d = muon_gloo_default_desc();
     d.rank = 0; d.size = 1;
-    st = muon_gloo_create(&d, NULL, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "out is NULL"), "NULL out: %s %s", test_status_name(st), err);
-    st = muon_gloo_create(NULL, NULL, NULL, 0);
-    CHECK(st == MUON_ERR_ARG, "NULL desc, out and err: %s", test_status_name(st));
-    err[0] = '#'; err[1] = 0;
+    st = muon_gloo_create(NULL, &d);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "out is NULL"), "NULL out: %s %s", muon_status_string(st), muon_error(NULL));
+    st = muon_gloo_create(NULL, NULL);
+    CHECK(st == MUON_ERR_ARG, "NULL desc and out: %s", muon_status_string(st));
     d.rank = 3; d.size = 2;
     x = *w;   /* a live comm's fields: a failed create must clear them */
-    st = muon_gloo_create(&d, &x, err, 0);
-    CHECK(st == MUON_ERR_ARG && err[0] == '#' && err[1] == 0, "err_size 0: %s, err now '%s'",
-          test_status_name(st), err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_ARG, "rank 3 of 2: %s", muon_status_string(st));
     CHECK(x.vt == NULL && x.ctx == NULL && x.size == 0, "out not cleared on failure");
+  }
+
+  begin("create: muon_error(NULL) says why a create or subgroup failed (status and function first); a success clears it");
+  {
+    static const char want_create[] = "MUON_ERR_ARG: muon_gloo_create: ";
+    static const char want_mesh[] = "MUON_ERR_ARG: muon_gloo_mesh_subgroup: ";
+    muon_gloo_desc d = muon_gloo_default_desc();
+    muon_comm x, g, self = {NULL, NULL, 0, 1};
+    int one[1] = {1};
+    d.rank = 5;
+    d.size = 2;
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_ARG && strncmp(muon_error(NULL), want_create, sizeof want_create - 1) == 0 &&
+          strstr(muon_error(NULL), "rank 5 is not in [0, size 2)"), "rank 5 of 2: %s: %s", muon_status_string(st), muon_error(NULL));
+    CHECK(x.vt == NULL && x.ctx == NULL, "out not cleared on failure");
+    st = muon_gloo_subgroup(&g, w, &me, 1);
+    CHECK(st == MUON_OK && strstr(muon_error(NULL), "rank 5") == NULL, "after a subgroup that worked: %s: '%s'",
+          muon_status_string(st), muon_error(NULL));
+    if (st == MUON_OK) muon_comm_destroy(&g);
+    /* a mesh's refusal names muon_gloo_mesh_subgroup, even where its subgroup step refuses */
+    st = muon_gloo_mesh_subgroup(&g, &self, one, 1, 0);
+    CHECK(st == MUON_ERR_ARG && strncmp(muon_error(NULL), want_mesh, sizeof want_mesh - 1) == 0 &&
+          strstr(muon_error(NULL), "not a Gloo communicator"), "mesh over a non-Gloo parent: %s", muon_error(NULL));
   }
 
   begin("create: the TCP device's host comes from desc.hostname, else MUON_GLOO_HOST, else 127.0.0.1");
@@ -989,25 +997,25 @@ static void run_normal(muon_comm *w) {
     d.rank = 0; d.size = 2; d.store_dir = dir; d.timeout_s = 5;
     d.hostname = "192.0.2.1";
     setenv("MUON_GLOO_HOST", "", 1);
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_BACKEND && strstr(err, "TCP device on '192.0.2.1'") && strstr(err, "MUON_GLOO_HOST"),
-          "desc.hostname 192.0.2.1: %s %s", test_status_name(st), err);
-    if (st == MUON_OK) test_comm_destroy(&x);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_BACKEND && strstr(muon_error(NULL), "TCP device on '192.0.2.1'") && strstr(muon_error(NULL), "MUON_GLOO_HOST"),
+          "desc.hostname 192.0.2.1: %s %s", muon_status_string(st), muon_error(NULL));
+    if (st == MUON_OK) muon_comm_destroy(&x);
     d.hostname = "";   /* empty counts as unset: the environment's host is used */
     setenv("MUON_GLOO_HOST", "192.0.2.1", 1);
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_BACKEND && strstr(err, "TCP device on '192.0.2.1'"),
-          "MUON_GLOO_HOST=192.0.2.1: %s %s", test_status_name(st), err);
-    if (st == MUON_OK) test_comm_destroy(&x);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_BACKEND && strstr(muon_error(NULL), "TCP device on '192.0.2.1'"),
+          "MUON_GLOO_HOST=192.0.2.1: %s %s", muon_status_string(st), muon_error(NULL));
+    if (st == MUON_OK) muon_comm_destroy(&x);
     /* both empty: 127.0.0.1, whose device works; alone at the rendezvous it times out (0.1 s) */
     setenv("MUON_GLOO_HOST", "", 1);
     d.timeout_s = 0.1;
     t0 = now_s();
-    st = muon_gloo_create(&d, &x, err, sizeof err);
-    CHECK(st == MUON_ERR_TIMEOUT && strstr(err, "rendezvous of rank 0 of 2") && strstr(err, "timed out"),
-          "MUON_GLOO_HOST empty: %s %s", test_status_name(st), err);
+    st = muon_gloo_create(&x, &d);
+    CHECK(st == MUON_ERR_TIMEOUT && strstr(muon_error(NULL), "rendezvous of rank 0 of 2") && strstr(muon_error(NULL), "timed out"),
+          "MUON_GLOO_HOST empty: %s %s", muon_status_string(st), muon_error(NULL));
     CHECK(now_s() - t0 < 2.0, "took %.3f s", now_s() - t0);
-    if (st == MUON_OK) test_comm_destroy(&x);
+    if (st == MUON_OK) muon_comm_destroy(&x);
     if (old_host) setenv("MUON_GLOO_HOST", old_host, 1); else unsetenv("MUON_GLOO_HOST");
     free(old_host);
     remove_dir(dir);
@@ -1036,45 +1044,45 @@ static void run_normal(muon_comm *w) {
       st = w->vt->allgather(w->ctx, &one, &back, (size_t)-1 / (size_t)n + 1);   /* n times it overflows */
       CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "overflows"), "allgather overflow: %s", test_comm_error(w));
     }
-    st = muon_gloo_subgroup(NULL, members, 1, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "parent"), "NULL parent: %s", err);
+    st = muon_gloo_subgroup(&g, NULL, members, 1);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "parent"), "NULL parent: %s", muon_error(NULL));
     dims0[0] = n + 7;
-    st = muon_gloo_subgroup(w, dims0, 1, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "not a rank"), "rank out of range: %s", err);
-    st = muon_gloo_mesh_subgroup(w, NULL, 2, 0, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "dims"), "NULL dims: %s", err);
-    st = muon_gloo_mesh_subgroup(w, dims0, 0, 0, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "ndims"), "ndims 0: %s", err);
+    st = muon_gloo_subgroup(&g, w, dims0, 1);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "not a rank"), "rank out of range: %s", muon_error(NULL));
+    st = muon_gloo_mesh_subgroup(&g, w, NULL, 2, 0);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "dims"), "NULL dims: %s", muon_error(NULL));
+    st = muon_gloo_mesh_subgroup(&g, w, dims0, 0, 0);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "ndims"), "ndims 0: %s", muon_error(NULL));
     dims0[0] = n; dims0[1] = 0;
-    st = muon_gloo_mesh_subgroup(w, dims0, 2, 0, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "must be >= 1"), "dims[1] = 0: %s", err);
-    /* each NULL pointer named, in the order checked; a NULL err is only the status */
-    st = muon_gloo_subgroup(w, members, 1, NULL, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "out is NULL"), "subgroup NULL out: %s %s", test_status_name(st), err);
+    st = muon_gloo_mesh_subgroup(&g, w, dims0, 2, 0);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "must be >= 1"), "dims[1] = 0: %s", muon_error(NULL));
+    /* each NULL pointer named, in the order checked; all of them NULL is only the status */
+    st = muon_gloo_subgroup(NULL, w, members, 1);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "out is NULL"), "subgroup NULL out: %s %s", muon_status_string(st), muon_error(NULL));
     g = *w;   /* a live comm's fields: a failed call must clear them */
-    st = muon_gloo_subgroup(w, NULL, 1, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "ranks is NULL"), "subgroup NULL ranks: %s %s", test_status_name(st), err);
+    st = muon_gloo_subgroup(&g, w, NULL, 1);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "ranks is NULL"), "subgroup NULL ranks: %s %s", muon_status_string(st), muon_error(NULL));
     CHECK(g.vt == NULL && g.ctx == NULL && g.size == 0, "out not cleared on failure");
-    st = muon_gloo_subgroup(w, NULL, 1, &g, NULL, sizeof err);
-    CHECK(st == MUON_ERR_ARG, "subgroup NULL ranks, NULL err: %s", test_status_name(st));
-    st = muon_gloo_subgroup(w, members, n + 1, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "n = ") && strstr(err, "parent size"), "subgroup n = size + 1: %s %s",
-          test_status_name(st), err);
+    st = muon_gloo_subgroup(NULL, NULL, NULL, 1);
+    CHECK(st == MUON_ERR_ARG, "subgroup NULL out, parent and ranks: %s", muon_status_string(st));
+    st = muon_gloo_subgroup(&g, w, members, n + 1);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "n = ") && strstr(muon_error(NULL), "parent size"), "subgroup n = size + 1: %s %s",
+          muon_status_string(st), muon_error(NULL));
     dims0[0] = n; dims0[1] = 1;
-    st = muon_gloo_mesh_subgroup(NULL, dims0, 2, 0, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "parent is NULL"), "mesh NULL parent: %s %s", test_status_name(st), err);
-    st = muon_gloo_mesh_subgroup(w, dims0, 2, 0, NULL, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "out is NULL"), "mesh NULL out: %s %s", test_status_name(st), err);
-    st = muon_gloo_mesh_subgroup(NULL, dims0, 2, 0, &g, NULL, 0);
-    CHECK(st == MUON_ERR_ARG, "mesh NULL parent, NULL err: %s", test_status_name(st));
-    st = muon_gloo_mesh_subgroup(w, dims0, 2, 2, &g, err, sizeof err);
-    CHECK(st == MUON_ERR_ARG && strstr(err, "dim 2"), "mesh dim = ndims: %s %s", test_status_name(st), err);
+    st = muon_gloo_mesh_subgroup(&g, NULL, dims0, 2, 0);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "parent is NULL"), "mesh NULL parent: %s %s", muon_status_string(st), muon_error(NULL));
+    st = muon_gloo_mesh_subgroup(NULL, w, dims0, 2, 0);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "out is NULL"), "mesh NULL out: %s %s", muon_status_string(st), muon_error(NULL));
+    st = muon_gloo_mesh_subgroup(NULL, NULL, NULL, 2, 0);
+    CHECK(st == MUON_ERR_ARG, "mesh NULL out, parent and dims: %s", muon_status_string(st));
+    st = muon_gloo_mesh_subgroup(&g, w, dims0, 2, 2);
+    CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "dim 2"), "mesh dim = ndims: %s %s", muon_status_string(st), muon_error(NULL));
     /* the vtable's slots with a NULL context: refused, and the error text of no comm is "" */
     CHECK(strcmp(w->vt->error(NULL), "") == 0, "error(NULL) = '%s'", w->vt->error(NULL));
     st = w->vt->alltoallv(NULL, &one, sc, sd, &back, rc, rd);
-    CHECK(st == MUON_ERR_ARG, "alltoallv NULL ctx: %s", test_status_name(st));
+    CHECK(st == MUON_ERR_ARG, "alltoallv NULL ctx: %s", muon_status_string(st));
     st = w->vt->allgather(NULL, &one, &back, sizeof one);
-    CHECK(st == MUON_ERR_ARG, "allgather NULL ctx: %s", test_status_name(st));
+    CHECK(st == MUON_ERR_ARG, "allgather NULL ctx: %s", muon_status_string(st));
     free(cnt);
     CHECK(alltoallv_round(w, members, 7, &st) == 0, "a round after the refused calls: %s", test_comm_error(w));
   }
@@ -1087,7 +1095,6 @@ static void run_normal(muon_comm *w) {
 int main(int argc, char **argv) {
   muon_gloo_desc d = muon_gloo_default_desc();
   muon_comm world;
-  char err[512];
   muon_status st;
   int die = 0, die_started = 0, stall = 0, redis = 0, i, me, n, fail;
   double t0 = now_s(), stall_timeout = 2.0;
@@ -1113,8 +1120,8 @@ int main(int argc, char **argv) {
   d.timeout_s = stall ? stall_timeout : die ? 10 : 30;
 
   begin("create the world");
-  st = muon_gloo_create(&d, &world, err, sizeof err);
-  CHECK(st == MUON_OK, "muon_gloo_create: %s: %s", test_status_name(st), err);
+  st = muon_gloo_create(&world, &d);
+  CHECK(st == MUON_OK, "muon_gloo_create: %s: %s", muon_status_string(st), muon_error(NULL));
   if (st != MUON_OK) return test_summary();
   me = world.rank;
 
@@ -1169,6 +1176,6 @@ int main(int argc, char **argv) {
   fflush(stdout);
   /* nobody exits (and makes muonrun stop the others) before rank 0 has printed */
   if (!die && !stall) comm_barrier(&world);
-  test_comm_destroy(&world);
+  muon_comm_destroy(&world);
   return fail;
 }

@@ -155,14 +155,13 @@ static void reference(int steps, float **full) {
 static muon_comm make_world(double timeout_s) {
   muon_nccl_desc nd = muon_nccl_default_desc();
   muon_comm c;
-  char err[512];
   nd.stream = muon_cuda_stream(gpu);
   if (side_stream) {
     nd.compute_stream = nd.stream;
     nd.stream = side_stream;
   }
   nd.timeout_s = timeout_s;
-  if (muon_nccl_create(&nd, &c, err, sizeof err) != MUON_OK) ex_die(NULL, "muon_nccl_create", err);
+  if (muon_nccl_create(&c, &nd) != MUON_OK) ex_die(NULL, "muon_nccl_create", muon_error(NULL));
   return c;
 }
 
@@ -195,7 +194,7 @@ static void test_step(float **full) {
 
 /* The trainer's own blocking communicator on its own stream, compute on another (llm.c). */
 static void test_wrap(float **full) {
-  char path[1024], err[512];
+  char path[1024];
   const char *dir = getenv("MUON_STORE");
   ncclUniqueId id;
   ncclComm_t mine = NULL;
@@ -225,10 +224,10 @@ static void test_wrap(float **full) {
   CHECK(ncclCommInitRank(&mine, P, id, me) == ncclSuccess, "ncclCommInitRank");
   CHECK(cudaStreamCreate(&nccl_stream) == cudaSuccess && cudaStreamCreate(&main_stream) == cudaSuccess, "streams");
   cd.stream = main_stream;
-  CHECK(muon_cuda_create(&gpu2, &cd) == MUON_OK, "muon_cuda_create");
+  CHECK(muon_cuda_create(&gpu2, &cd) == MUON_OK, "muon_cuda_create: %s", muon_error(NULL));
   nd.stream = nccl_stream;
   nd.compute_stream = main_stream;
-  CHECK(muon_nccl_wrap(mine, &nd, &world, err, sizeof err) == MUON_OK, "wrap: %s", err);
+  CHECK(muon_nccl_wrap(&world, mine, &nd) == MUON_OK, "wrap: %s", muon_error(NULL));
   CHECK(model_make(&md, &world, &gpu2) == MUON_OK, "model: %s", muon_error(md.opt));
   for (t = 0; t < 3; t++) CHECK(muon_step(md.opt) == MUON_OK, "step %d: %s", t, muon_error(md.opt));
   CHECK(model_diff(&md, full) == 0, "%lld elements differ from one device", model_diff(&md, full));
@@ -254,7 +253,6 @@ static void test_args(void) {
   muon_desc d = muon_default_desc();
   muon_optimizer *opt = NULL;
   muon_dist_config cfg = muon_layout_config();
-  char err[512];
   TEST_CASE("an NCCL communicator with the CPU backend is refused at creation");
   d.comm = &world;
   d.dist = &cfg;
@@ -262,12 +260,34 @@ static void test_args(void) {
   CHECK(strstr(muon_error(NULL), "device memory") != NULL, "message: %s", muon_error(NULL));
 
   TEST_CASE("muon_nccl_split: NCCL_SPLIT_NOCOLOR gives no communicator; bad arguments");
-  CHECK(muon_nccl_split(&world, me == 0 ? -1 : 1, me, &none, err, sizeof err) == MUON_OK, "split: %s", err);
+  CHECK(muon_nccl_split(&none, &world, me == 0 ? -1 : 1, me) == MUON_OK, "split: %s", muon_error(NULL));
   CHECK(me == 0 ? none.vt == NULL : none.vt != NULL && none.size == P - 1 && none.rank == me - 1,
         "rank %d: group of %d, rank %d", me, none.size, none.rank);
   muon_comm_destroy(&none);
-  CHECK(muon_nccl_split(&world, -5, 0, &none, err, sizeof err) == MUON_ERR_ARG, "negative color accepted");
-  CHECK(muon_nccl_wrap(NULL, NULL, &none, err, sizeof err) == MUON_ERR_ARG && strstr(err, "nccl_comm"), "NULL comm: %s", err);
+  CHECK(muon_nccl_split(&none, &world, -5, 0) == MUON_ERR_ARG, "negative color accepted");
+  CHECK(muon_nccl_wrap(&none, NULL, NULL) == MUON_ERR_ARG && strstr(muon_error(NULL), "nccl_comm"), "NULL comm: %s", muon_error(NULL));
+
+  TEST_CASE("muon_error(NULL) says why a create, wrap, split or mesh failed (status and function first); *out is cleared");
+  {
+    static const char want_create[] = "MUON_ERR_ARG: muon_nccl_create: ";
+    static const char want_split[] = "MUON_ERR_ARG: muon_nccl_split: ";
+    static const char want_mesh[] = "MUON_ERR_ARG: muon_nccl_mesh_subgroup: ";
+    muon_nccl_desc nd = muon_nccl_default_desc();
+    muon_comm self = muon_comm_self();
+    int one[1] = {1};
+    nd.rank = 3;
+    nd.size = 2;
+    none = world;                /* a live comm's fields: a failed create must clear them */
+    CHECK(muon_nccl_create(&none, &nd) == MUON_ERR_ARG && strncmp(muon_error(NULL), want_create, sizeof want_create - 1) == 0 &&
+          strstr(muon_error(NULL), "rank 3 is not in [0, size 2)"), "rank 3 of 2: %s", muon_error(NULL));
+    CHECK(none.vt == NULL && none.ctx == NULL && none.size == 0, "out not cleared on failure");
+    CHECK(muon_nccl_split(&none, &world, -5, 0) == MUON_ERR_ARG && strncmp(muon_error(NULL), want_split, sizeof want_split - 1) == 0 &&
+          strstr(muon_error(NULL), "color -5"), "negative color: %s", muon_error(NULL));
+    CHECK(muon_nccl_mesh_subgroup(&none, &self, one, 1, 0) == MUON_ERR_ARG &&
+          strncmp(muon_error(NULL), want_mesh, sizeof want_mesh - 1) == 0 && strstr(muon_error(NULL), "not a muon_nccl communicator"),
+          "mesh over a non-NCCL parent: %s", muon_error(NULL));
+    CHECK(muon_nccl_create(NULL, &nd) == MUON_ERR_ARG && strstr(muon_error(NULL), "out is NULL"), "NULL out: %s", muon_error(NULL));
+  }
   muon_comm_destroy(&world);
 }
 
@@ -275,14 +295,13 @@ static void test_args(void) {
 static void test_mesh(void) {
   muon_comm world, g[2];
   int dims[2], d, r, got[64];
-  char err[512];
   if (P % 2) return;
   world = make_world(30);
   dims[0] = 2;
   dims[1] = P / 2;
   TEST_CASE("muon_nccl_mesh_subgroup: both dimensions of a 2 x P/2 mesh");
   for (d = 0; d < 2; d++) {
-    CHECK(muon_nccl_mesh_subgroup(&world, dims, 2, d, &g[d], err, sizeof err) == MUON_OK, "dim %d: %s", d, err);
+    CHECK(muon_nccl_mesh_subgroup(&g[d], &world, dims, 2, d) == MUON_OK, "dim %d: %s", d, muon_error(NULL));
     CHECK(g[d].size == dims[d], "dim %d: size %d", d, g[d].size);
     CHECK(g[d].vt->allgather(g[d].ctx, &me, got, sizeof me) == MUON_OK, "allgather on dim %d", d);
     for (r = 0; r < g[d].size; r++) {
