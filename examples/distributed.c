@@ -33,9 +33,8 @@ int main(void) {
   float *full_w[N], *full_g[N], *w[N], *g[N];
   long lo[N], rows[N], e, bad = 0, *all;
   int i, t, r, failed = 0;
-  char err[256];
 
-  if (muon_gloo_create(&gd, &world, err, sizeof err) != MUON_OK) { fprintf(stderr, "muon_gloo_create: %s\n", err); return 1; }
+  if (muon_gloo_create(&world, &gd) != MUON_OK) { fprintf(stderr, "%s\n", muon_error(NULL)); return 1; }
   memset(&ad, 0, sizeof ad);
   ad.fsdp = &world;                             /* every matrix SHARD(0) over every rank */
   cfg = muon_auto_config(&ad);
