@@ -12,7 +12,7 @@
                 ranks), owners balanced by NS flops, one alltoallv out and one back per round.
      unchecked  batched without the commit vote (muon_dist_config.unchecked_commit): what the
                 "all ranks apply or none does" allgather costs per step.
-     permatrix  the seeds' literal algorithm: muon_layout_config with SHARD(0) layouts and a
+     permatrix  the literal per-matrix algorithm: muon_layout_config with SHARD(0) layouts and a
                 gather / redistribute pair that moves ONE matrix per call (one alltoallv each way
                 per matrix), like examples/custom_vtable.c; same owners as batched.
      moonlight  gather everything, orthogonalise everywhere: every rank all-gathers every full
@@ -187,7 +187,7 @@ static void copy_rows(const bench *b, float *out) {
   }
 }
 
-/* ---- per-matrix exchange: the seeds' gather / redistribute, one alltoallv per call --------- */
+/* ---- per-matrix exchange: muon_dist_config.gather / redistribute, one alltoallv per call --------- */
 typedef struct permatrix {
   bench *b;
   size_t *counts;         /* 4 x P */

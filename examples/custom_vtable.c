@@ -1,4 +1,4 @@
-/* custom_vtable.c - the seeds' "Custom Distributed Setup": a framework muon knows nothing about
+/* custom_vtable.c - a custom distributed setup: a framework muon knows nothing about
    brings its own assign / gather / redistribute. Here the "framework" row-shards every matrix
    over the world (torch.chunk) and moves rows with its own communicator calls; owners are
    round-robin (matrix i on rank i % world). muonrun -n 4 build/custom_vtable */

@@ -1,4 +1,4 @@
-/* layout_2d.c - the DTensor way (the seeds' create_dtensor_config): each matrix carries its own
+/* layout_2d.c - the DTensor way (muon_layout_config): each matrix carries its own
    layout over a 2-D mesh (world/2 x 2, or world x 1 when odd): [Shard(0) over rows, Shard(1)
    over cols], the transposed placement, and a FLAT range of a TP-local piece (not a rectangle).
    muonrun -n 4 build/layout_2d */
