@@ -9,7 +9,8 @@
      test_state_grow load DIR   load DIR's parameters and state into a fresh optimizer, check the
                                 groups (and grow_test: DIR's value, or the default when DIR was
                                 saved without it), run the same 3 steps: bitwise the reference
-   The scratch build (GROW_TEST) sets grow_test = 0.75 in group 1 before it saves. */
+   The scratch build (GROW_TEST) sets grow_test = 0.75 in group 1 and 0.5 in AdamW group 0 before
+   it saves; the AdamW value, which no getter returns, is read back from the state it saves. */
 #define MUON_IMPLEMENTATION
 #include "muon.h"
 #include "test.h"
@@ -66,6 +67,25 @@ static int read_file(const char *dir, const char *name, void *p, size_t n) {
   return ok;
 }
 
+#ifdef GROW_TEST
+/* AdamW group 0's grow_test as this optimizer saves it: the last field of that group's record
+   (header 40, group counts 8, each Muon group's u32-length record, then the AdamW ones). */
+static float saved_adamw_grow(muon_optimizer *o) {
+  size_t n = muon_state_size(o), at = 48;
+  unsigned char *b = (unsigned char *)malloc(n);
+  uint32_t groups, len, k;
+  float x = -1;
+  if (b && muon_state_save(o, b, n) == MUON_OK) {
+    memcpy(&groups, b + 40, 4);
+    for (k = 0; k < groups; k++) { memcpy(&len, b + at, 4); at += 4 + len; }
+    memcpy(&len, b + at, 4);
+    if (len == 28) memcpy(&x, b + at + 4 + 24, 4);
+  }
+  free(b);
+  return x;
+}
+#endif
+
 static void steps(muon_optimizer *o, model *m, int from, int to) {
   int s;
   for (s = from; s < to; s++) { grads(m, s); CHECK(muon_step(o) == MUON_OK, "step %d: %s", s, muon_error(o)); }
@@ -89,8 +109,12 @@ int main(int argc, char **argv) {
     {
       muon_hparams h;
       CHECK(muon_get_group(o, 1, &h) == MUON_OK && h.grow_test == 0.25f, "the new field's default");
+      muon_adamw_hparams a = muon_default_adamw_hparams();
       h.grow_test = 0.75f;
       CHECK(muon_set_group(o, 1, &h) == MUON_OK, "set_group: %s", muon_error(o));
+      CHECK(a.grow_test == 0.125f && saved_adamw_grow(o) == 0.125f, "the AdamW field's default");
+      a.grow_test = 0.5f;
+      CHECK(muon_set_adamw_group(o, 0, &a) == MUON_OK && saved_adamw_grow(o) == 0.5f, "set_adamw_group: %s", muon_error(o));
     }
 #endif
     steps(o, &m, 0, 3);
@@ -110,7 +134,9 @@ int main(int argc, char **argv) {
     {   /* GROW_SAVED: the state came from the scratch build (0.75 in group 1), else the default */
       const char *e = getenv("GROW_SAVED");
       float want = e && *e == '1' ? 0.75f : 0.25f;
+      float aw = saved_adamw_grow(o), want_aw = e && *e == '1' ? 0.5f : 0.125f;
       CHECK(h0.grow_test == 0.25f && h1.grow_test == want, "grow_test %g and %g, want 0.25 and %g", (double)h0.grow_test, (double)h1.grow_test, (double)want);
+      CHECK(aw == want_aw, "AdamW grow_test %g, want %g", (double)aw, (double)want_aw);
     }
 #endif
     steps(o, &m, 3, 6);
