@@ -248,7 +248,7 @@ TESTS_unit := \
   $(call each,test_misuse,. san,$(BUILD)/misuse) \
   "$(BUILD)/test_muoncmp $(BUILD)/muoncmp_test $(BUILD)/muoncmp" \
   "tests/run_fuzz.sh $(BUILD) replay" \
-  "CC='$(CC)' tests/run_state_grow.sh $(BUILD)" "tests/run_version.sh" \
+  "CC='$(CC)' OPT='$(OPT)' tests/run_state_grow.sh $(BUILD)" "tests/run_version.sh" \
   "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout"
 NEEDS_unit := $(BUILD)/golden/.done
 

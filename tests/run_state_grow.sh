@@ -8,7 +8,7 @@
 set -u
 B=$1/state_grow
 CC=${CC:-cc}
-FLAGS="-std=c99 -Wall -Wextra -Wpedantic -Werror -O2"
+FLAGS="-std=c99 -Wall -Wextra -Wpedantic -Werror ${OPT:--O2}"   # OPT: the Makefile's (make coverage: -O0)
 rm -rf "$B" && mkdir -p "$B/scratch" "$B/old" "$B/new" || exit 1
 fail() { echo "state_grow: $*"; echo "0 passed, 1 failed"; exit 1; }
 
