@@ -307,7 +307,8 @@ MUON_CUDA__KERNEL(muon_cuda__nonfinite_kernel, muon_cuda__nonfinite_k) {
 
 static cudaError_t muon_cuda__nonfinite_launch(const muon_cuda__nonfinite_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__nonfinite_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__nonfinite_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                           stream, *k);
 }
 
 /* cast: dst[i] = src[i] converted (to bf16: nearest even), fp32 <-> bf16. */
@@ -326,7 +327,8 @@ MUON_CUDA__KERNEL(muon_cuda__cast_kernel, muon_cuda__cast_k) {
 
 static cudaError_t muon_cuda__cast_launch(const muon_cuda__cast_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__cast_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__cast_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
 }
 
 /* Gram NS: B[i][i] += a on `batch` fp32 m x m matrices. */
@@ -347,7 +349,8 @@ MUON_CUDA__KERNEL(muon_cuda__add_diag_kernel, muon_cuda__add_diag_k) {
 
 static cudaError_t muon_cuda__add_diag_launch(const muon_cuda__add_diag_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__add_diag_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__add_diag_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
 }
 
 /* pack: up to MUON_CUDA__PACK_OPS piece copies per launch, passed by value (no device table, no
@@ -381,7 +384,8 @@ MUON_CUDA__KERNEL(muon_cuda__pack_kernel, muon_cuda__pack_k) {
 
 static cudaError_t muon_cuda__pack_launch(const muon_cuda__pack_k *k, cudaStream_t stream) {
   size_t total = (size_t)k->end[k->n - 1];
-  return MUON_CUDA__LAUNCH(muon_cuda__pack_kernel, muon_cuda__grid(total), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__pack_kernel, muon_cuda__grid(total), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
 }
 
 /* momentum: U[i] (and B'[i] when update) from momentum[i] and grad[i]. */
@@ -404,7 +408,8 @@ MUON_CUDA__KERNEL(muon_cuda__momentum_kernel, muon_cuda__momentum_k) {
 
 static cudaError_t muon_cuda__momentum_launch(const muon_cuda__momentum_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__momentum_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__momentum_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
 }
 
 /* apply: param[i] = param[i]*decay - step*O[i], stored as param_dtype (+ bf16 mirror). */
@@ -422,7 +427,8 @@ MUON_CUDA__KERNEL(muon_cuda__apply_kernel, muon_cuda__apply_k) {
 
 static cudaError_t muon_cuda__apply_launch(const muon_cuda__apply_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__apply_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__apply_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
 }
 
 /* adamw: one torch.optim.AdamW element per i (param, m, v updated; + bf16 mirror). */
@@ -442,7 +448,8 @@ MUON_CUDA__KERNEL(muon_cuda__adamw_kernel, muon_cuda__adamw_k) {
 
 static cudaError_t muon_cuda__adamw_launch(const muon_cuda__adamw_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__adamw_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__adamw_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
 }
 
 /* NS normalisation, fp32: X[i] /= max(norms[i / mn], eps), over `batch` operands of mn floats.
@@ -464,7 +471,8 @@ MUON_CUDA__KERNEL(muon_cuda__ns_scale_kernel, muon_cuda__ns_scale_k) {
 
 static cudaError_t muon_cuda__ns_scale_launch(const muon_cuda__ns_scale_k *k, cudaStream_t stream) {
   if (k->total == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__ns_scale_kernel, muon_cuda__grid(k->total), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__ns_scale_kernel, muon_cuda__grid(k->total), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                           stream, *k);
 }
 
 /* NS, bf16: X[i] = bf16(X[i]) in place (the norm is then taken over the rounded values). */
@@ -480,7 +488,8 @@ MUON_CUDA__KERNEL(muon_cuda__bf16_round_kernel, muon_cuda__bf16_round_k) {
 
 static cudaError_t muon_cuda__bf16_round_launch(const muon_cuda__bf16_round_k *k, cudaStream_t stream) {
   if (k->n == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__bf16_round_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__bf16_round_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                           stream, *k);
 }
 
 /* NS normalisation, bf16: norm rounded to bf16, d = bf16(max(norm, eps)), Xb[i] = bf16(X[i]/d)
@@ -503,7 +512,8 @@ MUON_CUDA__KERNEL(muon_cuda__ns_scale_bf16_kernel, muon_cuda__ns_scale_bf16_k) {
 
 static cudaError_t muon_cuda__ns_scale_bf16_launch(const muon_cuda__ns_scale_bf16_k *k, cudaStream_t stream) {
   if (k->total == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__ns_scale_bf16_kernel, muon_cuda__grid(k->total), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__ns_scale_bf16_kernel, muon_cuda__grid(k->total),
+                           muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -753,7 +763,9 @@ static int muon_cuda__ns_shape_ok(int batch, int m, int n) {
 static size_t muon_cuda__ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
   (void)ctx;
   if (!hp || !muon_cuda__ns_shape_ok(batch, m, n)) return 0;
-  return muon_cuda__ns_plan(batch, m, n, hp->precision == MUON_PRECISION_BF16, hp->symmetric, muon_cuda__use_gram(hp, m, n)).bytes;
+  return muon_cuda__ns_plan(batch, m, n, hp->precision == MUON_PRECISION_BF16, hp->symmetric,
+                            muon_cuda__use_gram(hp, m, n))
+      .bytes;
 }
 
 /* Symmetric path: the tile pointer arrays. Set s (0: X X^T with X in buffer 0, 1: with X in
@@ -799,13 +811,16 @@ MUON_CUDA__KERNEL(muon_cuda__sym_ptrs_kernel, muon_cuda__sym_ptrs_k) {
     at += (size_t)a.batch * cnt;
     a.ptrs[at] = a.src[s] + (b * stride + (size_t)j * MUON_CUDA_SYM_TILE * K) * a.esize;
     at += (size_t)a.batch * cnt;
-    a.ptrs[at] = a.dst[s] + (b * (size_t)a.m * a.m + (size_t)i * MUON_CUDA_SYM_TILE * a.m + (size_t)j * MUON_CUDA_SYM_TILE) * a.esize;
+    a.ptrs[at] =
+        a.dst[s] +
+        (b * (size_t)a.m * a.m + (size_t)i * MUON_CUDA_SYM_TILE * a.m + (size_t)j * MUON_CUDA_SYM_TILE) * a.esize;
   }
 }
 
 static cudaError_t muon_cuda__sym_ptrs_launch(const muon_cuda__sym_ptrs_k *k, cudaStream_t stream) {
   size_t total = 3 * (size_t)k->batch * k->tiles;
-  return MUON_CUDA__LAUNCH(muon_cuda__sym_ptrs_kernel, muon_cuda__grid(total), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__sym_ptrs_kernel, muon_cuda__grid(total), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                           stream, *k);
 }
 
 /* Symmetric path: C[row][col] = C[col][row] for col > row, `batch` m x m row-major matrices of
@@ -830,7 +845,8 @@ MUON_CUDA__KERNEL(muon_cuda__mirror_kernel, muon_cuda__mirror_k) {
 
 static cudaError_t muon_cuda__mirror_launch(const muon_cuda__mirror_k *k, cudaStream_t stream) {
   if (k->total == 0) return cudaSuccess;
-  return MUON_CUDA__LAUNCH(muon_cuda__mirror_kernel, muon_cuda__grid(k->total), muon_cuda__dim3(MUON_CUDA__BLOCK), stream, *k);
+  return MUON_CUDA__LAUNCH(muon_cuda__mirror_kernel, muon_cuda__grid(k->total), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                           stream, *k);
 }
 
 /* Points the cuBLAS handle at our stream, workspace, math mode (no TF32, fp32 reductions) and
@@ -878,8 +894,9 @@ static muon_status muon_cuda__gemm_tiles(muon_cuda__ctx *c, int M, int N, int K,
   const void *const *A = (const void *const *)arrays, *const *B = (const void *const *)(arrays + count);
   void *const *C = arrays + 2 * count;
   if (count == 0 || M == 0) return MUON_OK;
-  MUON_CUDA__CHECK(c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb, A, type, lda,
-                                          &beta, C, type, ldc, (int)count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  MUON_CUDA__CHECK(
+      c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb, A, type, lda, &beta, C,
+                             type, ldc, (int)count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return MUON_OK;
 }
 
@@ -920,7 +937,8 @@ static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_lay
   void *x0 = x, *other = w + L->y, *R = w + L->a, *P = w + L->b, *Q = w + L->q, *T = w + L->t2, *S = w + L->s, *t;
   float *Bf = bf16 ? (float *)(void *)(w + L->bf) : (float *)P;
   int k, fresh = 1;   /* fresh: Q is the identity, not stored */
-  if (muon_cuda__gemm(c, 0, 1, m, m, n, 1.0f, x0, n, smn, x0, n, smn, 0.0f, R, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+  if (muon_cuda__gemm(c, 0, 1, m, m, n, 1.0f, x0, n, smn, x0, n, smn, 0.0f, R, m, smm, batch, type) != MUON_OK)
+    return MUON_ERR_BACKEND;
   for (k = 0; k < hp->ns_steps; k++) {
     float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], cc = hp->ns_coefficients[k][2];
     int last = k + 1 == hp->ns_steps, restart_next = !last && ((hp->ns_restarts >> (k + 1)) & 1u);
@@ -932,7 +950,8 @@ static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_lay
     } else {
       MUON_CUDA__CHECK(c, cudaMemcpyAsync(Bf, R, (size_t)batch * mm * 4, cudaMemcpyDeviceToDevice, c->stream));
     }
-    if (muon_cuda__gemm_ex(c, 0, 1, m, m, m, cc, R, m, smm, R, m, smm, b, Bf, m, smm, batch, type, CUDA_R_32F) != MUON_OK)
+    if (muon_cuda__gemm_ex(c, 0, 1, m, m, m, cc, R, m, smm, R, m, smm, b, Bf, m, smm, batch, type, CUDA_R_32F) !=
+        MUON_OK)
       return MUON_ERR_BACKEND;   /* Bf = b R + c R R^T */
     d.B = Bf; d.a = a; d.m = m; d.n = (size_t)batch * m;
     MUON_CUDA__CHECK(c, muon_cuda__add_diag_launch(&d, c->stream));   /* P = a I + B */
@@ -942,25 +961,32 @@ static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_lay
       MUON_CUDA__CHECK(c, muon_cuda__cast_launch(&down, c->stream));
     }
     if (fresh) {
-      MUON_CUDA__CHECK(c, cudaMemcpyAsync(Q, P, (size_t)batch * mm * (bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, c->stream));
+      MUON_CUDA__CHECK(c,
+                       cudaMemcpyAsync(Q, P, (size_t)batch * mm * (bf16 ? 2 : 4), cudaMemcpyDeviceToDevice, c->stream));
       fresh = 0;
     } else {
-      if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, P, m, smm, Q, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+      if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, P, m, smm, Q, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK)
+        return MUON_ERR_BACKEND;
       t = Q; Q = T; T = t;
     }
     if (last) break;
     if (restart_next) {   /* X_0 = Q X_0, R = X_0 X_0^T, Q = I */
-      if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+      if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK)
+        return MUON_ERR_BACKEND;
       t = x0; x0 = other; other = t;
-      if (muon_cuda__gemm(c, 0, 1, m, m, n, 1.0f, x0, n, smn, x0, n, smn, 0.0f, R, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+      if (muon_cuda__gemm(c, 0, 1, m, m, n, 1.0f, x0, n, smn, x0, n, smn, 0.0f, R, m, smm, batch, type) != MUON_OK)
+        return MUON_ERR_BACKEND;
       fresh = 1;
       continue;
     }
-    if (muon_cuda__gemm(c, 0, 1, m, m, m, 1.0f, P, m, smm, P, m, smm, 0.0f, S, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
-    if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, S, m, smm, R, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+    if (muon_cuda__gemm(c, 0, 1, m, m, m, 1.0f, P, m, smm, P, m, smm, 0.0f, S, m, smm, batch, type) != MUON_OK)
+      return MUON_ERR_BACKEND;
+    if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, S, m, smm, R, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK)
+      return MUON_ERR_BACKEND;
     t = R; R = T; T = t;   /* R = P^2 R */
   }
-  if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK) return MUON_ERR_BACKEND;
+  if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK)
+    return MUON_ERR_BACKEND;
   *out = other;
   return MUON_OK;
 }
@@ -979,8 +1005,10 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
   float *norms;
   if (batch == 0) return MUON_OK;
   if (!X || !ws || !hp) return muon_cuda__invalid(c, "newton_schulz: X, ws and hp must not be NULL");
-  if (!muon_cuda__ns_shape_ok(batch, m, n)) return muon_cuda__invalid(c, "newton_schulz: needs batch >= 0, 0 < m <= n, m*n <= INT_MAX");
-  if (hp->ns_steps < 0 || hp->ns_steps > MUON_NS_MAX_STEPS) return muon_cuda__invalid(c, "newton_schulz: ns_steps out of range");
+  if (!muon_cuda__ns_shape_ok(batch, m, n))
+    return muon_cuda__invalid(c, "newton_schulz: needs batch >= 0, 0 < m <= n, m*n <= INT_MAX");
+  if (hp->ns_steps < 0 || hp->ns_steps > MUON_NS_MAX_STEPS)
+    return muon_cuda__invalid(c, "newton_schulz: ns_steps out of range");
   bf16 = hp->precision == MUON_PRECISION_BF16;
   mn = (size_t)m * n;
   mm = (size_t)m * m;
@@ -1102,7 +1130,8 @@ typedef struct muon_cuda__normuon_k {
 
 /* s_i of muon__normuon_scale: ROWS 1 / (sqrt(v) + 1e-10), LARGER 1 / sqrt(max(v, 1e-10)). */
 MUON_CUDA__DEVICE float muon_cuda__normuon_s(float v, int rows) {
-  return rows ? MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v) + 1e-10f) : MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v > 1e-10f ? v : 1e-10f));
+  return rows ? MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v) + 1e-10f)
+              : MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v > 1e-10f ? v : 1e-10f));
 }
 
 MUON_CUDA__KERNEL(muon_cuda__normuon_sums_kernel, muon_cuda__normuon_k) {
@@ -1171,7 +1200,8 @@ static muon_status muon_cuda__normuon(void *ctx, float *X, int m, int n, int per
   if (m <= 0 || n <= 0) return muon_cuda__invalid(c, "normuon: needs m > 0 and n > 0");
   if (hp->normuon != MUON_NORMUON_ROWS && hp->normuon != MUON_NORMUON_LARGER)
     return muon_cuda__invalid(c, "normuon: hp->normuon must be MUON_NORMUON_ROWS or MUON_NORMUON_LARGER");
-  if (!(hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1)) return muon_cuda__invalid(c, "normuon: hp->normuon_beta2 must be in [0, 1)");
+  if (!(hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1))
+    return muon_cuda__invalid(c, "normuon: hp->normuon_beta2 must be in [0, 1)");
   memset(&k, 0, sizeof k);
   k.X = X;
   k.v = v;

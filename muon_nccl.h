@@ -246,7 +246,8 @@ static muon_status muon_nccl__fail(muon_nccl__comm *c, muon_status st, const cha
 
 static muon_status muon_nccl__cuda(muon_nccl__comm *c, cudaError_t e, const char *what) {
   if (e == cudaSuccess) return MUON_OK;
-  return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s failed: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s failed: %s (%s)", what, cudaGetErrorName(e),
+                         cudaGetErrorString(e));
 }
 
 /* Polls a non-blocking communicator until its call in progress (r) has finished: its final
@@ -265,8 +266,10 @@ static ncclResult_t muon_nccl__poll(ncclComm_t comm, ncclResult_t r, double time
 static muon_status muon_nccl__settle(muon_nccl__comm *c, ncclResult_t r, const char *what) {
   r = muon_nccl__poll(c->comm, r, c->timeout_s);
   if (r == ncclInProgress)
-    return muon_nccl__fail(c, MUON_ERR_TIMEOUT, "muon_nccl: %s still in progress after %.1f s (MUON_NCCL_TIMEOUT): a peer is "
-                           "missing, stalled or calling something else", what, c->timeout_s);
+    return muon_nccl__fail(c, MUON_ERR_TIMEOUT,
+                           "muon_nccl: %s still in progress after %.1f s (MUON_NCCL_TIMEOUT): a peer is "
+                           "missing, stalled or calling something else",
+                           what, c->timeout_s);
   if (r != ncclSuccess)
     return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s failed: %s", what, ncclGetErrorString(r));
   return MUON_OK;
@@ -283,11 +286,13 @@ static muon_status muon_nccl__wait_event(muon_nccl__comm *c, cudaEvent_t ev, con
     q = ncclCommGetAsyncError(c->comm, &async);
     if (q != ncclSuccess) async = q;
     if (async != ncclSuccess && async != ncclInProgress)
-      return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s on rank %d of %d: NCCL reports %s", what, c->rank, c->size,
-                             ncclGetErrorString(async));
+      return muon_nccl__fail(c, MUON_ERR_COMM, "muon_nccl: %s on rank %d of %d: NCCL reports %s", what, c->rank,
+                             c->size, ncclGetErrorString(async));
     if (muon_nccl__now() > deadline)
-      return muon_nccl__fail(c, MUON_ERR_TIMEOUT, "muon_nccl: %s on rank %d of %d timed out after %.1f s (MUON_NCCL_TIMEOUT): "
-                             "a peer is dead, stalled or calling other collectives", what, c->rank, c->size, c->timeout_s);
+      return muon_nccl__fail(c, MUON_ERR_TIMEOUT,
+                             "muon_nccl: %s on rank %d of %d timed out after %.1f s (MUON_NCCL_TIMEOUT): "
+                             "a peer is dead, stalled or calling other collectives",
+                             what, c->rank, c->size, c->timeout_s);
     muon_nccl__pause();
   }
 }
@@ -305,12 +310,18 @@ static muon_status muon_nccl__exchange(muon_nccl__comm *c, const float *send, co
     return muon_nccl__fail(c, MUON_ERR_ARG, "muon_nccl: alltoallv sends %zu floats to itself but receives %zu",
                            send_counts[me], recv_counts[me]);
   if (c->compute != c->stream) {
-    if ((st = muon_nccl__cuda(c, cudaEventRecord(c->before, c->compute), "cudaEventRecord (compute before the exchange)")) != MUON_OK) return st;
-    if ((st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->stream, c->before, 0), "cudaStreamWaitEvent (exchange after compute)")) != MUON_OK) return st;
+    if ((st = muon_nccl__cuda(c, cudaEventRecord(c->before, c->compute),
+                              "cudaEventRecord (compute before the exchange)")) != MUON_OK)
+      return st;
+    if ((st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->stream, c->before, 0),
+                              "cudaStreamWaitEvent (exchange after compute)")) != MUON_OK)
+      return st;
   }
   if (send_counts[me] &&
-      (st = muon_nccl__cuda(c, cudaMemcpyAsync(recv + recv_displs[me], send + send_displs[me], send_counts[me] * sizeof(float),
-                                               cudaMemcpyDeviceToDevice, c->stream), "cudaMemcpyAsync (the part to itself)")) != MUON_OK)
+      (st = muon_nccl__cuda(c,
+                            cudaMemcpyAsync(recv + recv_displs[me], send + send_displs[me],
+                                            send_counts[me] * sizeof(float), cudaMemcpyDeviceToDevice, c->stream),
+                            "cudaMemcpyAsync (the part to itself)")) != MUON_OK)
     return st;
   if (c->size > 1) {
     if ((r = ncclGroupStart()) != ncclSuccess) return muon_nccl__settle(c, r, "ncclGroupStart");
@@ -325,7 +336,8 @@ static muon_status muon_nccl__exchange(muon_nccl__comm *c, const float *send, co
     if (first != ncclSuccess) r = first;
     if ((st = muon_nccl__settle(c, r, "the exchange (ncclGroupEnd of ncclSend/ncclRecv)")) != MUON_OK) return st;
   }
-  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->done, c->stream), "cudaEventRecord (after the exchange)")) != MUON_OK) return st;
+  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->done, c->stream), "cudaEventRecord (after the exchange)")) != MUON_OK)
+    return st;
   c->queued = 1;
   return MUON_OK;
 }
@@ -337,7 +349,8 @@ static muon_status muon_nccl__alltoallv(void *ctx, const float *send, const size
   muon_nccl__comm *c = (muon_nccl__comm *)ctx;
   muon_status st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
   if (st == MUON_OK && c->compute != c->stream)
-    st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->done, 0), "cudaStreamWaitEvent (compute after the exchange)");
+    st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->done, 0),
+                         "cudaStreamWaitEvent (compute after the exchange)");
   return st;
 }
 
@@ -352,11 +365,15 @@ static muon_status muon_nccl__alltoallv_start(void *ctx, const float *send, cons
   *ticket = -1;
   if (c->broken != MUON_OK) return c->broken;
   if (c->compute != c->stream && c->unjoined[t])
-    return muon_nccl__fail(c, MUON_ERR_ARG, "muon_nccl: alltoallv_start: %d exchanges started and not joined (at most %d)",
+    return muon_nccl__fail(c, MUON_ERR_ARG,
+                           "muon_nccl: alltoallv_start: %d exchanges started and not joined (at most %d)",
                            MUON_NCCL__TICKETS, MUON_NCCL__TICKETS);
-  if ((st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs)) != MUON_OK) return st;
+  if ((st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs)) != MUON_OK)
+    return st;
   if (c->compute == c->stream) return MUON_OK;
-  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->ticket[t], c->stream), "cudaEventRecord (a started exchange)")) != MUON_OK) return st;
+  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->ticket[t], c->stream), "cudaEventRecord (a started exchange)")) !=
+      MUON_OK)
+    return st;
   c->unjoined[t] = 1;
   *ticket = c->issued;
   c->issued = (c->issued + 1) % (MUON_NCCL__TICKETS * 1024);
@@ -368,10 +385,13 @@ static muon_status muon_nccl__join(void *ctx, int ticket) {
   int t = ticket % MUON_NCCL__TICKETS;
   if (c->broken != MUON_OK) return c->broken;
   if (ticket < 0) return MUON_OK;
-  if (!c->unjoined[t] || (c->issued - 1 - ticket + MUON_NCCL__TICKETS * 1024) % (MUON_NCCL__TICKETS * 1024) >= MUON_NCCL__TICKETS)
-    return muon_nccl__fail(c, MUON_ERR_ARG, "muon_nccl: join: ticket %d is not an exchange started and not yet joined", ticket);
+  if (!c->unjoined[t] ||
+      (c->issued - 1 - ticket + MUON_NCCL__TICKETS * 1024) % (MUON_NCCL__TICKETS * 1024) >= MUON_NCCL__TICKETS)
+    return muon_nccl__fail(c, MUON_ERR_ARG, "muon_nccl: join: ticket %d is not an exchange started and not yet joined",
+                           ticket);
   c->unjoined[t] = 0;
-  return muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->ticket[t], 0), "cudaStreamWaitEvent (compute after a started exchange)");
+  return muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->ticket[t], 0),
+                         "cudaStreamWaitEvent (compute after a started exchange)");
 }
 
 static muon_status muon_nccl__wait(void *ctx) {
@@ -398,7 +418,9 @@ static muon_status muon_nccl__allgather(void *ctx, const void *send, void *recv,
   if (total > c->bounce_bytes) {   /* grows at planning (the matrix lists); the step's records fit */
     void *p = NULL;
     if ((st = muon_nccl__wait(c)) != MUON_OK) return st;
-    if ((st = muon_nccl__cuda(c, cudaStreamSynchronize(c->stream), "cudaStreamSynchronize (before growing the allgather buffer)")) != MUON_OK) return st;
+    if ((st = muon_nccl__cuda(c, cudaStreamSynchronize(c->stream),
+                              "cudaStreamSynchronize (before growing the allgather buffer)")) != MUON_OK)
+      return st;
     if (cudaMalloc(&p, total) != cudaSuccess) {
       (void)cudaGetLastError();
       return muon_nccl__fail(c, MUON_ERR_NOMEM, "muon_nccl: allgather: cudaMalloc of %zu bytes failed", total);
@@ -408,11 +430,17 @@ static muon_status muon_nccl__allgather(void *ctx, const void *send, void *recv,
     c->bounce_bytes = total;
   }
   mine = (unsigned char *)c->bounce + (size_t)c->rank * bytes;
-  if ((st = muon_nccl__cuda(c, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, c->stream), "cudaMemcpyAsync (allgather in)")) != MUON_OK) return st;
+  if ((st = muon_nccl__cuda(c, cudaMemcpyAsync(mine, send, bytes, cudaMemcpyHostToDevice, c->stream),
+                            "cudaMemcpyAsync (allgather in)")) != MUON_OK)
+    return st;
   r = ncclAllGather(mine, c->bounce, bytes, ncclUint8, c->comm, c->stream);
   if ((st = muon_nccl__settle(c, r, "ncclAllGather")) != MUON_OK) return st;
-  if ((st = muon_nccl__cuda(c, cudaMemcpyAsync(recv, c->bounce, total, cudaMemcpyDeviceToHost, c->stream), "cudaMemcpyAsync (allgather out)")) != MUON_OK) return st;
-  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->done, c->stream), "cudaEventRecord (after the allgather)")) != MUON_OK) return st;
+  if ((st = muon_nccl__cuda(c, cudaMemcpyAsync(recv, c->bounce, total, cudaMemcpyDeviceToHost, c->stream),
+                            "cudaMemcpyAsync (allgather out)")) != MUON_OK)
+    return st;
+  if ((st = muon_nccl__cuda(c, cudaEventRecord(c->done, c->stream), "cudaEventRecord (after the allgather)")) !=
+      MUON_OK)
+    return st;
   if ((st = muon_nccl__wait_event(c, c->done, "ncclAllGather")) != MUON_OK) return st;
   c->queued = 0;                  /* everything queued before it has finished too */
   return MUON_OK;
@@ -479,17 +507,19 @@ static muon_status muon_nccl__timeout(const char *fn, double t, double *out) {
     if (s && *s) {
       char *end;
       t = strtod(s, &end);
-      if (*end || !(t > 0)) return muon_nccl__refuse(MUON_ERR_ARG, fn, "MUON_NCCL_TIMEOUT='%s' is not a positive number of seconds", s);
+      if (*end || !(t > 0))
+        return muon_nccl__refuse(MUON_ERR_ARG, fn, "MUON_NCCL_TIMEOUT='%s' is not a positive number of seconds", s);
     }
   }
-  if (!(t > 0) || t > 1e7) return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.timeout_s must be > 0 and <= 1e7 (got %g)", t);
+  if (!(t > 0) || t > 1e7)
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.timeout_s must be > 0 and <= 1e7 (got %g)", t);
   *out = t;
   return MUON_OK;
 }
 
 /* The context around an NCCL communicator: its events (and nothing else on the GPU yet). */
-static muon_status muon_nccl__make(const char *fn, ncclComm_t comm, int owned, cudaStream_t stream, cudaStream_t compute,
-                                   double timeout_s, muon_comm *out) {
+static muon_status muon_nccl__make(const char *fn, ncclComm_t comm, int owned, cudaStream_t stream,
+                                   cudaStream_t compute, double timeout_s, muon_comm *out) {
   muon_nccl__comm *c = (muon_nccl__comm *)calloc(1, sizeof *c);
   int rank = 0, size = 0, i;
   cudaError_t e;
@@ -551,7 +581,8 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
   snprintf(path, sizeof path, "%s/muon_nccl_%d.id", dir, seq);
   if (rank == 0) {
     ncclResult_t r = ncclGetUniqueId(id);
-    if (r != ncclSuccess) return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+    if (r != ncclSuccess)
+      return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f || fwrite(id, sizeof *id, 1, f) != 1 || fclose(f) != 0)
@@ -559,8 +590,9 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
     if (link(tmp, path) != 0) {
       int e = errno;
       (void)unlink(tmp);
-      return muon_nccl__refuse(MUON_ERR_COMM, fn, "publishing %s failed: %s%s", path, strerror(e),
-                               e == EEXIST ? " (the store holds an id of an earlier run: use a fresh directory per run)" : "");
+      return muon_nccl__refuse(
+          MUON_ERR_COMM, fn, "publishing %s failed: %s%s", path, strerror(e),
+          e == EEXIST ? " (the store holds an id of an earlier run: use a fresh directory per run)" : "");
     }
     (void)unlink(tmp);
     return MUON_OK;
@@ -573,19 +605,20 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
       if (got == 1) return MUON_OK;
     }
     if (muon_nccl__now() > deadline)
-      return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "rank %d waited %.1f s for rank 0's id in %s (MUON_NCCL_TIMEOUT)", rank,
-                               timeout_s, path);
+      return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "rank %d waited %.1f s for rank 0's id in %s (MUON_NCCL_TIMEOUT)",
+                               rank, timeout_s, path);
     muon_nccl__pause();
   }
 }
 
 /* Polls a non-blocking communicator being made until ready; aborts it on failure. */
-static muon_status muon_nccl__ready(const char *fn, ncclComm_t comm, ncclResult_t r, double timeout_s, const char *what) {
+static muon_status muon_nccl__ready(const char *fn, ncclComm_t comm, ncclResult_t r, double timeout_s,
+                                    const char *what) {
   r = muon_nccl__poll(comm, r, timeout_s);
   if (r == ncclInProgress) {
     (void)ncclCommAbort(comm);
-    return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "%s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join", what,
-                             timeout_s);
+    return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "%s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join",
+                             what, timeout_s);
   }
   if (r != ncclSuccess) {
     muon_status st = muon_nccl__refuse(MUON_ERR_COMM, fn, "%s failed: %s (NCCL: %s)", what, ncclGetErrorString(r),
@@ -610,7 +643,8 @@ static muon_status muon_nccl__split(const char *fn, muon_comm *out, muon_comm *p
   config.blocking = 0;
   r = ncclCommSplit(pc->comm, color, key, &comm, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    st = muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommSplit failed: %s (NCCL: %s)", ncclGetErrorString(r), ncclGetLastError(pc->comm));
+    st = muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommSplit failed: %s (NCCL: %s)", ncclGetErrorString(r),
+                           ncclGetLastError(pc->comm));
     if (comm) (void)ncclCommAbort(comm);
     return st;
   }
@@ -619,7 +653,8 @@ static muon_status muon_nccl__split(const char *fn, muon_comm *out, muon_comm *p
     return MUON_OK;
   }
   if ((st = muon_nccl__ready(fn, comm, r, pc->timeout_s, "ncclCommSplit")) != MUON_OK) return st;
-  if ((st = muon_nccl__make(fn, comm, 1, pc->stream, pc->compute, pc->timeout_s, out)) != MUON_OK) (void)ncclCommDestroy(comm);
+  if ((st = muon_nccl__make(fn, comm, 1, pc->stream, pc->compute, pc->timeout_s, out)) != MUON_OK)
+    (void)ncclCommDestroy(comm);
   return st;
 }
 
@@ -671,25 +706,33 @@ MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc
   for (k = 0; k < 3 && (rank < 0 || size < 0); k++) {
     int r0 = -1, s0 = -1, hr = muon_nccl__env_int(env_names[k][0], &r0), hs = muon_nccl__env_int(env_names[k][1], &s0);
     if (hr < 0 || hs < 0)
-      return muon_nccl__refuse(MUON_ERR_ARG, fn, "environment %s / %s is not a valid rank / size", env_names[k][0], env_names[k][1]);
+      return muon_nccl__refuse(MUON_ERR_ARG, fn, "environment %s / %s is not a valid rank / size", env_names[k][0],
+                               env_names[k][1]);
     if (hr && hs) {
       if (rank < 0) rank = r0;
       if (size < 0) size = s0;
     }
   }
   if (rank < 0 || size < 0)
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.rank/size are -1 and no launcher environment "
-                             "(MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_*) is set: start with muonrun");
-  if (size < 1 || rank >= size) return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc: rank %d is not in [0, size %d)", rank, size);
+    return muon_nccl__refuse(
+        MUON_ERR_ARG, fn,
+        "muon_nccl_desc.rank/size are -1 and no launcher environment "
+        "(MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_*) is set: start with muonrun");
+  if (size < 1 || rank >= size)
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc: rank %d is not in [0, size %d)", rank, size);
   if ((st = muon_nccl__timeout(fn, d.timeout_s, &timeout_s)) != MUON_OK) return st;
   dir = d.store_dir ? d.store_dir : getenv("MUON_STORE");
   if (size > 1 && (!dir || !*dir))
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.store_dir is NULL and MUON_STORE is not set: %d ranks need a "
-                             "directory to share NCCL's unique id", size);
+    return muon_nccl__refuse(MUON_ERR_ARG, fn,
+                             "muon_nccl_desc.store_dir is NULL and MUON_STORE is not set: %d ranks need a "
+                             "directory to share NCCL's unique id",
+                             size);
   if (d.device >= 0 && cudaSetDevice(d.device) != cudaSuccess)
-    return muon_nccl__refuse(MUON_ERR_BACKEND, fn, "cudaSetDevice(%d) failed: %s", d.device, cudaGetErrorString(cudaGetLastError()));
+    return muon_nccl__refuse(MUON_ERR_BACKEND, fn, "cudaSetDevice(%d) failed: %s", d.device,
+                             cudaGetErrorString(cudaGetLastError()));
   if (size == 1) {
-    if ((r = ncclGetUniqueId(&id)) != ncclSuccess) return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+    if ((r = ncclGetUniqueId(&id)) != ncclSuccess)
+      return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
   } else if ((st = muon_nccl__share_id(dir, rank, created, timeout_s, &id)) != MUON_OK) {
     return st;
   }
@@ -697,10 +740,11 @@ MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc
   config.blocking = 0;
   r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress && !comm)
-    return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommInitRankConfig (rank %d of %d) failed: %s", rank, size, ncclGetErrorString(r));
+    return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommInitRankConfig (rank %d of %d) failed: %s", rank, size,
+                             ncclGetErrorString(r));
   if ((st = muon_nccl__ready(fn, comm, r, timeout_s, "ncclCommInitRankConfig")) != MUON_OK) return st;
-  if ((st = muon_nccl__make(fn, comm, 1, (cudaStream_t)d.stream, (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream),
-                            timeout_s, out)) != MUON_OK)
+  if ((st = muon_nccl__make(fn, comm, 1, (cudaStream_t)d.stream,
+                            (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream), timeout_s, out)) != MUON_OK)
     (void)ncclCommDestroy(comm);
   return st;
 }
@@ -720,10 +764,12 @@ MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *out, muon_comm *parent, 
     return muon_nccl__refuse(MUON_ERR_ARG, fn, "need a parent, 1..16 dims and 0 <= dim < ndims");
   for (i = 0; i < ndims; i++) {
     if (dims[i] < 1 || total > parent->size / dims[i])
-      return muon_nccl__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i], parent->size);
+      return muon_nccl__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i],
+                               parent->size);
     total *= dims[i];
   }
-  if (total != parent->size) return muon_nccl__refuse(MUON_ERR_ARG, fn, "the mesh has %d ranks, the parent %d", total, parent->size);
+  if (total != parent->size)
+    return muon_nccl__refuse(MUON_ERR_ARG, fn, "the mesh has %d ranks, the parent %d", total, parent->size);
   for (i = ndims - 1, rest = parent->rank; i >= 0; i--) { coord[i] = rest % dims[i]; rest /= dims[i]; }
   /* The group is every rank with this rank's coordinates except along dim: number it by them. */
   for (i = ndims - 1; i >= 0; i--) {
