@@ -2025,7 +2025,10 @@ static muon_status muon__init(muon_optimizer *opt, const muon_desc *desc, char *
   opt->cpu.allocator = a;
   opt->cpu.threads = 1;
   if (desc->compute) opt->compute = *desc->compute;
-  else opt->compute.vt = muon_compute_cpu().vt, opt->compute.ctx = &opt->cpu;
+  else {   /* its own CPU backend, started below once the groups exist */
+    opt->compute = muon_compute_cpu();
+    opt->compute.ctx = &opt->cpu;
+  }
   opt->device = opt->compute.vt->memory == MUON_MEMORY_DEVICE;
   opt->grad_scale = 1.0f;
   opt->rounding = desc->rounding;
