@@ -29,7 +29,9 @@ HAVE_CUDA := $(shell test -x $(NVCC) && test -f $(CUDA_HOME)/include/cublas_v2.h
 CUDA_INC  := -isystem $(CUDA_HOME)/include
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas
 NCCL_LIBS := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib -lnccl
-NVFLAGS   := -O2 -fmad=false -Xcompiler -Wall,-Wextra,-Werror
+# nvcc alone targets sm_75 (PTX, JIT-compiled on newer cards): name the card, e.g. NVARCH=-arch=sm_90
+NVARCH    ?=
+NVFLAGS   := -O2 -fmad=false $(NVARCH) -Xcompiler -Wall,-Wextra,-Werror
 STANDIN   := $(CUDA_INC) -DMUON_CUDA_STANDIN -DMUON_CUDA_IMPLEMENTATION -D_GNU_SOURCE -Itests/standin
 NCCL_STANDIN := $(BUILD)/nccl/muon_nccl.o $(BUILD)/cuda/nccl_standin.o $(BUILD)/cuda/standin.o
 GPU_LINK  := $(BUILD)/cuda/muon_cuda.o $(CUDA_LIBS) -lstdc++
