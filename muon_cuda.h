@@ -43,7 +43,7 @@
        - Every slot queues its work on ONE stream (the trainer's, or one of our own) and returns;
          the host waits only in the `sync` slot (and in create, destroy, alloc and free, which
          call cudaMalloc / cudaFree). Nothing is allocated after creation except by alloc.
-       - Newton-Schulz runs on cuBLAS (cublasGemmStridedBatchedEx over a batch of same-shaped
+       - Newton-Schulz runs on cuBLAS (cublasGemmEx per operand of a batch of same-shaped
          operands, cublasSnrm2 for the norms): fp32 mode is fp32 with TF32 off; bf16 mode has
          bf16 operands and products with fp32 accumulation, rounded where torch.optim.Muon
          rounds. With hp.symmetric and m >= (MUON_CUDA_SYM_MIN_TILES-1) * MUON_CUDA_SYM_TILE + 1
@@ -51,11 +51,13 @@
          Same inputs give the same bits run to run on one GPU (cuBLAS's guarantee for one
          stream, one toolkit, one GPU model); GPU and CPU agree within fp32 rounding (fp32) or
          bf16 noise (bf16), not bitwise.
-       - Batch independence (muon.h: one operand's result must not depend on the batch): every
-         operand is its own batch entry and every element one full dot product, but cuBLAS
-         picks its kernel (split-K included) from the shape AND the batch count, and documents
-         no promise that batch 1 and batch 3 sum alike. tests/test_cuda_slots.c checks it; run
-         it on each GPU model (`make test-gpu`).
+       - Batch independence (muon.h: one operand's result must not depend on the batch): cuBLAS
+         picks its kernel (split-K included) from the batch count and the operands' alignment as
+         well as the shape; on an H200 a strided batch of 3 summed differently from 3 single
+         GEMMs. So each operand gets its own cublasGemmEx (the symmetric tiles: one
+         cublasGemmBatchedEx of that operand's tiles), every pointer 16-byte aligned (operands
+         that are not go one at a time through an aligned copy). tests/test_cuda_slots.c checks
+         it; run it on each GPU model (`make test-gpu`).
        - NorMuon (the normuon slot) is three kernels, each sum a thread's own
          loop in muon.h's order (sums in double): the CPU backend's bits, and the same bits run to
          run and batch to batch. Between kernels it keeps one double of its own device memory
@@ -69,7 +71,7 @@
    ERRORS
        A failing CUDA or cuBLAS call makes the slot return MUON_ERR_BACKEND and records the FIRST
        failure since the last sync, e.g.
-           "cublasGemmStridedBatchedEx at muon_cuda.h:612: CUBLAS_STATUS_INVALID_VALUE (...)"
+           "cublasGemmEx at muon_cuda.h:612: CUBLAS_STATUS_INVALID_VALUE (...)"
        readable with the vtable's `error` slot (gpu.vt->error(gpu.ctx)). Errors of queued work
        surface at `sync`, which returns the first failure since the previous sync. alloc and
        alloc_host return NULL on failure and record the text. If muon_cuda_create fails, it frees
@@ -701,7 +703,8 @@ static muon_status muon_cuda__cast(void *ctx, void *dst, muon_dtype dst_dtype, c
      fp32: Y (batch m*n floats), A, B (batch m*m floats each), norms (batch floats)
      bf16: Xb, Yb (batch m*n bf16 each), Ab, Bb (batch m*m bf16 each), norms (batch floats)
      symmetric: + 3 sets (X X^T from either X buffer, A A^T) x 3 (A, B, C) x batch x tiles
-                pointers, tiles = t(t+1)/2 for t = ceil(m / MUON_CUDA_SYM_TILE) */
+                pointers, tiles = t(t+1)/2 for t = ceil(m / MUON_CUDA_SYM_TILE)
+   or, where it is larger, one operand's regions and an aligned copy of it (m*n floats). */
 #ifndef MUON_CUDA_SYM_TILE
 #define MUON_CUDA_SYM_TILE 256       /* rows (and columns) of a tile of the symmetric products */
 #endif
@@ -760,12 +763,19 @@ static int muon_cuda__ns_shape_ok(int batch, int m, int n) {
   return batch > 0 && m > 0 && n >= m && (size_t)m * n <= (size_t)INT_MAX; /* cublasSnrm2 takes int */
 }
 
+/* The batch's own regions, or one operand's and its aligned copy (muon_cuda__newton_schulz),
+   whichever is larger: where X lies is known only at the call. */
 static size_t muon_cuda__ns_workspace(void *ctx, int batch, int m, int n, const muon_hparams *hp) {
+  int bf16, gram;
+  size_t all, one;
   (void)ctx;
   if (!hp || !muon_cuda__ns_shape_ok(batch, m, n)) return 0;
-  return muon_cuda__ns_plan(batch, m, n, hp->precision == MUON_PRECISION_BF16, hp->symmetric,
-                            muon_cuda__use_gram(hp, m, n))
-      .bytes;
+  bf16 = hp->precision == MUON_PRECISION_BF16;
+  gram = muon_cuda__use_gram(hp, m, n);
+  all = muon_cuda__ns_plan(batch, m, n, bf16, hp->symmetric, gram).bytes;
+  one = muon_cuda__align(muon_cuda__ns_plan(1, m, n, bf16, hp->symmetric, gram).bytes) +
+        muon_cuda__align((size_t)m * n * sizeof(float));
+  return all > one ? all : one;
 }
 
 /* Symmetric path: the tile pointer arrays. Set s (0: X X^T with X in buffer 0, 1: with X in
@@ -861,20 +871,28 @@ static muon_status muon_cuda__blas_begin(muon_cuda__ctx *c) {
   return MUON_OK;
 }
 
-/* Row-major GEMM over column-major cuBLAS, batched with strides:
+/* Row-major GEMM over column-major cuBLAS, for `batch` operands at strides:
      C_b[M x N] = alpha * opA(A_b) * opB(B_b) + beta * C_b   (row-major, leading dims lda/ldb/ldc)
    A row-major R x C matrix with leading dimension ld is, read column-major with the same ld,
    the C x R matrix: its transpose. So the row-major product C = opA(A) opB(B) is, to cuBLAS,
    C^T = opB(B)^T opA(A)^T: pass B first and A second, each with its OWN transpose flag, and the
-   dimensions as (N, M, K). This is the only place that knows. */
+   dimensions as (N, M, K). This is the only place that knows.
+   One cublasGemmEx per operand, never one strided batch: cuBLAS picks its kernel (split-K
+   included) from the batch count too, and on an H200 an operand summed differently in a batch
+   of 3 than alone, which would make its bits depend on the operands sharing its batch, so on
+   world size and layout. The same call for every operand of a shape gives the same bits. */
 static muon_status muon_cuda__gemm_ex(muon_cuda__ctx *c, int transa, int transb, int M, int N, int K, float alpha,
                                       const void *A, int lda, long long stride_a, const void *B, int ldb,
                                       long long stride_b, float beta, void *C, int ldc, long long stride_c, int batch,
                                       cudaDataType_t type, cudaDataType_t ctype) {
-  MUON_CUDA__CHECK(c, cublasGemmStridedBatchedEx(c->blas, transb ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                                 transa ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb,
-                                                 stride_b, A, type, lda, stride_a, &beta, C, ctype, ldc, stride_c,
-                                                 batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  size_t e = type == CUDA_R_16BF ? 2 : 4, ce = ctype == CUDA_R_16BF ? 2 : 4;
+  int b;
+  for (b = 0; b < batch; b++)
+    MUON_CUDA__CHECK(c, cublasGemmEx(c->blas, transb ? CUBLAS_OP_T : CUBLAS_OP_N, transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     N, M, K, &alpha, (const char *)B + (size_t)b * (size_t)stride_b * e, type, ldb,
+                                     (const char *)A + (size_t)b * (size_t)stride_a * e, type, lda, &beta,
+                                     (char *)C + (size_t)b * (size_t)stride_c * ce, ctype, ldc, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT));
   return MUON_OK;
 }
 
@@ -888,15 +906,19 @@ static muon_status muon_cuda__gemm(muon_cuda__ctx *c, int transa, int transb, in
 }
 
 /* The same row-major product over arrays of `count` pointers (device memory), op(B) = B^T: the
-   tiles of the symmetric path. */
+   tiles of the symmetric path, `per` of them for each operand. One cublasGemmBatchedEx per
+   operand, of `per` tiles whatever the batch: the batch count must not pick the kernel. */
 static muon_status muon_cuda__gemm_tiles(muon_cuda__ctx *c, int M, int N, int K, float alpha, void *const *arrays,
-                                         size_t count, int lda, int ldb, float beta, int ldc, cudaDataType_t type) {
+                                         size_t count, size_t per, int lda, int ldb, float beta, int ldc,
+                                         cudaDataType_t type) {
   const void *const *A = (const void *const *)arrays, *const *B = (const void *const *)(arrays + count);
   void *const *C = arrays + 2 * count;
+  size_t at;
   if (count == 0 || M == 0) return MUON_OK;
-  MUON_CUDA__CHECK(
-      c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, B, type, ldb, A, type, lda, &beta, C,
-                             type, ldc, (int)count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  for (at = 0; at < count; at += per)
+    MUON_CUDA__CHECK(c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, B + at, type, ldb,
+                                            A + at, type, lda, &beta, C + at, type, ldc, (int)per, CUBLAS_COMPUTE_32F,
+                                            CUBLAS_GEMM_DEFAULT));
   return MUON_OK;
 }
 
@@ -913,7 +935,8 @@ static muon_status muon_cuda__gram(muon_cuda__ctx *c, const muon_cuda__ns_layout
   for (g = 0; g < 3; g++) {
     void **arr = ptrs + ((size_t)set * L->tiles + before) * 3 * (size_t)batch;
     int rows = g == 0 ? T : L->r, cols = g == 2 ? L->r : T;
-    if (muon_cuda__gemm_tiles(c, rows, cols, K, alpha, arr, (size_t)batch * L->cnt[g], K, K, beta, m, type) != MUON_OK)
+    if (muon_cuda__gemm_tiles(c, rows, cols, K, alpha, arr, (size_t)batch * L->cnt[g], L->cnt[g], K, K, beta, m,
+                              type) != MUON_OK)
       return MUON_ERR_BACKEND;
     before += L->cnt[g];
   }
@@ -991,11 +1014,10 @@ static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_lay
   return MUON_OK;
 }
 
-/* `batch` row-major m x n operands X + b*m*n (m <= n), orthogonalised in place. */
-static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp,
-                                            void *ws) {
-  muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
-  char *w = (char *)ws;
+/* `batch` row-major m x n operands X + b*m*n (m <= n), orthogonalised in place, every pointer
+   handed to cuBLAS 16-byte aligned (see muon_cuda__newton_schulz). */
+static muon_status muon_cuda__ns_run(muon_cuda__ctx *c, float *X, int batch, int m, int n, const muon_hparams *hp,
+                                     char *w) {
   int bf16, k, b;
   size_t mn, mm, e, total;
   long long smn, smm;
@@ -1003,12 +1025,6 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
   cudaDataType_t type;
   void *x, *y, *A, *B, *t, *x0, **ptrs;
   float *norms;
-  if (batch == 0) return MUON_OK;
-  if (!X || !ws || !hp) return muon_cuda__invalid(c, "newton_schulz: X, ws and hp must not be NULL");
-  if (!muon_cuda__ns_shape_ok(batch, m, n))
-    return muon_cuda__invalid(c, "newton_schulz: needs batch >= 0, 0 < m <= n, m*n <= INT_MAX");
-  if (hp->ns_steps < 0 || hp->ns_steps > MUON_NS_MAX_STEPS)
-    return muon_cuda__invalid(c, "newton_schulz: ns_steps out of range");
   bf16 = hp->precision == MUON_PRECISION_BF16;
   mn = (size_t)m * n;
   mm = (size_t)m * m;
@@ -1100,6 +1116,41 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
     MUON_CUDA__CHECK(c, muon_cuda__cast_launch(&back, c->stream));
   } else if (x != (void *)X) {
     MUON_CUDA__CHECK(c, cudaMemcpyAsync(X, x, total * e, cudaMemcpyDeviceToDevice, c->stream));
+  }
+  return MUON_OK;
+}
+
+/* cuBLAS also picks its kernel from the operands' alignment (vector loads need 16 bytes), and
+   the core packs a batch's operands back to back wherever its buffer puts them. So operands run
+   in place only where every one starts 16-byte aligned (X aligned, m*n and m*m multiples of 8);
+   otherwise one at a time through an aligned copy: an operand's bits never depend on where it
+   sits. Real shapes (multiples of 64) take the first way. */
+static int muon_cuda__ns_in_place(const float *X, int batch, int m, int n) {
+  size_t mn = (size_t)m * n, mm = (size_t)m * m;
+  return (uintptr_t)X % 16 == 0 && (batch == 1 || (mn % 8 == 0 && mm % 8 == 0));
+}
+
+static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp,
+                                            void *ws) {
+  muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
+  size_t mn = (size_t)m * n, at;
+  float *stage;
+  int b;
+  if (batch == 0) return MUON_OK;
+  if (!X || !ws || !hp) return muon_cuda__invalid(c, "newton_schulz: X, ws and hp must not be NULL");
+  if (!muon_cuda__ns_shape_ok(batch, m, n))
+    return muon_cuda__invalid(c, "newton_schulz: needs batch >= 0, 0 < m <= n, m*n <= INT_MAX");
+  if (hp->ns_steps < 0 || hp->ns_steps > MUON_NS_MAX_STEPS)
+    return muon_cuda__invalid(c, "newton_schulz: ns_steps out of range");
+  if (muon_cuda__ns_in_place(X, batch, m, n)) return muon_cuda__ns_run(c, X, batch, m, n, hp, (char *)ws);
+  at = muon_cuda__align(muon_cuda__ns_plan(1, m, n, hp->precision == MUON_PRECISION_BF16, hp->symmetric,
+                                           muon_cuda__use_gram(hp, m, n))
+                            .bytes);
+  stage = (float *)(void *)((char *)ws + at);
+  for (b = 0; b < batch; b++) {
+    MUON_CUDA__CHECK(c, cudaMemcpyAsync(stage, X + b * mn, mn * 4, cudaMemcpyDeviceToDevice, c->stream));
+    if (muon_cuda__ns_run(c, stage, 1, m, n, hp, (char *)ws) != MUON_OK) return MUON_ERR_BACKEND;
+    MUON_CUDA__CHECK(c, cudaMemcpyAsync(X + b * mn, stage, mn * 4, cudaMemcpyDeviceToDevice, c->stream));
   }
   return MUON_OK;
 }

@@ -794,16 +794,16 @@ static void case_batching(void) {
   for (step = 0; step < STEPS; step++) {
     muon_stats a, b;
 #ifdef MUON_CUDA_STANDIN
-    long long g0 = muon_standin_calls("cublasGemmStridedBatchedEx"), g1;
+    long long g0 = muon_standin_calls("cublasGemmEx"), g1;
 #endif
     snap sa;
     a = stats_of(all.opt);
     if (tr_step(&all, step) != MUON_OK) break;
     b = stats_of(all.opt);
 #ifdef MUON_CUDA_STANDIN
-    g1 = muon_standin_calls("cublasGemmStridedBatchedEx");
-    CHECK(g1 - g0 == 3 * s.hp.ns_steps, "step %d: %lld strided-batched GEMM calls, expected %d (3 per NS iteration, one batch)",
-          step, g1 - g0, 3 * s.hp.ns_steps);
+    g1 = muon_standin_calls("cublasGemmEx");
+    CHECK(g1 - g0 == 3 * 3 * s.hp.ns_steps, "step %d: %lld GEMM calls, expected %d (3 per NS iteration and operand)",
+          step, g1 - g0, 3 * 3 * s.hp.ns_steps);
 #endif
     CHECK(b.ns_batches - a.ns_batches == 1, "step %d: %lld NS batches, expected 1", step, b.ns_batches - a.ns_batches);
     CHECK(b.ns_calls - a.ns_calls == 3, "step %d: %lld NS calls, expected 3", step, b.ns_calls - a.ns_calls);
@@ -1055,9 +1055,10 @@ static void fault_retry_at_once(const char *name, int other) {
 }
 
 static void case_faults(void) {
-  static const char *const gemms[] = {"cublasGemmStridedBatchedEx", "cublasGemmBatchedEx", "cublasGemmEx",
-                                      "cublasSgemm_v2", "cublasSnrm2_v2", "kernel"};
-  long long per_step[6];
+  static const char *const gemms[] = {"cublasGemmEx", "cublasGemmBatchedEx", "cublasSgemm_v2", "cublasSnrm2_v2",
+                                      "kernel"};
+  enum { NCALLS = sizeof gemms / sizeof gemms[0], KERNEL = NCALLS - 1 };
+  long long per_step[NCALLS];
   trainer p;
   setup s = base_setup("");
   int j, nth, commit, commit_first;
@@ -1065,17 +1066,17 @@ static void case_faults(void) {
   if (!tr_init(&p, &M_SMALL, &s, 1)) return;
   tr_step(&p, 0);
   tr_grads(&p, 1, -1, -1);
-  for (j = 0; j < 6; j++) per_step[j] = muon_standin_calls(gemms[j]);
+  for (j = 0; j < NCALLS; j++) per_step[j] = muon_standin_calls(gemms[j]);
   CHECK(muon_step(p.opt) == MUON_OK, "probe step: %s", muon_error(p.opt));
-  for (j = 0; j < 6; j++) per_step[j] = muon_standin_calls(gemms[j]) - per_step[j];
+  for (j = 0; j < NCALLS; j++) per_step[j] = muon_standin_calls(gemms[j]) - per_step[j];
   /* the commit launches: momentum + apply per matrix, one per AdamW param, all at the end */
   commit = 2 * muon_matrix_count(p.opt) + muon_adamw_param_count(p.opt);
-  commit_first = (int)per_step[5] - commit + 1;
+  commit_first = (int)per_step[KERNEL] - commit + 1;
   tr_free(&p);
-  CHECK(per_step[0] > 0, "no cublasGemmStridedBatchedEx call in a step");
-  fault_retry_at_once("cublasGemmStridedBatchedEx", 0);
-  fault_retry_at_once("cublasGemmStridedBatchedEx", 1);
-  for (j = 0; j < 6; j++) {
+  CHECK(per_step[0] > 0, "no cublasGemmEx call in a step");
+  fault_retry_at_once("cublasGemmEx", 0);
+  fault_retry_at_once("cublasGemmEx", 1);
+  for (j = 0; j < NCALLS; j++) {
     fault_tally tally;
     memset(&tally, 0, sizeof tally);
     if (per_step[j] == 0) continue;
@@ -1085,11 +1086,11 @@ static void case_faults(void) {
           gemms[j], tally.failing, tally.deferred, per_step[j]);
     CHECK(tally.stale == 0, "%s: after %d of %d failed steps, muon_state_save (nothing queued in between) failed with the step's stale error: %s",
           gemms[j], tally.stale, tally.failing, tally.stale_error);
-    if (j == 5)
+    if (j == KERNEL)
       CHECK(tally.deferred == commit, "kernel: %d deferred failures, expected the %d commit launches", tally.deferred, commit);
     printf("  %-27s %3lld per step: %d faulted steps failed with nothing changed%s", gemms[j], per_step[j], tally.failing,
-           j == 5 ? "" : "\n");
-    if (j == 5) printf(", %d (the commit's launches) reported by the next step\n", tally.deferred);
+           j == KERNEL ? "" : "\n");
+    if (j == KERNEL) printf(", %d (the commit's launches) reported by the next step\n", tally.deferred);
   }
 }
 

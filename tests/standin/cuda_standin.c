@@ -739,12 +739,15 @@ static size_t elem_size(cudaDataType t) { return t == CUDA_R_32F ? 4 : 2; }
 
 /* One GEMM: C = alpha op(A) op(B) + beta C, column-major. op(A) and op(B) are first converted to
    fp32 rows (wa: m x k, wb: n x k), then every C element is summed in fp32 over p = 0..k-1 in
-   order (four rows at a time only for instruction-level parallelism: same bits). */
+   order (four rows at a time only for instruction-level parallelism: same bits), in `chunks`
+   consecutive parts added at the end: cuBLAS picks its kernel (split-K among them) from the
+   batch count and the operands' alignment as well as the shape, so the stand-in does too
+   (gemm_chunks) and code whose bits depend on either fails here as it would on a GPU. */
 static void gemm_one(const gemm_params *g, const void *A, const void *B, void *C, float alpha, float beta,
-                     float *wa, float *wb) {
+                     int chunks, float *wa, float *wb) {
   const int m = g->m, n = g->n, k = g->k;
   const size_t lda = (size_t)g->lda, ldb = (size_t)g->ldb, ldc = (size_t)g->ldc;
-  int i, j, p;
+  int i, j, p, q;
   for (i = 0; i < m; i++)
     for (p = 0; p < k; p++)
       wa[(size_t)i * k + p] = load_elem(A, g->at, g->ta == CUBLAS_OP_N ? (size_t)i + (size_t)p * lda : (size_t)p + (size_t)i * lda);
@@ -756,21 +759,26 @@ static void gemm_one(const gemm_params *g, const void *A, const void *B, void *C
     for (i = 0; i < m;) {
       float acc[4] = {0, 0, 0, 0};
       int r, rows = m - i < 4 ? m - i : 4;
-      if (rows == 4) {
-        const float *a0 = wa + (size_t)i * k, *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k;
-        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (p = 0; p < k; p++) {
-          const float bp = b[p];
-          s0 += a0[p] * bp; s1 += a1[p] * bp; s2 += a2[p] * bp; s3 += a3[p] * bp;
+      for (q = 0; q < chunks; q++) {
+        const int p0 = (int)((long long)k * q / chunks), p1 = (int)((long long)k * (q + 1) / chunks);
+        float part[4] = {0, 0, 0, 0};
+        if (rows == 4) {
+          const float *a0 = wa + (size_t)i * k, *a1 = a0 + k, *a2 = a1 + k, *a3 = a2 + k;
+          float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+          for (p = p0; p < p1; p++) {
+            const float bp = b[p];
+            s0 += a0[p] * bp; s1 += a1[p] * bp; s2 += a2[p] * bp; s3 += a3[p] * bp;
+          }
+          part[0] = s0; part[1] = s1; part[2] = s2; part[3] = s3;
+        } else {
+          for (r = 0; r < rows; r++) {
+            const float *a = wa + (size_t)(i + r) * k;
+            float s = 0;
+            for (p = p0; p < p1; p++) s += a[p] * b[p];
+            part[r] = s;
+          }
         }
-        acc[0] = s0; acc[1] = s1; acc[2] = s2; acc[3] = s3;
-      } else {
-        for (r = 0; r < rows; r++) {
-          const float *a = wa + (size_t)(i + r) * k;
-          float s = 0;
-          for (p = 0; p < k; p++) s += a[p] * b[p];
-          acc[r] = s;
-        }
+        for (r = 0; r < rows; r++) acc[r] = q == 0 ? part[r] : acc[r] + part[r];
       }
       for (r = 0; r < rows; r++) {
         const size_t ci = (size_t)(i + r) + (size_t)j * ldc;
@@ -782,6 +790,13 @@ static void gemm_one(const gemm_params *g, const void *A, const void *B, void *C
       i += rows;
     }
   }
+}
+
+/* The stand-in's kernel choice: in order for one aligned operand; split in two for a batch of
+   several, in three where an operand is not 16-byte aligned. */
+static int gemm_chunks(const gemm_params *g, const void *A, const void *B, const void *C) {
+  int aligned = (uintptr_t)A % 16 == 0 && (uintptr_t)B % 16 == 0 && (uintptr_t)C % 16 == 0;
+  return (g->batch > 1 ? 2 : 1) * (aligned ? 1 : 3);
 }
 
 /* Address of batch entry b (integer arithmetic: the entry may be nonsense until checked). */
@@ -876,7 +891,7 @@ static void exec_gemm(const gemm_params *g) {
       B = batch_entry(g->B, b, g->sb, elem_size(g->at));
       C = batch_entry(g->C, b, g->sc, elem_size(g->ct));
     }
-    gemm_one(g, A, B, C, alpha, beta, wa, wb);
+    gemm_one(g, A, B, C, alpha, beta, gemm_chunks(g, A, B, C), wa, wb);
   }
   free(wa);
   free(wb);
