@@ -174,10 +174,17 @@ static float *ex_device(const ex_world *w, size_t n) {
   if (cudaMalloc(&p, (n ? n : 1) * sizeof(float)) != cudaSuccess) ex_die(w, "cudaMalloc", "failed");
   return (float *)p;
 }
+/* muon_step returns with the update still queued on the backend's stream, a non-blocking one
+   that cudaMemcpy does not wait for: the host waits for it before touching the buffers. */
+static void ex_wait(const ex_world *w) {
+  if (cudaStreamSynchronize((cudaStream_t)muon_cuda_stream(&ex__compute)) != cudaSuccess) ex_die(w, "cudaStreamSynchronize", "failed");
+}
 static void ex_put(const ex_world *w, float *dev, const float *host, size_t n) {
+  ex_wait(w);
   if (cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) ex_die(w, "cudaMemcpy", "to the GPU");
 }
 static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) {
+  ex_wait(w);
   if (cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
 }
 static void ex_device_free(float *p) { cudaFree(p); }

@@ -12,8 +12,10 @@
      memory is not cleared; the bytes after each block are a guard checked after every kernel
      (with AddressSanitizer they are poisoned instead, so a kernel overrun is reported at once).
    - Streams: every asynchronous operation is queued on its stream and runs only when something
-     synchronises with that stream (see the functions). The NULL stream is a queue of its own: the
-     legacy default stream's implicit synchronisation with other streams is NOT modelled.
+     synchronises with that stream (see the functions). The NULL stream is the legacy default
+     stream: cudaMemcpy and cudaMemset wait for it and for every blocking stream, never for a
+     cudaStreamNonBlocking one; its asynchronous work does not wait for other streams (not
+     modelled).
    - Errors found at a call are returned and kept for cudaGetLastError (which resets them). Errors
      found while executing queued work are sticky: returned by every later synchronising call
      (and by cudaGetLastError / cudaPeekAtLastError) until muon_standin_reset_errors; once one is
@@ -682,14 +684,23 @@ static int flush_all(void) {
   return blocked;
 }
 
-/* Before a synchronous copy or memset: every queue runs as far as it can, and the NULL stream
-   (the legacy default stream, which such calls wait for) to its end. Leaves a flush open. */
+/* Before a synchronous copy or memset, which run on the legacy default stream: that stream (the
+   NULL one) and every blocking stream run to their ends, as the GPU waits for them. Streams made
+   with cudaStreamNonBlocking (muon_cuda.h's own) are NOT waited for: a host copy right after
+   muon_step, without a sync, reads what was there before, as it would on a GPU. Leaves a flush
+   open. */
 static void run_legacy(const char *call) {
   double t0 = 0;
   for (;;) {
+    struct CUstream_st *s;
+    int busy;
     flush_begin();
-    run_all();
-    if (!g_null_stream.head || g_sticky != cudaSuccess) return;
+    for (s = g_streams; s; s = s->next)
+      if (!(s->flags & cudaStreamNonBlocking)) run_stream(s, ULLONG_MAX);
+    run_stream(&g_null_stream, ULLONG_MAX);
+    busy = g_null_stream.head != NULL;
+    for (s = g_streams; s; s = s->next) busy |= !(s->flags & cudaStreamNonBlocking) && s->head;
+    if (!busy || g_sticky != cudaSuccess) return;
     flush_end();
     wait_blocked(&t0, call);
   }
@@ -1310,7 +1321,7 @@ static cudaError_t check_copy(const char *fn, void *dst, const void *src, size_t
   return cudaSuccess;
 }
 
-/* cudaMemcpy: runs every queue first, then copies at once (one arena open for both). Returns a
+/* cudaMemcpy: runs the legacy stream's queues first (run_legacy), then copies at once (one arena open for both). Returns a
    sticky error instead of copying once one is set. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind) {
   cudaError_t e;
@@ -1357,7 +1368,7 @@ static cudaError_t check_set(const char *fn, void *devPtr, size_t count) {
   return check_side(fn, "devPtr", devPtr, count, 1);
 }
 
-/* cudaMemset: runs every queue first, then sets at once. */
+/* cudaMemset: runs the legacy stream's queues first (run_legacy), then sets at once. */
 cudaError_t cudaMemset(void *devPtr, int value, size_t count) {
   cudaError_t e;
   enter(K_cudaMemset);
