@@ -46,7 +46,7 @@
        - Newton-Schulz runs on cuBLAS (cublasGemmEx per operand of a batch of same-shaped
          operands, cublasSnrm2 for the norms): fp32 mode is fp32 with TF32 off; bf16 mode has
          bf16 operands and products with fp32 accumulation, rounded where torch.optim.Muon
-         rounds. With hp.symmetric and m >= (MUON_CUDA_SYM_MIN_TILES-1) * MUON_CUDA_SYM_TILE + 1
+         rounds. With hp.symmetric and m > (MUON_CUDA_SYM_MIN_TILES[_BF16]-1) * MUON_CUDA_SYM_TILE
          rows, X X^T and A A^T compute only their lower tiles (cublasGemmBatchedEx) and mirror.
          Same inputs give the same bits run to run on one GPU (cuBLAS's guarantee for one
          stream, one toolkit, one GPU model); GPU and CPU agree within fp32 rounding (fp32) or
@@ -81,7 +81,9 @@
    CONFIGURATION MACROS (define before the implementation include)
        MUON_CUDA_SYM_TILE       rows of a tile of the symmetric products (default 256)
        MUON_CUDA_SYM_MIN_TILES  tiles per side below which X X^T and A A^T are one plain GEMM
-                                each (default 4: the triangle saves too little below that)
+                                each in fp32 (default 16, i.e. from 4096 rows)
+       MUON_CUDA_SYM_MIN_TILES_BF16  the same in bf16 (default 32, from 8192 rows)
+                                On an H200 the tiles lost below those sizes (bench/README.md).
 
    STAND-IN (tests without a GPU)
        Defining MUON_CUDA_STANDIN with MUON_CUDA_IMPLEMENTATION compiles this implementation
@@ -694,7 +696,7 @@ static muon_status muon_cuda__cast(void *ctx, void *dst, muon_dtype dst_dtype, c
    applied in fp32 before the one rounding of C, exactly addmm's). The bf16 operands live in the
    workspace; X gets the result back as fp32 (exactly bf16 values).
    Symmetric products (hp->symmetric, and m spans at least MUON_CUDA_SYM_MIN_TILES tiles of
-   MUON_CUDA_SYM_TILE rows): X X^T and A A^T compute only the tiles on and below the diagonal
+   MUON_CUDA_SYM_TILE rows, MUON_CUDA_SYM_MIN_TILES_BF16 in bf16): X X^T and A A^T compute only the tiles on and below the diagonal
    (every element is still one full-length dot product, as in the plain GEMM), then a kernel
    mirrors the lower triangle into the upper one. The tiles run as up to three
    cublasGemmBatchedEx calls (interior tiles, the short bottom row, the corner), over pointer
@@ -708,8 +710,14 @@ static muon_status muon_cuda__cast(void *ctx, void *dst, muon_dtype dst_dtype, c
 #ifndef MUON_CUDA_SYM_TILE
 #define MUON_CUDA_SYM_TILE 256       /* rows (and columns) of a tile of the symmetric products */
 #endif
+/* Fewer tiles per side: one plain GEMM is faster. Measured on an H200 (bench_gpu, sym=1 vs 0):
+   fp32 0.33x at 1024 rows, 0.92x at 1600, 1.10x at 4096, 1.35x at 8192; bf16 0.48x, 0.49x,
+   0.74x, 1.09x. */
 #ifndef MUON_CUDA_SYM_MIN_TILES
-#define MUON_CUDA_SYM_MIN_TILES 4    /* fewer tiles per side: one plain GEMM is faster        */
+#define MUON_CUDA_SYM_MIN_TILES 16
+#endif
+#ifndef MUON_CUDA_SYM_MIN_TILES_BF16
+#define MUON_CUDA_SYM_MIN_TILES_BF16 32
 #endif
 
 typedef struct muon_cuda__ns_layout {
@@ -730,7 +738,7 @@ static muon_cuda__ns_layout muon_cuda__ns_plan(int batch, int m, int n, int bf16
   memset(&L, 0, sizeof L);
   L.t = (m + MUON_CUDA_SYM_TILE - 1) / MUON_CUDA_SYM_TILE;
   L.r = m - (L.t - 1) * MUON_CUDA_SYM_TILE;
-  L.sym = !gram && symmetric && L.t >= MUON_CUDA_SYM_MIN_TILES && L.t >= 2;
+  L.sym = !gram && symmetric && L.t >= (bf16 ? MUON_CUDA_SYM_MIN_TILES_BF16 : MUON_CUDA_SYM_MIN_TILES) && L.t >= 2;
   L.gram = gram;
   L.cnt[0] = (size_t)(L.t - 1) * L.t / 2;
   L.cnt[1] = (size_t)(L.t - 1);

@@ -63,6 +63,12 @@
 #ifndef MUON_CUDA_SYM_TILE
 #define MUON_CUDA_SYM_TILE 16
 #endif
+#ifndef MUON_CUDA_SYM_MIN_TILES
+#define MUON_CUDA_SYM_MIN_TILES 4
+#endif
+#ifndef MUON_CUDA_SYM_MIN_TILES_BF16
+#define MUON_CUDA_SYM_MIN_TILES_BF16 4
+#endif
 #endif
 #define MUON_IMPLEMENTATION
 #include "muon.h"
