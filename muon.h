@@ -310,13 +310,28 @@ typedef enum muon_nonfinite {
 
 typedef struct muon_comm_vtable {
   int version;                     /* MUON_COMM_VTABLE_VERSION the table was written for       */
-  /* Required. Each rank sends send_counts[p] floats at send + send_displs[p] to rank p and
-     receives recv_counts[p] floats from p at recv + recv_displs[p]. Zero counts are allowed;
-     the part sent to oneself is copied. Blocking, with the backend's timeout (but see wait). */
+  /* Required. Starts one exchange: each rank sends send_counts[p] floats at send +
+     send_displs[p] to rank p and receives recv_counts[p] floats from p at recv +
+     recv_displs[p]. Zero counts are allowed; the part sent to oneself is copied. The exchange
+     comes after everything the compute queue holds so far. A blocking communicator (queued = 0)
+     has finished it on return; a queued one (queued = 1: NCCL on a stream, Gloo's posted sends
+     and receives) may only have queued it, and the compute queue does not wait for it until
+     join. *ticket names the exchange for join (-1 is fine where join has nothing to do). */
   muon_status (*alltoallv)(void *ctx, const float *send, const size_t *send_counts,
                            const size_t *send_displs, float *recv, const size_t *recv_counts,
-                           const size_t *recv_displs);
-  /* Required. Each rank contributes `bytes` bytes; recv gets size*bytes in rank order. */
+                           const size_t *recv_displs, int *ticket);
+  /* The compute queue waits for exchange `ticket`: on the device for a device communicator
+     (the host does not block), by blocking, within the backend's timeout, for a host one. The
+     core joins every exchange once, in any order, before the compute backend touches its
+     buffers, and keeps at most 16 unjoined. Required when queued; NULL: nothing to wait for. */
+  muon_status (*join)(void *ctx, int ticket);
+  /* Blocks until every exchange started so far has finished, within the backend's timeout (each
+     is still joined once after); on a timeout or a peer's failure breaks the communicator (so
+     nothing queued can hang) and returns MUON_ERR_TIMEOUT / MUON_ERR_COMM. The core calls it before a host wait on the
+     compute backend that follows an exchange, so a dead peer is an error, not a hang. Required
+     when queued; NULL: nothing is ever left running. */
+  muon_status (*finish)(void *ctx);
+  /* Required. Each rank contributes `bytes` bytes; recv gets size*bytes in rank order. Blocking. */
   muon_status (*allgather)(void *ctx, const void *send, void *recv, size_t bytes);
   /* Optional: the native text of the last failure (NULL or "" if none). */
   const char *(*error)(void *ctx);
@@ -327,26 +342,10 @@ typedef struct muon_comm_vtable {
      stages the exchange through host buffers. allgather always takes host memory: it carries
      only small control data. */
   int memory;
-  /* Optional. Set by a device communicator whose alltoallv only QUEUES the exchange in the
-     compute backend's order (a CUDA stream) and returns: wait then blocks until everything
-     queued so far has finished, within the backend's timeout, and on a timeout or a peer's
-     failure breaks the communicator (so nothing queued can hang) and returns MUON_ERR_TIMEOUT /
-     MUON_ERR_COMM. The core calls it before every host wait on the compute backend that follows
-     an alltoallv, so a dead peer is an error, not a hang. NULL: alltoallv is complete when it
-     returns (every host communicator). */
-  muon_status (*wait)(void *ctx);
-  /* Optional, both or neither (a communicator with a queue of its own: NCCL on its own stream,
-     Gloo's posted sends and receives): overlap without a host thread, several exchanges in
-     flight at once. alltoallv_start queues alltoallv's exchange on the communicator's queue
-     after everything the compute queue holds so far, but does NOT make the compute queue wait
-     for it; it returns a ticket. join(ticket) makes the compute queue wait for that exchange: on
-     the device for a device communicator (the host does not block), by blocking for a host one.
-     Used when muon_dist_config.async is set: the core joins every exchange, in any order, before
-     the compute backend touches its buffers, and keeps at most 16 unjoined. */
-  muon_status (*alltoallv_start)(void *ctx, const float *send, const size_t *send_counts,
-                                 const size_t *send_displs, float *recv, const size_t *recv_counts,
-                                 const size_t *recv_displs, int *ticket);
-  muon_status (*join)(void *ctx, int ticket);
+  /* 1: alltoallv may return before its exchange has finished (join and finish complete it). With
+     muon_dist_config.async the core then keeps several exchanges in flight on the
+     communicator's own queue; a blocking host communicator (0) gets a host thread instead. */
+  int queued;
 } muon_comm_vtable;
 
 typedef struct muon_comm {
@@ -357,6 +356,11 @@ typedef struct muon_comm {
 
 /* The one-rank communicator (rank 0 of 1): what a NULL desc.comm means. */
 MUON_API muon_comm muon_comm_self(void);
+/* One alltoallv on c (arguments as the slot's), finished when it returns: alltoallv, join and,
+   for a queued communicator, finish. For a trainer's own exchanges over muon's communicator. */
+MUON_API muon_status muon_comm_alltoallv(const muon_comm *c, const float *send, const size_t *send_counts,
+                                         const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs);
 /* Calls vt->destroy if set and clears *comm. */
 MUON_API void muon_comm_destroy(muon_comm *comm);
 
@@ -679,11 +683,10 @@ typedef struct muon_dist_config {
   muon_wire wire;                  /* the exchange's number format (MUON_WIRE_AUTO)             */
   /* Overlap. prefetch: exchange rounds
      whose U is gathered ahead of the round being orthogonalised, 0 to 8. async: 1 overlaps the
-     collectives with Newton-Schulz. A communicator with a queue of its own (alltoallv_start /
-     join: Gloo's posted exchanges, NCCL on its own stream) runs them there, several in flight
-     at once, each waited for only where its buffers are read; any other host communicator
-     runs them on a thread of their own, one at a time; any other device communicator ignores
-     it. With either, rounds default to a size that gives several per step. Both 0 (the
+     collectives with Newton-Schulz. A queued communicator (vt->queued: Gloo's posted
+     exchanges, NCCL on its own stream) runs them on its own queue, several in flight at once,
+     each joined only where its buffers are read; a blocking host communicator runs them on a
+     thread of their own, one at a time; a blocking device communicator ignores it. With either, rounds default to a size that gives several per step. Both 0 (the
      default, the debug setting): every exchange and every Newton-Schulz in sequence. No
      setting changes a bit; ranks must agree on prefetch. */
   int prefetch;
@@ -883,7 +886,7 @@ typedef struct muon_stats {
                                       nothing to move, as on one rank, issues no alltoallv)      */
   long long backend_calls;         /* compute backend slots called (sync included)               */
   long long syncs;                 /* of which sync: where the host waits for the backend        */
-  long long comm_waits;            /* waits for exchanges a device communicator queued (vt->wait) */
+  long long comm_waits;            /* waits for a queued communicator's exchanges (vt->finish)   */
   long long ns_batches;            /* newton_schulz calls (each orthogonalises a batch)           */
   long long skipped;               /* matrices skipped by successful steps (absent or non-finite) */
 } muon_stats;
@@ -1239,9 +1242,10 @@ MUON_API muon_adamw_param muon_default_adamw_param(void) {
 /* >>impl-self ---------------------------------------------------------------------------------
    The single-rank communicator: alltoallv and allgather are local copies. */
 static muon_status muon__self_alltoallv(void *ctx, const float *send, const size_t *send_counts,
-                                        const size_t *send_displs, float *recv,
-                                        const size_t *recv_counts, const size_t *recv_displs) {
+                                        const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                        const size_t *recv_displs, int *ticket) {
   (void)ctx;
+  *ticket = -1;
   if (send_counts[0] != recv_counts[0]) return MUON_ERR_COMM;
   if (send_counts[0]) memmove(recv + recv_displs[0], send + send_displs[0], send_counts[0] * sizeof(float));
   return MUON_OK;
@@ -1255,14 +1259,14 @@ static muon_status muon__self_allgather(void *ctx, const void *send, void *recv,
 
 static const muon_comm_vtable muon__self_vtable = {
   MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ muon__self_alltoallv,
-  /* .allgather       = */ muon__self_allgather,
-  /* .error           = */ NULL,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ NULL,
-  /* .join            = */ NULL
+  /* .alltoallv = */ muon__self_alltoallv,
+  /* .join      = */ NULL,
+  /* .finish    = */ NULL,
+  /* .allgather = */ muon__self_allgather,
+  /* .error     = */ NULL,
+  /* .destroy   = */ NULL,
+  /* .memory    = */ MUON_MEMORY_HOST,
+  /* .queued    = */ 0
 };
 
 MUON_API muon_comm muon_comm_self(void) {
@@ -1272,6 +1276,18 @@ MUON_API muon_comm muon_comm_self(void) {
   c.rank = 0;
   c.size = 1;
   return c;
+}
+
+MUON_API muon_status muon_comm_alltoallv(const muon_comm *c, const float *send, const size_t *send_counts,
+                                         const size_t *send_displs, float *recv, const size_t *recv_counts,
+                                         const size_t *recv_displs) {
+  int ticket = -1;
+  muon_status st;
+  if (!c || !c->vt) return MUON_ERR_ARG;
+  st = c->vt->alltoallv(c->ctx, send, send_counts, send_displs, recv, recv_counts, recv_displs, &ticket);
+  if (st == MUON_OK && c->vt->join) st = c->vt->join(c->ctx, ticket);
+  if (st == MUON_OK && c->vt->queued && c->vt->finish) st = c->vt->finish(c->ctx);
+  return st;
 }
 
 MUON_API void muon_comm_destroy(muon_comm *comm) {
@@ -1367,8 +1383,8 @@ typedef struct muon__xfer {
   size_t *cnt, *wire;
   int any;                        /* something moves: the collective is issued */
   int queued, done;               /* handed to the communication thread; it finished */
-  int ticket, unjoined;           /* on the communicator's own queue: the compute queue has yet
-                                     to join it (alltoallv_start / join) */
+  int ticket, unjoined;           /* started (alltoallv's ticket); the compute queue has yet to
+                                     join it (async on a queued communicator) */
   muon_status st;
   char error[240];
   const char *op;
@@ -1393,7 +1409,7 @@ typedef struct muon__plan {
   int n_xfers;
   int prefetch;         /* muon_dist_config.prefetch, and whether rounds overlap at all */
   int pipelined;
-  int side;             /* async on the communicator's own queue (alltoallv_start / join) */
+  int side;             /* async on a queued communicator's own queue: joins come later */
   int backs;            /* redistributions in flight at once when pipelined (muon__back_xfer) */
   float *gathered;      /* full operands X of the matrices this rank owns in a round */
   float *reduced;       /* the summed gradients of the Partial matrices this rank owns, row-major,
@@ -1481,7 +1497,7 @@ struct muon_optimizer {
   int n_adamw;
   muon_compute compute;
   int device;           /* the compute backend's memory is not the host's */
-  int comm_queued;      /* an alltoallv was queued and not yet waited for (comm vt->wait) */
+  int comm_queued;      /* a queued communicator's exchange has not been finished (vt->finish) */
   float grad_scale;
   muon_rounding rounding;
   unsigned long long seed;
@@ -1845,12 +1861,11 @@ static muon_status muon__pool_start(muon__cpu *cpu, char *msg, size_t size);
 static muon_status muon__comm_thread_start(muon_optimizer *opt, char *msg, size_t size);
 static void muon__comm_thread_stop(muon_optimizer *opt);
 static int muon__async_comm(const muon_optimizer *opt);
-static int muon__side_vtable(const muon_comm_vtable *vt);
 static void muon__pool_stop(muon__cpu *cpu);
 static void muon__plan_free(muon_optimizer *opt);
 static int muon__wire_bf16(const muon_optimizer *opt);
 static void muon__log_plan(muon_optimizer *opt);
-static muon_status muon__comm_wait(muon_optimizer *opt, const char *op);
+static muon_status muon__comm_finish(muon_optimizer *opt, const char *op);
 static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all,
                                    const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
@@ -1946,8 +1961,9 @@ static muon_status muon__check_comm(const muon_comm *c, char *msg, size_t size) 
   else if (c->size < 1 || c->rank < 0 || c->rank >= c->size) bad = "muon_desc.comm has rank outside [0, size)";
   else if (c->vt->memory != MUON_MEMORY_HOST && c->vt->memory != MUON_MEMORY_DEVICE)
     bad = "muon_desc.comm->vt->memory is not MUON_MEMORY_HOST or MUON_MEMORY_DEVICE";
-  else if (!MUON__SLOT(c->vt, 1, alltoallv_start) != !MUON__SLOT(c->vt, 1, join))
-    bad = "muon_desc.comm->vt: set both alltoallv_start and join, or neither";
+  else if (c->vt->queued != 0 && c->vt->queued != 1) bad = "muon_desc.comm->vt->queued is not 0 or 1";
+  else if (c->vt->queued && (!c->vt->join || !c->vt->finish))
+    bad = "muon_desc.comm->vt is queued: it needs the join and finish slots";
   if (!bad) return MUON_OK;
   snprintf(msg, size, "MUON_ERR_ARG: %s", bad);
   return MUON_ERR_ARG;
@@ -1992,7 +2008,7 @@ static muon_status muon__check_desc(const muon_desc *desc, char *msg, size_t siz
   if (d && (d->prefetch < 0 || d->prefetch > MUON__MAX_PREFETCH))
     return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_dist_config.prefetch must be in [0, %d] (got %d)",
                      MUON__MAX_PREFETCH, d->prefetch);
-  if (d && d->async && !MUON__POOL && !(desc->comm && desc->comm->vt && muon__side_vtable(desc->comm->vt)))
+  if (d && d->async && !MUON__POOL && !(desc->comm && desc->comm->vt && desc->comm->vt->queued))
     return muon__why(msg, size, MUON_ERR_ARG,
                      "MUON_ERR_ARG: muon_dist_config.async needs threads, and this build has none "
                      "(MUON_NO_THREADS, or not POSIX)");
@@ -2605,7 +2621,7 @@ static float muon__adjusted_lr(const muon_hparams *hp, int rows, int cols) {
    failure into a message that names the operation and the backend's own text. */
 static muon_status muon__backend_fail(muon_optimizer *opt, muon_status st, const char *op) {
   const char *native = opt->compute.vt->error ? opt->compute.vt->error(opt->compute.ctx) : NULL;
-  (void)muon__comm_wait(opt, op);   /* queued exchanges first: the drain below must not hang */
+  (void)muon__comm_finish(opt, op);   /* queued exchanges first: the drain below must not hang */
   if (st == MUON_OK) st = MUON_ERR_BACKEND;
   st = muon__fail(
       opt, st, "%s: the compute backend failed: %s%s", op, native && *native ? native : muon_status_string(st),
@@ -2696,7 +2712,7 @@ static void muon__compute_free_host(muon_optimizer *opt, void *ptr) {
 /* The core's sync: queued exchanges first, so that a dead peer is an error, not a hang. */
 static muon_status muon__sync(muon_optimizer *opt, const char *op) {
   muon_status st;
-  if ((st = muon__comm_wait(opt, op)) != MUON_OK) return st;
+  if ((st = muon__comm_finish(opt, op)) != MUON_OK) return st;
   return muon__compute_sync(opt, op);
 }
 
@@ -2837,22 +2853,21 @@ static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
 static const char *muon__comm_error(const muon_optimizer *opt) {
   return opt->comm.vt->error ? opt->comm.vt->error(opt->comm.ctx) : NULL;
 }
-/* One alltoallv (counts, displacements: send, then receive; see the vtable): blocking, or only
-   started on the communicator's own queue when ticket is not NULL. */
+/* One exchange started (counts, displacements: send, then receive; see the vtable); *ticket is
+   for join. */
 static muon_status muon__comm_exchange(const muon_optimizer *opt, const float *send, const size_t *wire, float *recv,
                                        int *ticket) {
   size_t P = (size_t)opt->comm.size;
-  if (ticket)
-    return MUON__SLOT(opt->comm.vt, 1, alltoallv_start)(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P,
-                                                        wire + 3 * P, ticket);
-  return opt->comm.vt->alltoallv(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P, wire + 3 * P);
+  *ticket = -1;
+  return opt->comm.vt->alltoallv(opt->comm.ctx, send, wire, wire + P, recv, wire + 2 * P, wire + 3 * P, ticket);
 }
+/* The compute queue waits for that exchange (a blocking communicator has nothing to join). */
 static muon_status muon__comm_join(const muon_optimizer *opt, int ticket) {
-  return MUON__SLOT(opt->comm.vt, 1, join)(opt->comm.ctx, ticket);
+  return opt->comm.vt->join ? opt->comm.vt->join(opt->comm.ctx, ticket) : MUON_OK;
 }
 
 static muon_status muon__comm_fail_text(muon_optimizer *opt, muon_status st, const char *op, const char *native) {
-  opt->comm_queued = 0;   /* a failed communicator has dropped what it queued (vt->wait) */
+  opt->comm_queued = 0;   /* a failed communicator has dropped what it queued (vt->finish) */
   if (st != MUON_ERR_TIMEOUT) st = MUON_ERR_COMM;
   return muon__fail(opt, st, "%s failed on rank %d of %d: %s; nothing was applied", op, opt->comm.rank,
                     opt->comm.size, native && *native ? native : muon_status_string(st));
@@ -2869,20 +2884,19 @@ static muon_status muon__allgather(muon_optimizer *opt, const void *send, void *
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
-/* async's two ways: a communicator with a queue of its own (alltoallv_start / join) runs the
-   exchanges there; a host communicator's blocking calls get the communication thread. Any other
-   device communicator only queues them on its stream, which overlaps nothing. */
-static int muon__side_vtable(const muon_comm_vtable *vt) { return MUON__SLOT(vt, 1, alltoallv_start) != NULL; }
-static int muon__side_comm(const muon_optimizer *opt) { return opt->comm.size > 1 && muon__side_vtable(opt->comm.vt); }
+/* async's two ways: a queued communicator keeps the exchanges on its own queue, joined later; a
+   blocking host communicator's calls get the communication thread. A blocking device
+   communicator overlaps nothing. */
+static int muon__side_comm(const muon_optimizer *opt) { return opt->comm.size > 1 && opt->comm.vt->queued; }
 static int muon__async_comm(const muon_optimizer *opt) {
-  return opt->comm.size > 1 && opt->comm.vt->memory == MUON_MEMORY_HOST && !muon__side_comm(opt);
+  return opt->comm.size > 1 && opt->comm.vt->memory == MUON_MEMORY_HOST && !opt->comm.vt->queued;
 }
 
 /* An alltoallv's counters: one collective, the floats to and from the other ranks. */
 static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
   int P = opt->comm.size, me = opt->comm.rank, p;
   opt->stats.collectives++;
-  if (MUON__SLOT(opt->comm.vt, 1, wait)) opt->comm_queued = 1;
+  if (opt->comm.vt->queued) opt->comm_queued = 1;
   for (p = 0; p < P; p++)
     if (p != me) {
       opt->stats.bytes_sent += (long long)(counts[p] * sizeof(float));
@@ -2890,21 +2904,25 @@ static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
     }
 }
 
+/* One exchange the compute queue waits for at once. */
 static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts,
                                    const char *op) {
-  muon_status st = muon__comm_exchange(opt, send, counts, recv, NULL);
+  int ticket;
+  muon_status st = muon__comm_exchange(opt, send, counts, recv, &ticket);
+  if (st == MUON_OK) st = muon__comm_join(opt, ticket);
   muon__count_alltoallv(opt, counts);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
-/* The host is about to wait for the compute backend: first for the exchanges a device
-   communicator queued, under its timeout (a compute sync would wait forever on a dead peer). */
-static muon_status muon__comm_wait(muon_optimizer *opt, const char *op) {
+/* The host is about to wait for the compute backend: first for the exchanges a queued
+   communicator has in flight, under its timeout (a compute sync would wait forever on a dead
+   peer). */
+static muon_status muon__comm_finish(muon_optimizer *opt, const char *op) {
   muon_status st;
   if (!opt->comm_queued) return MUON_OK;
   opt->comm_queued = 0;
   opt->stats.comm_waits++;
-  st = MUON__SLOT(opt->comm.vt, 1, wait)(opt->comm.ctx);
+  st = opt->comm.vt->finish(opt->comm.ctx);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
@@ -2985,7 +3003,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   const muon_allocator *a = &opt->allocator;
   int g;
-  (void)muon__comm_wait(opt, "freeing the exchange buffers");   /* nothing queued may still use them */
+  (void)muon__comm_finish(opt, "freeing the exchange buffers");   /* nothing queued may still use them */
   for (g = 0; g < pl->n_globals; g++) {
     muon__free(a, pl->globals[g].holders);
     muon__free(a, pl->globals[g].holder_ranks);
@@ -3906,7 +3924,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
     cur[src] += (size_t)len;
     moved[x->local] = 1;
   }
-  if ((st = muon__comm_wait(opt, "muon_plan: moving NorMuon second moments")) != MUON_OK) return st;
+  if ((st = muon__comm_finish(opt, "muon_plan: moving NorMuon second moments")) != MUON_OK) return st;
   if (local == MUON_OK) local = muon__sync(opt, "muon_plan: writing NorMuon second moments");
   return local;
 }
@@ -4889,7 +4907,8 @@ static void muon__xfer_failed(muon_optimizer *opt, muon__xfer *x, muon_status st
 static void muon__xfer_run(muon_optimizer *opt, muon__xfer *x) {
   const muon__plan *pl = &opt->plan;
   muon_status st;
-  st = muon__comm_exchange(opt, muon__xfer_src(pl, x), x->wire, muon__xfer_dst(pl, x), pl->side ? &x->ticket : NULL);
+  st = muon__comm_exchange(opt, muon__xfer_src(pl, x), x->wire, muon__xfer_dst(pl, x), &x->ticket);
+  if (st == MUON_OK && !pl->side) st = muon__comm_join(opt, x->ticket);   /* joined later on the side */
   x->unjoined = pl->side && st == MUON_OK;
   if (st != MUON_OK) muon__xfer_failed(opt, x, st);
 }
@@ -5815,7 +5834,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
         opt, muon__compute_copy(opt, opt->plan.aw_host_flags, opt->plan.aw_flags, (size_t)opt->plan.n_aw * sizeof(int),
                                 1, 0, "muon_step: reading the Partial AdamW checks"));
   }
-  if ((st = muon__comm_wait(opt, "muon_step: the exchanges")) != MUON_OK) return st;
+  if ((st = muon__comm_finish(opt, "muon_step: the exchanges")) != MUON_OK) return st;
   if (opt->step_status == MUON_OK) muon__local(opt, muon__sync(opt, "muon_step: before the update"));
   if (opt->step_status == MUON_OK && opt->plan.n_aw) muon__local(opt, muon__aw_verdict(opt));
   if ((st = muon__vote(opt)) != MUON_OK) return st;

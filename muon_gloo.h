@@ -37,7 +37,7 @@
                                      FileStore, this machine's host name with Redis)
        MUON_GLOO_TIMEOUT             seconds for every blocking call (default 300)
        MUON_GLOO_CHECK_COUNTS=1      every alltoallv checks that the counts agree (debugging)
-       MUON_GLOO_BLOCKING=1          no alltoallv_start / join (muon_gloo_desc.blocking)
+       MUON_GLOO_BLOCKING=1          a blocking alltoallv (muon_gloo_desc.blocking)
 
    RENDEZVOUS
        FileStore: a directory every rank can see (local disk for one machine, a shared file
@@ -53,14 +53,15 @@
        the same order. alltoallv counts must agree pairwise (what r sends to p is what p expects
        from r). Each call uses its own Gloo slot, so a message can never be matched by a later
        call. Data to oneself is copied locally. A communicator is used by one thread at a time.
-       alltoallv_start / join: start posts the exchange's sends and receives
-       and returns a ticket; join waits for it, within the timeout counted from the start. Up to
-       64 are in flight at once, joined in any order, interleaved with the other slots; the
-       caller leaves their buffers alone until join. muon.h uses them for
-       muon_dist_config.async: several exchanges in flight hide each other's latency, which a
-       thread running one collective at a time cannot (desc.blocking = 1 leaves them out, and
-       async then uses muon's communication thread). After a failure every started exchange is
-       released with the connections closed: join returns the failure.
+       The communicator is queued (muon.h's vtable): alltoallv posts the exchange's sends and
+       receives and returns a ticket; join waits for it, within the timeout counted from the
+       start; finish waits for every one in flight. Up to 64 are in flight at once, joined in
+       any order, interleaved with the other slots; the caller leaves their buffers alone until
+       join. With muon_dist_config.async several exchanges in flight hide each other's latency,
+       which a thread running one collective at a time cannot (desc.blocking = 1 makes alltoallv
+       wait for its exchange, and async then uses muon's communication thread). After a failure
+       every started exchange is released with the connections closed: join returns the
+       failure.
        The world and its subgroups share one TCP device (one Gloo event-loop thread); the tests
        use them from one thread, interleaved.
 
@@ -119,8 +120,8 @@ typedef struct muon_gloo_desc {
   const char *redis;       /* "host:port[/prefix]": RedisStore instead of a directory            */
   const char *hostname;    /* address to bind; NULL: env MUON_GLOO_HOST, else see ENVIRONMENT    */
   double timeout_s;        /* every blocking call; 0: env MUON_GLOO_TIMEOUT, else 300 s          */
-  int blocking;            /* 1: no alltoallv_start / join, so muon_dist_config.async runs the
-                              exchanges on muon's communication thread; 0: unless
+  int blocking;            /* 1: alltoallv waits for its exchange, so muon_dist_config.async
+                              runs the exchanges on muon's communication thread; 0: unless
                               env MUON_GLOO_BLOCKING=1 says so                                 */
 } muon_gloo_desc;
 
@@ -312,9 +313,9 @@ struct muon_gloo__comm {
   uint64_t seq;             /* collective calls made on this comm: the Gloo slot */
   muon_status broken;       /* MUON_OK while usable */
   bool check_counts;        /* MUON_GLOO_CHECK_COUNTS=1: agree on alltoallv counts first */
-  bool blocking;            /* no alltoallv_start / join (muon_gloo_desc.blocking)          */
+  bool blocking;            /* alltoallv waits for its exchange (muon_gloo_desc.blocking)   */
   std::string error;
-  muon_gloo__exchange started[MUON_GLOO__TICKETS]; /* alltoallv_start's, by ticket */
+  muon_gloo__exchange started[MUON_GLOO__TICKETS]; /* posted exchanges, by ticket */
 };
 
 static const uint64_t muon_gloo__slot_base = (uint64_t)0x4d << 56; /* 'M'; Gloo's own < 0x10 */
@@ -558,24 +559,27 @@ static muon_status muon_gloo__alltoallv_post(muon_gloo__comm *c, muon_gloo__exch
   }
 }
 
+/* muon_gloo_desc.blocking: the exchange done before returning; nothing to join or finish. */
 static muon_status muon_gloo__alltoallv(void *ctx, const float *send, const size_t *send_counts,
                                         const size_t *send_displs, float *recv,
-                                        const size_t *recv_counts, const size_t *recv_displs) {
+                                        const size_t *recv_counts, const size_t *recv_displs,
+                                        int *ticket) {
   muon_gloo__comm *c = (muon_gloo__comm *)ctx;
-  if (!c) return MUON_ERR_ARG;
+  if (!c || !ticket) return MUON_ERR_ARG;
+  *ticket = -1;
   muon_gloo__exchange x;
   muon_status st = muon_gloo__alltoallv_post(c, x, send, send_counts, send_displs, recv,
                                              recv_counts, recv_displs);
   return st != MUON_OK ? st : muon_gloo__wait(c, x);
 }
 
-/* Overlap without a thread: the exchange is posted and left in flight under a
-   ticket; join waits for it. Host memory: the caller leaves both buffers alone until join. */
-static muon_status muon_gloo__alltoallv_start(void *ctx, const float *send,
-                                              const size_t *send_counts,
-                                              const size_t *send_displs, float *recv,
-                                              const size_t *recv_counts,
-                                              const size_t *recv_displs, int *ticket) {
+/* Queued (the default): the exchange is posted and left in flight under a ticket; join waits
+   for it. Host memory: the caller leaves both buffers alone until join. */
+static muon_status muon_gloo__alltoallv_posted(void *ctx, const float *send,
+                                               const size_t *send_counts,
+                                               const size_t *send_displs, float *recv,
+                                               const size_t *recv_counts,
+                                               const size_t *recv_displs, int *ticket) {
   muon_gloo__comm *c = (muon_gloo__comm *)ctx;
   int t = 0;
   if (!c || !ticket) return MUON_ERR_ARG;
@@ -583,7 +587,7 @@ static muon_status muon_gloo__alltoallv_start(void *ctx, const float *send,
   if (c->broken) return c->broken;
   while (t < MUON_GLOO__TICKETS && c->started[t].live) t++;
   if (t == MUON_GLOO__TICKETS) {
-    c->error = muon_gloo__fmt("muon_gloo alltoallv_start (rank %d): %d exchanges started and "
+    c->error = muon_gloo__fmt("muon_gloo alltoallv (rank %d): %d exchanges started and "
                               "not joined", c->rank, MUON_GLOO__TICKETS);
     return MUON_ERR_ARG;
   }
@@ -607,6 +611,19 @@ static muon_status muon_gloo__join(void *ctx, int ticket) {
   }
   c->started[ticket].live = false;
   return muon_gloo__wait(c, c->started[ticket]);
+}
+
+/* Every exchange in flight, waited for; each stays to be joined (waiting again is free). The
+   first failure broke the communicator, which released the rest. */
+static muon_status muon_gloo__finish(void *ctx) {
+  muon_gloo__comm *c = (muon_gloo__comm *)ctx;
+  if (!c) return MUON_ERR_ARG;
+  for (int t = 0; t < MUON_GLOO__TICKETS; t++)
+    if (c->started[t].live) {
+      muon_status st = muon_gloo__wait(c, c->started[t]);
+      if (st != MUON_OK) return st;
+    }
+  return c->broken;
 }
 
 static muon_status muon_gloo__allgather(void *ctx, const void *send, void *recv, size_t bytes) {
@@ -651,26 +668,26 @@ static void muon_gloo__destroy(void *ctx) {
 
 static const muon_comm_vtable muon_gloo__vtable = {
     MUON_COMM_VTABLE_VERSION,
-    /* .alltoallv       = */ muon_gloo__alltoallv,
-    /* .allgather       = */ muon_gloo__allgather,
-    /* .error           = */ muon_gloo__error,
-    /* .destroy         = */ muon_gloo__destroy,
-    /* .memory          = */ MUON_MEMORY_HOST,
-    /* .wait            = */ NULL,
-    /* .alltoallv_start = */ muon_gloo__alltoallv_start,
-    /* .join            = */ muon_gloo__join};
+    /* .alltoallv = */ muon_gloo__alltoallv_posted,
+    /* .join      = */ muon_gloo__join,
+    /* .finish    = */ muon_gloo__finish,
+    /* .allgather = */ muon_gloo__allgather,
+    /* .error     = */ muon_gloo__error,
+    /* .destroy   = */ muon_gloo__destroy,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 1};
 
-/* muon_gloo_desc.blocking: without the start / join pair. */
+/* muon_gloo_desc.blocking: each exchange done before alltoallv returns. */
 static const muon_comm_vtable muon_gloo__vtable_blocking = {
     MUON_COMM_VTABLE_VERSION,
-    /* .alltoallv       = */ muon_gloo__alltoallv,
-    /* .allgather       = */ muon_gloo__allgather,
-    /* .error           = */ muon_gloo__error,
-    /* .destroy         = */ muon_gloo__destroy,
-    /* .memory          = */ MUON_MEMORY_HOST,
-    /* .wait            = */ NULL,
-    /* .alltoallv_start = */ NULL,
-    /* .join            = */ NULL};
+    /* .alltoallv = */ muon_gloo__alltoallv,
+    /* .join      = */ NULL,
+    /* .finish    = */ NULL,
+    /* .allgather = */ muon_gloo__allgather,
+    /* .error     = */ muon_gloo__error,
+    /* .destroy   = */ muon_gloo__destroy,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 0};
 
 /* ---- creation ------------------------------------------------------------------------------
    muon_gloo_create: the desc and the environment are resolved (rank and size, timeout, which

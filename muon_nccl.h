@@ -58,17 +58,16 @@
    whose muon_error(NULL) carries the reason of a failed creation.
 
    SEMANTICS
-       - alltoallv (the exchange of the step) is ONE NCCL group of ncclSend / ncclRecv, zero
-         counts skipped, the part to oneself a cudaMemcpyAsync; it is QUEUED on `stream` and
-         returns without waiting (no host synchronisation is added). With a separate
-         compute_stream, an event makes the exchange wait for the compute queued before it and
-         another makes compute wait for the exchange.
-       - Overlap (muon_dist_config.async = 1, with a separate compute_stream): the step's
-         exchange rounds are started with alltoallv_start, which leaves out the second event,
-         and compute waits for each (join: an event per exchange, on the device) only where it
-         reads that exchange's buffers, so the next rounds' exchanges run on `stream` while
-         Newton-Schulz runs on compute_stream. On one stream async changes nothing.
-       - wait (muon.h calls it before the host waits for the compute backend) polls an event
+       - The communicator is queued (muon.h's vtable). alltoallv (the exchange of the step) is
+         ONE NCCL group of ncclSend / ncclRecv, zero counts skipped, the part to oneself a
+         cudaMemcpyAsync; it is QUEUED on `stream` and returns without waiting (no host
+         synchronisation is added). With a separate compute_stream, an event makes the exchange
+         wait for the compute queued before it, and join makes compute wait for the exchange
+         (an event per exchange, on the device). muon.h joins each exchange at once, or with
+         muon_dist_config.async = 1 only where it reads that exchange's buffers, so the next
+         rounds' exchanges run on `stream` while Newton-Schulz runs on compute_stream. On one
+         stream there is nothing to join and async changes nothing.
+       - finish (muon.h calls it before the host waits for the compute backend) polls an event
          recorded after the last exchange, and ncclCommGetAsyncError, until done, failed, or
          the timeout (MUON_NCCL_TIMEOUT): the only place where the host waits for NCCL.
        - allgather carries small host data (the step's agreement and vote): copied to a device
@@ -195,7 +194,7 @@ typedef struct muon_nccl__comm {
   cudaStream_t stream, compute;
   cudaEvent_t before;        /* compute -> exchange (only when compute != stream)             */
   cudaEvent_t done;          /* recorded after each queued exchange                           */
-  cudaEvent_t ticket[MUON_NCCL__TICKETS]; /* alltoallv_start's, joined by the compute stream  */
+  cudaEvent_t ticket[MUON_NCCL__TICKETS]; /* alltoallv's, joined by the compute stream       */
   int issued;                /* tickets handed out so far; ticket t uses ticket[t % N]        */
   unsigned char unjoined[MUON_NCCL__TICKETS];
   int queued;                /* an exchange was queued and not waited for                     */
@@ -342,21 +341,9 @@ static muon_status muon_nccl__exchange(muon_nccl__comm *c, const float *send, co
   return MUON_OK;
 }
 
-/* The exchange, and compute waits for it. */
+/* The exchange, and compute goes on beside it until join(ticket). On one stream there is
+   nothing to overlap: the ticket is -1 and join does nothing. */
 static muon_status muon_nccl__alltoallv(void *ctx, const float *send, const size_t *send_counts,
-                                        const size_t *send_displs, float *recv,
-                                        const size_t *recv_counts, const size_t *recv_displs) {
-  muon_nccl__comm *c = (muon_nccl__comm *)ctx;
-  muon_status st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs);
-  if (st == MUON_OK && c->compute != c->stream)
-    st = muon_nccl__cuda(c, cudaStreamWaitEvent(c->compute, c->done, 0),
-                         "cudaStreamWaitEvent (compute after the exchange)");
-  return st;
-}
-
-/* The exchange, and compute goes on beside it until join(ticket) (muon_dist_config.async). On
-   one stream there is nothing to overlap: the ticket is -1 and join does nothing. */
-static muon_status muon_nccl__alltoallv_start(void *ctx, const float *send, const size_t *send_counts,
                                               const size_t *send_displs, float *recv, const size_t *recv_counts,
                                               const size_t *recv_displs, int *ticket) {
   muon_nccl__comm *c = (muon_nccl__comm *)ctx;
@@ -366,7 +353,7 @@ static muon_status muon_nccl__alltoallv_start(void *ctx, const float *send, cons
   if (c->broken != MUON_OK) return c->broken;
   if (c->compute != c->stream && c->unjoined[t])
     return muon_nccl__fail(c, MUON_ERR_ARG,
-                           "muon_nccl: alltoallv_start: %d exchanges started and not joined (at most %d)",
+                           "muon_nccl: alltoallv: %d exchanges started and not joined (at most %d)",
                            MUON_NCCL__TICKETS, MUON_NCCL__TICKETS);
   if ((st = muon_nccl__exchange(c, send, send_counts, send_displs, recv, recv_counts, recv_displs)) != MUON_OK)
     return st;
@@ -394,7 +381,7 @@ static muon_status muon_nccl__join(void *ctx, int ticket) {
                          "cudaStreamWaitEvent (compute after a started exchange)");
 }
 
-static muon_status muon_nccl__wait(void *ctx) {
+static muon_status muon_nccl__finish(void *ctx) {
   muon_nccl__comm *c = (muon_nccl__comm *)ctx;
   muon_status st;
   if (c->broken != MUON_OK) return c->broken;
@@ -417,7 +404,7 @@ static muon_status muon_nccl__allgather(void *ctx, const void *send, void *recv,
   }
   if (total > c->bounce_bytes) {   /* grows at planning (the matrix lists); the step's records fit */
     void *p = NULL;
-    if ((st = muon_nccl__wait(c)) != MUON_OK) return st;
+    if ((st = muon_nccl__finish(c)) != MUON_OK) return st;
     if ((st = muon_nccl__cuda(c, cudaStreamSynchronize(c->stream),
                               "cudaStreamSynchronize (before growing the allgather buffer)")) != MUON_OK)
       return st;
@@ -452,7 +439,7 @@ static void muon_nccl__destroy(void *ctx) {
   muon_nccl__comm *c = (muon_nccl__comm *)ctx;
   int i;
   if (!c) return;
-  if (c->comm && c->queued) (void)muon_nccl__wait(c);   /* what is queued ends first (or aborts) */
+  if (c->comm && c->queued) (void)muon_nccl__finish(c);   /* what is queued ends first (or aborts) */
   if (c->comm && c->owned) {
     /* Finalize flushes NCCL's own work; a peer that never comes makes it time out: abort. */
     if (muon_nccl__settle(c, ncclCommFinalize(c->comm), "ncclCommFinalize") == MUON_OK) (void)ncclCommDestroy(c->comm);
@@ -468,14 +455,14 @@ static void muon_nccl__destroy(void *ctx) {
 
 static const muon_comm_vtable muon_nccl__vtable = {
   MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ muon_nccl__alltoallv,
-  /* .allgather       = */ muon_nccl__allgather,
-  /* .error           = */ muon_nccl__error,
-  /* .destroy         = */ muon_nccl__destroy,
-  /* .memory          = */ MUON_MEMORY_DEVICE,
-  /* .wait            = */ muon_nccl__wait,
-  /* .alltoallv_start = */ muon_nccl__alltoallv_start,
-  /* .join            = */ muon_nccl__join
+  /* .alltoallv = */ muon_nccl__alltoallv,
+  /* .join      = */ muon_nccl__join,
+  /* .finish    = */ muon_nccl__finish,
+  /* .allgather = */ muon_nccl__allgather,
+  /* .error     = */ muon_nccl__error,
+  /* .destroy   = */ muon_nccl__destroy,
+  /* .memory    = */ MUON_MEMORY_DEVICE,
+  /* .queued    = */ 1
 };
 
 /* ---- creation ------------------------------------------------------------------------------

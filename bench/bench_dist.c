@@ -215,7 +215,7 @@ static muon_status pm_gather(void *state, const muon_matrix_info *m, const float
   }
   f->calls++;
   if (w->rank != owner) f->bytes += (long long)(m->local_size * sizeof(float));
-  return w->vt->alltoallv(w->ctx, local ? local : &f->zero, sc, sd, full ? full : &f->zero, rc, rd);
+  return muon_comm_alltoallv(w, local ? local : &f->zero, sc, sd, full ? full : &f->zero, rc, rd);
 }
 
 static muon_status pm_redistribute(void *state, const muon_matrix_info *m, const float *full, float *local, int owner) {
@@ -232,7 +232,7 @@ static muon_status pm_redistribute(void *state, const muon_matrix_info *m, const
     if (w->rank == owner && r != owner) f->bytes += (long long)(n * (size_t)m->cols * sizeof(float));
   }
   f->calls++;
-  return w->vt->alltoallv(w->ctx, full ? full : &f->zero, sc, sd, local ? local : &f->zero, rc, rd);
+  return muon_comm_alltoallv(w, full ? full : &f->zero, sc, sd, local ? local : &f->zero, rc, rd);
 }
 
 /* ---- one configuration ------------------------------------------------------------------- */
@@ -531,7 +531,7 @@ int main(int argc, char **argv) {
       printf("-- overlap: best prefetch %d, async %s: %.2fx the debug setting (prefetch 0, async off); parameters of all six %s; "
              "async %s; load average (1 min) %.2f --\n",
              best / 2, best % 2 ? "on" : "off", t[0] / t[best], same ? "bitwise identical (every rank's rows)" : "NOT identical",
-             b.world.vt->alltoallv_start ? "as Gloo's started exchanges (several in flight at once)" : "on muon's communication thread (MUON_GLOO_BLOCKING)",
+             b.world.vt->queued ? "as Gloo's started exchanges (several in flight at once)" : "on muon's communication thread (MUON_GLOO_BLOCKING)",
              load_average());
     if (!same) { muon_comm_destroy(&b.world); return 1; }
     b.prefetch = b.async = 0;

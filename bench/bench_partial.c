@@ -78,7 +78,7 @@ static long long allreduce(bench *b) {
     rd[r] = (size_t)r * c;
     if (r != b->rank) sent += (long long)cnt[r] * 4;
   }
-  if (b->world.vt->alltoallv(b->world.ctx, b->g, cnt, dsp, b->recv, rc, rd) != MUON_OK) die(b, "alltoallv", "reduce-scatter");
+  if (muon_comm_alltoallv(&b->world, b->g, cnt, dsp, b->recv, rc, rd) != MUON_OK) die(b, "alltoallv", "reduce-scatter");
   for (e = 0; e < rc[0]; e++) {
     float s = b->recv[e];
     for (r = 1; r < b->P; r++) s = s + b->recv[(size_t)r * c + e];

@@ -26,21 +26,18 @@ static void rows_of(const muon_matrix_info *m, int world, int r, size_t *lo, siz
   *n = (a + c < (size_t)m->rows ? a + c : (size_t)m->rows) - a;
 }
 
-/* One alltoallv of the framework's communicator over muon's buffers (GPU memory with EX_CUDA):
-   as they are when the communicator takes device memory (NCCL, which only queues: so wait),
-   else through host copies. */
+/* One alltoallv of the framework's communicator over muon's buffers (GPU memory with EX_CUDA),
+   finished before it returns (muon_comm_alltoallv): as they are when the communicator takes
+   device memory (NCCL), else through host copies. */
 static muon_status exchange(framework *f, const float *send, size_t send_n, float *recv, size_t recv_n) {
   const muon_comm *c = f->world;
   int P = c->size;
   size_t *sc = f->counts, *sd = sc + P, *rc = sd + P, *rd = rc + P;
   muon_status st;
-  if (c->vt->memory == MUON_MEMORY_DEVICE) {
-    st = c->vt->alltoallv(c->ctx, send ? send : f->zeros, sc, sd, recv ? recv : f->zeros, rc, rd);
-    return st == MUON_OK && c->vt->wait ? c->vt->wait(c->ctx) : st;
-  }
-  if (!EX_ON_DEVICE) return c->vt->alltoallv(c->ctx, send ? send : f->zeros, sc, sd, recv ? recv : f->zeros, rc, rd);
+  if (c->vt->memory == MUON_MEMORY_DEVICE || !EX_ON_DEVICE)
+    return muon_comm_alltoallv(c, send ? send : f->zeros, sc, sd, recv ? recv : f->zeros, rc, rd);
   if (send) ex_get(NULL, f->host_send, send, send_n);
-  st = c->vt->alltoallv(c->ctx, send ? f->host_send : f->zeros, sc, sd, recv ? f->host_recv : f->zeros, rc, rd);
+  st = muon_comm_alltoallv(c, send ? f->host_send : f->zeros, sc, sd, recv ? f->host_recv : f->zeros, rc, rd);
   if (st == MUON_OK && recv) ex_put(NULL, recv, f->host_recv, recv_n);
   return st;
 }

@@ -351,10 +351,11 @@ static muon_status flaky_fail(flaky_comm *f) {
   return f->calls++ == f->fail_at ? f->fail_with : MUON_OK;
 }
 static muon_status flaky_alltoallv(void *ctx, const float *send, const size_t *sc, const size_t *sd, float *recv,
-                                   const size_t *rc, const size_t *rd) {
+                                   const size_t *rc, const size_t *rd, int *ticket) {
   muon_comm self = muon_comm_self();
   muon_status st = flaky_fail((flaky_comm *)ctx);
-  return st != MUON_OK ? st : self.vt->alltoallv(self.ctx, send, sc, sd, recv, rc, rd);
+  *ticket = -1;
+  return st != MUON_OK ? st : self.vt->alltoallv(self.ctx, send, sc, sd, recv, rc, rd, ticket);
 }
 static muon_status flaky_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
   muon_comm self = muon_comm_self();
@@ -366,14 +367,14 @@ static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"
 static void test_comm_faults(void) {
   static const muon_comm_vtable vt = {
     MUON_COMM_VTABLE_VERSION,
-    /* .alltoallv       = */ flaky_alltoallv,
-    /* .allgather       = */ flaky_allgather,
-    /* .error           = */ flaky_error,
-    /* .destroy         = */ NULL,
-    /* .memory          = */ MUON_MEMORY_HOST,
-    /* .wait            = */ NULL,
-    /* .alltoallv_start = */ NULL,
-    /* .join            = */ NULL
+    /* .alltoallv = */ flaky_alltoallv,
+    /* .join      = */ NULL,
+    /* .finish    = */ NULL,
+    /* .allgather = */ flaky_allgather,
+    /* .error     = */ flaky_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 0
   };
   static model m, before;
   flaky_comm f = { 0, -1, MUON_OK };

@@ -672,50 +672,48 @@ static void test_empty(void) {
    one must work, ending bitwise where a run without the failure ends. Catches a communication
    thread that stays failed, or a queued exchange left over into the next step. */
 typedef struct flaky { muon_comm inner; int calls, fail_at; } flaky;
+/* The failing call starts an exchange: over a queued communicator (Gloo's posted exchanges)
+   the ones started before it are in flight and must be joined. */
 static muon_status flaky_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
-                                   const size_t *rc, const size_t *rd) {
+                                   const size_t *rc, const size_t *rd, int *ticket) {
   flaky *f = (flaky *)ctx;
+  *ticket = -1;
   if (f->calls++ == f->fail_at) return MUON_ERR_COMM;
-  return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd);
+  return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd, ticket);
+}
+static muon_status flaky_join(void *ctx, int ticket) {
+  flaky *f = (flaky *)ctx;
+  return f->inner.vt->join ? f->inner.vt->join(f->inner.ctx, ticket) : MUON_OK;
+}
+static muon_status flaky_finish(void *ctx) {
+  flaky *f = (flaky *)ctx;
+  return f->inner.vt->finish ? f->inner.vt->finish(f->inner.ctx) : MUON_OK;
 }
 static muon_status flaky_allgather(void *ctx, const void *s, void *r, size_t n) {
   flaky *f = (flaky *)ctx;
   return f->inner.vt->allgather(f->inner.ctx, s, r, n);
 }
 static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"; }
-/* With the inner communicator's start / join (Gloo's posted exchanges), the failing call is a
-   start: the exchanges started before it are in flight and must be joined. */
-static muon_status flaky_start(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
-                               const size_t *rc, const size_t *rd, int *ticket) {
-  flaky *f = (flaky *)ctx;
-  if (f->calls++ == f->fail_at) return MUON_ERR_COMM;
-  return f->inner.vt->alltoallv_start(f->inner.ctx, s, sc, sd, r, rc, rd, ticket);
-}
-static muon_status flaky_join(void *ctx, int ticket) {
-  flaky *f = (flaky *)ctx;
-  return f->inner.vt->join(f->inner.ctx, ticket);
-}
-static const muon_comm_vtable flaky_vt = {
-  MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ flaky_alltoallv,
-  /* .allgather       = */ flaky_allgather,
-  /* .error           = */ flaky_error,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ NULL,
-  /* .join            = */ NULL
-};
-static const muon_comm_vtable flaky_side_vt = {
-  MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ flaky_alltoallv,
-  /* .allgather       = */ flaky_allgather,
-  /* .error           = */ flaky_error,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ flaky_start,
-  /* .join            = */ flaky_join
+/* As queued as the communicator it wraps. */
+static const muon_comm_vtable flaky_vt[2] = {
+  { MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ flaky_alltoallv,
+    /* .join      = */ flaky_join,
+    /* .finish    = */ flaky_finish,
+    /* .allgather = */ flaky_allgather,
+    /* .error     = */ flaky_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 0 },
+  { MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ flaky_alltoallv,
+    /* .join      = */ flaky_join,
+    /* .finish    = */ flaky_finish,
+    /* .allgather = */ flaky_allgather,
+    /* .error     = */ flaky_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 1 }
 };
 
 static void test_overlap_failure(void) {
@@ -728,10 +726,10 @@ static void test_overlap_failure(void) {
   tmat t[2][4];
   int k, i, ok = 1;
   muon_status st;
-  TEST_CASE(W.world.vt->alltoallv_start ? "overlap: a collective failing on every rank (prefetch 2, async, Gloo's started exchanges): the same error, nothing applied, the retry ends where a clean run does"
+  TEST_CASE(W.world.vt->queued ? "overlap: a collective failing on every rank (prefetch 2, async, Gloo queued): the same error, nothing applied, the retry ends where a clean run does"
                                          : "overlap: a collective failing on every rank (prefetch 2, async, the communication thread): the same error, nothing applied, the retry ends where a clean run does");
   fl.inner = W.world; fl.calls = 0; fl.fail_at = -1;
-  c.vt = W.world.vt->alltoallv_start ? &flaky_side_vt : &flaky_vt; c.ctx = &fl; c.rank = W.rank; c.size = W.size;
+  c.vt = &flaky_vt[W.world.vt->queued]; c.ctx = &fl; c.rank = W.rank; c.size = W.size;
   cfg.prefetch = 2;
   cfg.async = 1;
   cfg.round_bytes = 1;   /* a round per matrix */
@@ -778,10 +776,18 @@ static void fault_strike(fault_comm *f) {
   sleep(5);
 }
 static muon_status fault_alltoallv(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
-                                   const size_t *rc, const size_t *rd) {
+                                   const size_t *rc, const size_t *rd, int *ticket) {
   fault_comm *f = (fault_comm *)ctx;
   fault_strike(f);
-  return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd);
+  return f->inner.vt->alltoallv(f->inner.ctx, s, sc, sd, r, rc, rd, ticket);
+}
+static muon_status fault_join(void *ctx, int ticket) {
+  fault_comm *f = (fault_comm *)ctx;
+  return f->inner.vt->join ? f->inner.vt->join(f->inner.ctx, ticket) : MUON_OK;
+}
+static muon_status fault_finish(void *ctx) {
+  fault_comm *f = (fault_comm *)ctx;
+  return f->inner.vt->finish ? f->inner.vt->finish(f->inner.ctx) : MUON_OK;
 }
 static muon_status fault_allgather(void *ctx, const void *s, void *r, size_t n) {
   fault_comm *f = (fault_comm *)ctx;
@@ -791,38 +797,27 @@ static const char *fault_error(void *ctx) {
   fault_comm *f = (fault_comm *)ctx;
   return f->inner.vt->error ? f->inner.vt->error(f->inner.ctx) : "";
 }
-static muon_status fault_start(void *ctx, const float *s, const size_t *sc, const size_t *sd, float *r,
-                               const size_t *rc, const size_t *rd, int *ticket) {
-  fault_comm *f = (fault_comm *)ctx;
-  fault_strike(f);
-  return f->inner.vt->alltoallv_start(f->inner.ctx, s, sc, sd, r, rc, rd, ticket);
-}
-static muon_status fault_join(void *ctx, int ticket) {
-  fault_comm *f = (fault_comm *)ctx;
-  return f->inner.vt->join(f->inner.ctx, ticket);
-}
-static const muon_comm_vtable fault_vt = {
-  MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ fault_alltoallv,
-  /* .allgather       = */ fault_allgather,
-  /* .error           = */ fault_error,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ NULL,
-  /* .join            = */ NULL
-};
-/* Over Gloo's start / join: with async the exchanges are posted and in flight when the victim goes. */
-static const muon_comm_vtable fault_side_vt = {
-  MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ fault_alltoallv,
-  /* .allgather       = */ fault_allgather,
-  /* .error           = */ fault_error,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ fault_start,
-  /* .join            = */ fault_join
+/* As queued as the communicator it wraps: over Gloo's posted exchanges, with async, several are
+   in flight when the victim goes. */
+static const muon_comm_vtable fault_vt[2] = {
+  { MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ fault_alltoallv,
+    /* .join      = */ fault_join,
+    /* .finish    = */ fault_finish,
+    /* .allgather = */ fault_allgather,
+    /* .error     = */ fault_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 0 },
+  { MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ fault_alltoallv,
+    /* .join      = */ fault_join,
+    /* .finish    = */ fault_finish,
+    /* .allgather = */ fault_allgather,
+    /* .error     = */ fault_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 1 }
 };
 
 static int fault_overlap;   /* --fault MODE N overlap: prefetch 2, async, a round per matrix */
@@ -849,7 +844,7 @@ static int fault_rank(int mode) {
   fc.victim = 1;
   fc.mode = mode;
   fc.calls = 0;
-  c.vt = w.world.vt->alltoallv_start ? &fault_side_vt : &fault_vt; c.ctx = &fc; c.rank = w.rank; c.size = w.size;
+  c.vt = &fault_vt[w.world.vt->queued]; c.ctx = &fc; c.rank = w.rank; c.size = w.size;
   memset(&ad, 0, sizeof ad);
   ad.fsdp = &c;
   if (fault_overlap) { ad.prefetch = 2; ad.async = 1; ad.round_bytes = 1; }

@@ -9,7 +9,7 @@
      build/muonrun -n 3 build/test_gloo --die      rank 1 exits mid-run; the others must get
                                                    MUON_ERR_COMM quickly, never hang or crash
      build/muonrun -n 3 build/test_gloo --die-started   the same with exchanges in flight
-                                                   (alltoallv_start) when rank 1 is gone
+                                                   (queued alltoallv) when rank 1 is gone
      build/muonrun -n 3 build/test_gloo --stall    rank 1 sleeps past the 2 s timeout; the others
                                                    must return within the timeout + slack
    Optional: MUON_TEST_REDIS=host:port also rendezvous through Redis (a world, a dead Redis at
@@ -167,12 +167,12 @@ static long alltoallv_round(muon_comm *c, const int *members, int it, muon_statu
   round_io r;
   muon_status st;
   round_make(&r, c, members, it);
-  st = c->vt->alltoallv(c->ctx, r.send, r.sc, r.sd, r.recv, r.rc, r.rd);
+  st = muon_comm_alltoallv(c, r.send, r.sc, r.sd, r.recv, r.rc, r.rd);
   if (st_out) *st_out = st;
   return round_check(&r, st);
 }
 
-/* k rounds (it0, it0 + 1, ...) started with alltoallv_start, all in flight at once, then joined
+/* k rounds (it0, it0 + 1, ...) started on a queued comm, all in flight at once, then joined
    in reverse order; with `between`, an allgather and a blocking round run between the starts and
    the joins (their Gloo slots are apart). The wrong floats of all (-1 when a call failed). */
 #define MAX_STARTED 70
@@ -181,13 +181,13 @@ static long started_rounds(muon_comm *c, const int *members, int it0, int k, int
   muon_status st[MAX_STARTED], first = MUON_OK;
   int ticket[MAX_STARTED], i, got[64];
   long bad = 0, b;
-  if (!c->vt->alltoallv_start || !c->vt->join || k > MAX_STARTED) {
+  if (!c->vt->queued || k > MAX_STARTED) {
     if (st_out) *st_out = MUON_ERR_ARG;
     return -1;
   }
   for (i = 0; i < k; i++) {
     round_make(&r[i], c, members, it0 + i);
-    st[i] = c->vt->alltoallv_start(c->ctx, r[i].send, r[i].sc, r[i].sd, r[i].recv, r[i].rc, r[i].rd, &ticket[i]);
+    st[i] = c->vt->alltoallv(c->ctx, r[i].send, r[i].sc, r[i].sd, r[i].recv, r[i].rc, r[i].rd, &ticket[i]);
     if (st[i] != MUON_OK && first == MUON_OK) first = st[i];
   }
   if (between && first == MUON_OK && c->size <= 64) {
@@ -234,7 +234,7 @@ static void remove_dir(const char *dir) {
 
 /* --die: rank 1 leaves (exit status 0, so muonrun does not stop the others first) after a good
    round; the survivors' next alltoallv must fail with MUON_ERR_COMM quickly, later calls at once.
-   --die-started: the survivors' next exchanges are three started ones (alltoallv_start), in
+   --die-started: the survivors' next exchanges are three started ones (queued), in
    flight when they notice: every join fails, none hangs, and the buffers are released. */
 static int run_die(muon_comm *w, int started) {
   const int me = w->rank;
@@ -269,8 +269,8 @@ static int run_die(muon_comm *w, int started) {
   if (started) {
     size_t z[64] = {0};
     int ticket = 7;
-    st = w->vt->alltoallv_start(w->ctx, NULL, z, z, NULL, z, z, &ticket);
-    CHECK(st == MUON_ERR_COMM && ticket == -1, "alltoallv_start on a broken comm: %s, ticket %d", muon_status_string(st), ticket);
+    st = w->vt->alltoallv(w->ctx, NULL, z, z, NULL, z, z, &ticket);
+    CHECK(st == MUON_ERR_COMM && ticket == -1, "alltoallv on a broken comm: %s, ticket %d", muon_status_string(st), ticket);
     st = w->vt->join(w->ctx, 0);
     CHECK(st == MUON_ERR_COMM, "join on a broken comm: %s", muon_status_string(st));
   }
@@ -562,9 +562,9 @@ static void run_normal(muon_comm *w) {
   {
     size_t *z = (size_t *)calloc((size_t)n, sizeof(size_t));
     float dummy = 7.0f;
-    st = w->vt->alltoallv(w->ctx, &dummy, z, z, &dummy, z, z);
+    st = muon_comm_alltoallv(w, &dummy, z, z, &dummy, z, z);
     CHECK(st == MUON_OK && dummy == 7.0f, "all-zero alltoallv: %s", muon_status_string(st));
-    st = w->vt->alltoallv(w->ctx, NULL, z, z, NULL, z, z);
+    st = muon_comm_alltoallv(w, NULL, z, z, NULL, z, z);
     CHECK(st == MUON_OK, "all-zero alltoallv with NULL buffers: %s", muon_status_string(st));
     free(z);
   }
@@ -594,35 +594,41 @@ static void run_normal(muon_comm *w) {
     CHECK(n == 1 || dt > 0.25, "left the barrier after %.3f s, before the last rank came", dt);
   }
 
-  begin("world: alltoallv_start / join: 4 exchanges in flight at once, joined in reverse order");
-  CHECK(w->vt->alltoallv_start && w->vt->join, "the start / join pair is missing");
-  if (w->vt->alltoallv_start) {
+  begin("world: queued by default: 4 exchanges in flight at once, joined in reverse order");
+  CHECK(w->vt->queued && w->vt->join && w->vt->finish, "not queued, or join / finish missing");
+  if (w->vt->queued) {
     long bad = started_rounds(w, members, 30, 4, 1, &st);
     CHECK(bad == 0, "%ld wrong floats, status %s: %s", bad, muon_status_string(st), test_comm_error(w));
     bad = started_rounds(w, members, 3, 1, 1, &st);   /* round 3: large messages */
     CHECK(bad == 0, "large round: %ld wrong floats, status %s: %s", bad, muon_status_string(st), test_comm_error(w));
   }
 
-  begin("world: 64 exchanges in flight; a 65th start is MUON_ERR_ARG; bad tickets are MUON_ERR_ARG; the comm still works");
-  if (w->vt->alltoallv_start) {
+  begin("world: 64 exchanges in flight; a 65th is MUON_ERR_ARG; bad tickets are MUON_ERR_ARG; finish; the comm still works");
+  if (w->vt->queued) {
     round_io r[MAX_STARTED];
     int ticket[MAX_STARTED], k, ok = 1, extra = 7;
     size_t z = 0;
     for (k = 0; k < 64; k++) {
       round_make(&r[k], w, members, 40 + k);
-      if (w->vt->alltoallv_start(w->ctx, r[k].send, r[k].sc, r[k].sd, r[k].recv, r[k].rc, r[k].rd, &ticket[k]) != MUON_OK) ok = 0;
+      if (w->vt->alltoallv(w->ctx, r[k].send, r[k].sc, r[k].sd, r[k].recv, r[k].rc, r[k].rd, &ticket[k]) != MUON_OK) ok = 0;
     }
     CHECK(ok, "starting 64: %s", test_comm_error(w));
     round_make(&r[64], w, members, 104);
-    st = w->vt->alltoallv_start(w->ctx, r[64].send, r[64].sc, r[64].sd, r[64].recv, r[64].rc, r[64].rd, &extra);
+    st = w->vt->alltoallv(w->ctx, r[64].send, r[64].sc, r[64].sd, r[64].recv, r[64].rc, r[64].rd, &extra);
     CHECK(st == MUON_ERR_ARG && extra == -1 && strstr(test_comm_error(w), "not joined"), "a 65th start: %s, ticket %d: %s",
           muon_status_string(st), extra, test_comm_error(w));
     round_check(&r[64], MUON_ERR_ARG);
-    for (k = 0; k < 64; k++) {
+    for (k = 0; k < 32; k++) {
       long bad = round_check(&r[k], ok ? w->vt->join(w->ctx, ticket[k]) : MUON_ERR_ARG);
       if (bad) ok = 0;
     }
-    CHECK(ok, "the 64 exchanges: %s", test_comm_error(w));
+    st = w->vt->finish(w->ctx);   /* the other 32 have arrived when it returns ... */
+    CHECK(st == MUON_OK, "finish: %s", test_comm_error(w));
+    for (k = 32; k < 64; k++)
+      if (round_check(&r[k], ok ? st : MUON_ERR_ARG)) ok = 0;
+    for (k = 32; k < 64; k++)     /* ... and are still joined once */
+      if (w->vt->join(w->ctx, ticket[k]) != MUON_OK) ok = 0;
+    CHECK(ok, "the 64 exchanges (32 joined, 32 finished then joined): %s", test_comm_error(w));
     st = w->vt->join(w->ctx, ticket[0]);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "not a started exchange"), "joining twice: %s: %s",
           muon_status_string(st), test_comm_error(w));
@@ -630,10 +636,10 @@ static void run_normal(muon_comm *w) {
     CHECK(st == MUON_ERR_ARG, "join(-1): %s", muon_status_string(st));
     st = w->vt->join(w->ctx, 64);
     CHECK(st == MUON_ERR_ARG, "join(64): %s", muon_status_string(st));
-    st = w->vt->alltoallv_start(w->ctx, NULL, &z, &z, NULL, &z, &z, NULL);
+    st = w->vt->alltoallv(w->ctx, NULL, &z, &z, NULL, &z, &z, NULL);
     CHECK(st == MUON_ERR_ARG, "a NULL ticket: %s", muon_status_string(st));
     extra = 7;
-    st = w->vt->alltoallv_start(w->ctx, NULL, NULL, NULL, NULL, NULL, NULL, &extra);
+    st = w->vt->alltoallv(w->ctx, NULL, NULL, NULL, NULL, NULL, NULL, &extra);
     CHECK(st == MUON_ERR_ARG && extra == -1 && strstr(test_comm_error(w), "NULL"), "NULL counts: %s, ticket %d: %s",
           muon_status_string(st), extra, test_comm_error(w));
     CHECK(alltoallv_round(w, members, 5, &st) == 0, "the comm after the misuse: %s", test_comm_error(w));
@@ -652,7 +658,7 @@ static void run_normal(muon_comm *w) {
       for (i = 0; i < np; i++) CHECK(got[i] == par[i], "member %d is %d, want %d", i, got[i], par[i]);
       for (it = 0; it < 6; it++)
         CHECK(alltoallv_round(&g, par, it, &st) == 0, "round %d: %s", it, test_comm_error(&g));
-      CHECK(g.vt->alltoallv_start && started_rounds(&g, par, 60, 3, 1, &st) == 0, "3 started: %s", test_comm_error(&g));
+      CHECK(g.vt->queued && started_rounds(&g, par, 60, 3, 1, &st) == 0, "3 started: %s", test_comm_error(&g));
       muon_comm_destroy(&g);
     }
   }
@@ -794,7 +800,7 @@ static void run_normal(muon_comm *w) {
       float buf[4] = {1, 2, 3, 4}, out[4];
       if (me == 0) sc[1] = 4; /* rank 1 expects 2: Gloo alone would abort rank 1 */
       if (me == 1) rc[0] = 2;
-      st = g.vt->alltoallv(g.ctx, buf, sc, dz, out, rc, dz);
+      st = muon_comm_alltoallv(&g, buf, sc, dz, out, rc, dz);
       CHECK(st == MUON_ERR_MISMATCH, "mismatched counts: %s (%s)", muon_status_string(st),
             test_comm_error(&g));
       if (me == 1) printf("rank 1: %s\n", test_comm_error(&g));
@@ -805,7 +811,7 @@ static void run_normal(muon_comm *w) {
     }
   }
 
-  begin("one rank: explicit size 1 needs no store and copies locally; desc.blocking = 1 leaves out alltoallv_start / join");
+  begin("one rank: explicit size 1 needs no store and copies locally; desc.blocking = 1 makes alltoallv blocking");
   {
     int blocking;
     for (blocking = 0; blocking < 2; blocking++) {
@@ -821,7 +827,7 @@ static void run_normal(muon_comm *w) {
       if (st != MUON_OK) continue;
       CHECK(alltoallv_round(&one, &zero, 1, &st) == 0, "alltoallv: %s", test_comm_error(&one));
       if (blocking)   /* async then uses muon's communication thread */
-        CHECK(!one.vt->alltoallv_start && !one.vt->join && one.vt->version == MUON_COMM_VTABLE_VERSION, "the pair is there");
+        CHECK(!one.vt->queued && !one.vt->join && one.vt->version == MUON_COMM_VTABLE_VERSION, "blocking is queued");
       else
         CHECK(started_rounds(&one, &zero, 2, 2, 1, &st) == 0, "started: %s", test_comm_error(&one));
       muon_comm_destroy(&one);
@@ -1025,18 +1031,18 @@ static void run_normal(muon_comm *w) {
   {
     size_t *cnt = (size_t *)calloc(4 * (size_t)n, sizeof(size_t)), *sc = cnt, *sd = cnt + n, *rc = cnt + 2 * n, *rd = cnt + 3 * n;
     float one = 1.0f, back = 0.0f;
-    int dims0[2] = {n, 0};
+    int dims0[2] = {n, 0}, ticket = -1;
     muon_comm g;
-    st = w->vt->alltoallv(w->ctx, &one, NULL, sd, &back, rc, rd);
+    st = muon_comm_alltoallv(w, &one, NULL, sd, &back, rc, rd);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "NULL"), "NULL counts: %s", test_comm_error(w));
     sc[me] = 1;
-    st = w->vt->alltoallv(w->ctx, NULL, sc, sd, &back, rc, rd);
+    st = muon_comm_alltoallv(w, NULL, sc, sd, &back, rc, rd);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "send is NULL"), "NULL send with a count: %s", test_comm_error(w));
-    st = w->vt->alltoallv(w->ctx, &one, sc, sd, &back, rc, rd);
+    st = muon_comm_alltoallv(w, &one, sc, sd, &back, rc, rd);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "to itself"), "self send 1, receive 0: %s", test_comm_error(w));
     sd[me] = (size_t)-1 / 2;
     rc[me] = 1;
-    st = w->vt->alltoallv(w->ctx, &one, sc, sd, &back, rc, rd);
+    st = muon_comm_alltoallv(w, &one, sc, sd, &back, rc, rd);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "too large"), "huge displacement: %s", test_comm_error(w));
     st = w->vt->allgather(w->ctx, &one, NULL, sizeof one);
     CHECK(st == MUON_ERR_ARG && strstr(test_comm_error(w), "recv is NULL"), "allgather NULL recv: %s", test_comm_error(w));
@@ -1079,7 +1085,7 @@ static void run_normal(muon_comm *w) {
     CHECK(st == MUON_ERR_ARG && strstr(muon_error(NULL), "dim 2"), "mesh dim = ndims: %s %s", muon_status_string(st), muon_error(NULL));
     /* the vtable's slots with a NULL context: refused, and the error text of no comm is "" */
     CHECK(strcmp(w->vt->error(NULL), "") == 0, "error(NULL) = '%s'", w->vt->error(NULL));
-    st = w->vt->alltoallv(NULL, &one, sc, sd, &back, rc, rd);
+    st = w->vt->alltoallv(NULL, &one, sc, sd, &back, rc, rd, &ticket);
     CHECK(st == MUON_ERR_ARG, "alltoallv NULL ctx: %s", muon_status_string(st));
     st = w->vt->allgather(NULL, &one, &back, sizeof one);
     CHECK(st == MUON_ERR_ARG, "allgather NULL ctx: %s", muon_status_string(st));

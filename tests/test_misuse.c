@@ -366,7 +366,6 @@ static void test_bad_arguments(void) {
 
 /* The descriptor's other parts: the communicator and the compute backend (test_api.c and
    test_trainer.c check the rest). */
-static muon_status self_join(void *ctx, int ticket) { (void)ctx; (void)ticket; return MUON_OK; }
 
 /* The CPU backend's own settings: refused by muon_cpu_create naming the field, *out cleared,
    the reason in muon_error(NULL); the edges accepted. */
@@ -409,7 +408,7 @@ static void test_bad_desc(void) {
   muon_compute_vtable cv;
   int i;
   TEST_CASE("muon_create: a communicator or compute backend that cannot work is MUON_ERR_ARG naming the field; *opt is NULL");
-  for (i = 0; i < 15; i++) {
+  for (i = 0; i < 16; i++) {
     muon_desc d = muon_default_desc();
     muon_optimizer *o = (muon_optimizer *)&d;   /* must become NULL */
     const char *needle = "";
@@ -429,9 +428,10 @@ static void test_bad_desc(void) {
     case 8: d.compute = &k; k.vt = NULL; needle = "muon_desc.compute->vt is NULL"; break;
     case 9: d.compute = &k; cv.alloc_host = cv.alloc; cv.free_host = NULL; needle = "alloc_host and free_host"; break;
     case 10: d.compute = &k; cv.memory = 7; needle = "muon_desc.compute->vt->memory"; break;
-    case 11: vt.join = self_join; needle = "alltoallv_start and join"; break;
+    case 11: vt.queued = 1; needle = "comm->vt is queued: it needs the join and finish slots"; break;
     case 12: vt.memory = 5; needle = "muon_desc.comm->vt->memory"; break;
     case 13: vt.version = MUON_COMM_VTABLE_VERSION + 1; needle = "comm->vt->version is 2, this muon.h takes 1 to 1"; break;
+    case 14: vt.queued = 2; needle = "muon_desc.comm->vt->queued is not 0 or 1"; break;
     default: d.compute = &k; cv.version = 0; needle = "muon_desc.compute->vt->version"; break;
     }
     d.logger.func = log_errors;

@@ -232,7 +232,7 @@ static void test_wrap(float **full) {
   for (t = 0; t < 3; t++) CHECK(muon_step(md.opt) == MUON_OK, "step %d: %s", t, muon_error(md.opt));
   CHECK(model_diff(&md, full) == 0, "%lld elements differ from one device", model_diff(&md, full));
   model_free(&md);
-  TEST_CASE("wrap + async: the exchanges run on the NCCL stream beside compute (alltoallv_start / join), bitwise one device");
+  TEST_CASE("wrap + async: the exchanges run on the NCCL stream beside compute (joined late), bitwise one device");
   g_async = 1;
   CHECK(model_make(&md, &world, &gpu2) == MUON_OK, "model: %s", muon_error(md.opt));
   g_async = 0;

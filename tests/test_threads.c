@@ -136,9 +136,10 @@ static void world_leave(thread_world *w) {
 
 static muon_status thread_alltoallv(void *ctx, const float *send, const size_t *send_counts,
                                     const size_t *send_displs, float *recv, const size_t *recv_counts,
-                                    const size_t *recv_displs) {
+                                    const size_t *recv_displs, int *ticket) {
   rank_run *me = (rank_run *)ctx;
   thread_world *w = me->world;
+  *ticket = -1;
   int p, q, counts_agree = 1;
   w->send[me->rank] = send;
   w->send_counts[me->rank] = send_counts;
@@ -175,14 +176,14 @@ static const char *thread_error(void *ctx) { return ((rank_run *)ctx)->comm_erro
 
 static const muon_comm_vtable thread_vtable = {
   MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ thread_alltoallv,
-  /* .allgather       = */ thread_allgather,
-  /* .error           = */ thread_error,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ NULL,
-  /* .join            = */ NULL
+  /* .alltoallv = */ thread_alltoallv,
+  /* .join      = */ NULL,
+  /* .finish    = */ NULL,
+  /* .allgather = */ thread_allgather,
+  /* .error     = */ thread_error,
+  /* .destroy   = */ NULL,
+  /* .memory    = */ MUON_MEMORY_HOST,
+  /* .queued    = */ 0
 };
 
 /* ---- reference pieces: index lists cut level by level ---------------------------------------

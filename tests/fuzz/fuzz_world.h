@@ -111,9 +111,10 @@ static int fz_agree(fz_world *w, int kind) {
 }
 
 static muon_status fz_alltoallv(void *ctx, const float *send, const size_t *send_counts, const size_t *send_displs,
-                                float *recv, const size_t *recv_counts, const size_t *recv_displs) {
+                                float *recv, const size_t *recv_counts, const size_t *recv_displs, int *ticket) {
   fz_link *me = (fz_link *)ctx;
   fz_world *w = me->world;
+  *ticket = -1;
   int p, ok;
   w->kind[me->rank] = FZ_ALLTOALLV;
   w->send[me->rank] = send;
@@ -150,14 +151,14 @@ static const char *fz_comm_error(void *ctx) { return ((fz_link *)ctx)->error; }
 
 static const muon_comm_vtable fz_comm_vtable = {
   MUON_COMM_VTABLE_VERSION,
-  /* .alltoallv       = */ fz_alltoallv,
-  /* .allgather       = */ fz_allgather,
-  /* .error           = */ fz_comm_error,
-  /* .destroy         = */ NULL,
-  /* .memory          = */ MUON_MEMORY_HOST,
-  /* .wait            = */ NULL,
-  /* .alltoallv_start = */ NULL,
-  /* .join            = */ NULL
+  /* .alltoallv = */ fz_alltoallv,
+  /* .join      = */ NULL,
+  /* .finish    = */ NULL,
+  /* .allgather = */ fz_allgather,
+  /* .error     = */ fz_comm_error,
+  /* .destroy   = */ NULL,
+  /* .memory    = */ MUON_MEMORY_HOST,
+  /* .queued    = */ 0
 };
 
 static FZ_UNUSED muon_comm fz_comm(fz_link *link, fz_world *w, int rank) {
