@@ -848,7 +848,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt);
    Errors are the same on every rank. muon_step plans by itself (the first time, and whenever
    any rank's plan is stale: after muon_add_matrix or a change of Newton-Schulz settings, every
    rank re-plans together), so calling this is optional; if some ranks call muon_plan while
-   others call muon_step, all plan together and the muon_step callers get MUON_ERR_MISMATCH. */
+   others call muon_step, all plan together and every rank gets MUON_ERR_MISMATCH. */
 MUON_API muon_status muon_plan(muon_optimizer *opt);
 MUON_API int muon_rank(const muon_optimizer *opt);
 MUON_API int muon_world_size(const muon_optimizer *opt);
@@ -4728,6 +4728,12 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
           opt, MUON_ERR_MISMATCH,
           "muon_step: rank %d called muon_plan while this rank (%d) called muon_step: every rank re-planned; nothing was applied (muon_plan is collective: call it on every rank or on none)",
           planners, me);
+    for (r = 0; st == MUON_OK && kind == 2 && r < P; r++)   /* the planners fail alike: one status */
+      if (recs[r].kind == 1)
+        st = muon__fail(
+            opt, MUON_ERR_MISMATCH,
+            "muon_plan: rank %d called muon_step while this rank (%d) called muon_plan: every rank re-planned; nothing was applied (muon_plan is collective: call it on every rank or on none)",
+            r, me);
   }
   if (st == MUON_OK && kind == 1 && !*replanned) {
     for (r = 0; r < P && st == MUON_OK; r++) {
