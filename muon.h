@@ -840,7 +840,12 @@ MUON_API int muon_adamw_param_count(const muon_optimizer *opt);
 /* One optimizer step over every matrix and AdamW parameter whose gradient is present.
    All-or-nothing: on any error no parameter and no state has changed. On a device backend the
    update itself is queued after the step's last check and runs asynchronously; a device fault
-   while it runs (which leaves a CUDA context unusable anyway) is reported by the next call. */
+   while it runs (which leaves a CUDA context unusable anyway) is reported by the next call.
+   Distributed, every rank returns the same status, with one limit no protocol can close: a rank
+   that dies inside the commit vote (the step's last collective) can leave one survivor that
+   received every vote and applied (MUON_OK) and another whose vote failed (MUON_ERR_COMM /
+   TIMEOUT, "nothing was applied on this rank"). After such an error restore every rank from the
+   last checkpoint. */
 MUON_API muon_status muon_step(muon_optimizer *opt);
 
 /* Distributed planning, a collective: exchanges the matrix lists once, validates layouts
@@ -903,7 +908,9 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
    State: momentum, NorMuon second moments, AdamW moments and step counts in a versioned,
    checksummed little blob. A rank saves the NorMuon second moments of the matrices it owns.
    Loading checks everything before it changes anything: a truncated, corrupted or mismatched
-   blob is MUON_ERR_STATE and the optimizer is untouched. */
+   blob is MUON_ERR_STATE and the optimizer is untouched. A blob also carries the step count and
+   the run's identity; ranks that restored different steps or runs get MUON_ERR_MISMATCH at the
+   next step, all of them, nothing applied. */
 MUON_API size_t muon_state_size(const muon_optimizer *opt);
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size);
 MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_t size);
@@ -948,7 +955,8 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
    (transposing tall matrices). in and out may alias. Allocates its workspace with malloc. */
 MUON_API muon_status muon_newton_schulz(const float *in, int rows, int cols, float *out, const muon_hparams *hp);
 /* Floats of NS workspace for an m x n operand (m <= n) beyond the operand, for either algorithm:
-   <= 2mn + 2m^2 (standard; also Gram when n < 2m), <= 2mn + 5m^2 (Gram). */
+   <= 2mn + 2m^2 (standard; also Gram when n < 2m), <= 2mn + 5m^2 (Gram). 0 for an empty shape
+   or one whose workspace in bytes no size_t can count (so floats * sizeof(float) never wraps). */
 MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
 
 #ifdef __cplusplus
@@ -1115,6 +1123,7 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef MUON_USE_CBLAS
 #include <cblas.h>
 #endif
@@ -1498,6 +1507,10 @@ struct muon_optimizer {
   muon_compute compute;
   int device;           /* the compute backend's memory is not the host's */
   int comm_queued;      /* a queued communicator's exchange has not been finished (vt->finish) */
+  uint64_t run;         /* this run's identity: rank 0's proposal, agreed by the first step and
+                           saved in every blob (0: none yet, and always in a world of one, where
+                           no other rank's state can be mixed in); a loaded blob brings its own */
+  uint64_t run_agreed;  /* the identity the ranks agreed on, the optimizer's once a step succeeds */
   float grad_scale;
   muon_rounding rounding;
   unsigned long long seed;
@@ -4091,6 +4104,22 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
 }
 
 /* ---- >>impl-plan-run Planning: one device, and every rank together --------------------------- */
+/* A fresh run identity: not a secret, only unlikely to repeat (the clock, this process's
+   memory, a counter). Never 0. */
+static uint64_t muon__new_run(const muon_optimizer *opt) {
+  static unsigned counter;
+  unsigned char b[8 * 4], *p = b;
+  time_t now = time(NULL);
+  clock_t c = clock();
+  uint64_t h;
+  muon__put64(&p, (uint64_t)now);
+  muon__put64(&p, (uint64_t)c);
+  muon__put64(&p, (uint64_t)(size_t)opt);
+  muon__put64(&p, (uint64_t)++counter);
+  h = muon__fnv1a(b, sizeof b);
+  return h ? h : 1;
+}
+
 /* Without a dist config each rank is a world of its own: every matrix it holds is a global
    one that it owns, and the step runs the same rounds with nothing to exchange. */
 static muon_status muon__plan_local(muon_optimizer *opt) {
@@ -4510,7 +4539,7 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
    and so takes the same branch: step; re-plan together (a rank added matrices or changed NS
    settings); or fail with the same error, naming the setting, the group and the ranks. */
 #define MUON__AGREE_GROUPS 8    /* groups named individually in a mismatch message */
-#define MUON__RECORD_BYTES (4 * 4 + 8 * 4 + MUON__AGREE_GROUPS * 20 + 8 + 4 * 8 + 8 * 2)
+#define MUON__RECORD_BYTES (4 * 4 + 8 * 4 + MUON__AGREE_GROUPS * 20 + 8 + 4 * 8 + 8 * 2 + 8 * 3)
 
 typedef struct muon__record {
   uint32_t kind;                /* 1 muon_step, 2 muon_plan */
@@ -4528,6 +4557,8 @@ typedef struct muon__record {
   float grad_scale;
   uint64_t bad_adamw;           /* 1 + index of the first non-finite AdamW gradient (ERROR mode) */
   uint64_t adamw_skips;         /* AdamW params here whose gradient is absent or non-finite */
+  uint64_t steps;               /* steps taken (a checkpoint restores it) */
+  uint64_t run, proposal;       /* the run this state belongs to (0: none yet); a fresh identity */
 } muon__record;
 
 static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
@@ -4544,6 +4575,7 @@ static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
   MUON__IO32(r->n_groups); MUON__IO32(r->n_adamw_groups); MUON__IO32(r->on_nonfinite); MUON__IO32(r->rounding);
   MUON__IO32(r->round_robin); MUON__IO32(r->custom); MUON__IO32(r->vote); MUON__IOF(r->grad_scale);
   MUON__IO64(r->bad_adamw); MUON__IO64(r->adamw_skips);
+  MUON__IO64(r->steps); MUON__IO64(r->run); MUON__IO64(r->proposal);
 #undef MUON__IO32
 #undef MUON__IO64
 #undef MUON__IOF
@@ -4662,6 +4694,32 @@ static void muon__what_differs(const muon__record *a, const muon__record *b, cha
 
 static muon_status muon__plan_collective(muon_optimizer *opt);
 
+/* Ranks that restored state from different steps or runs: a checkpoint of each rank's own, but
+   not one checkpoint. Fresh optimizers everywhere adopt rank 0's identity. */
+static muon_status muon__agree_run(muon_optimizer *opt, const muon__record *recs, const char *fn) {
+  int P = opt->comm.size, r, fresh = 0;
+  if (P == 1) return MUON_OK;
+  for (r = 0; r < P; r++) fresh += recs[r].run == 0;
+  for (r = 1; r < P; r++)
+    if (recs[r].steps != recs[0].steps)
+      return muon__fail(opt, MUON_ERR_MISMATCH,
+                        "%s: ranks 0 and %d are at different steps (%llu vs %llu): restored from checkpoints of "
+                        "different steps? every rank loads its file of the same step; nothing was applied",
+                        fn, r, (unsigned long long)recs[0].steps, (unsigned long long)recs[r].steps);
+  if (fresh == P) {   /* taken when a step succeeds: a failed one changes nothing */
+    opt->run_agreed = recs[0].proposal;
+    return MUON_OK;
+  }
+  for (r = 1; r < P; r++)
+    if (recs[r].run != recs[0].run)
+      return muon__fail(opt, MUON_ERR_MISMATCH,
+                        "%s: ranks 0 and %d hold the state of different runs (%s%016llx vs %s%016llx): restored "
+                        "from checkpoints of different jobs, or only some ranks restored; nothing was applied",
+                        fn, r, recs[0].run ? "run " : "fresh ", (unsigned long long)recs[0].run,
+                        recs[r].run ? "run " : "fresh ", (unsigned long long)recs[r].run);
+  return MUON_OK;
+}
+
 /* The record exchange; *replanned says whether every rank just re-planned together. */
 static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t status, int *replanned) {
   int P = opt->comm.size, me = opt->comm.rank, r, i, nm = opt->n_matrices, stale = 0, planners = -1;
@@ -4673,6 +4731,9 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   rec.kind = kind;
   rec.status = status;
   rec.plan = opt->plan.ready ? muon__plan_hash(&opt->plan) | 1 : 0;
+  rec.steps = (uint64_t)opt->stats.steps;
+  rec.run = opt->run;
+  rec.proposal = opt->run ? 0 : muon__new_run(opt);
   muon__settings(opt, &rec);
   for (i = 0; kind == 1 && status == MUON_OK && i < nm; i++) {
     int v = opt->host_verdicts[i];
@@ -4719,6 +4780,11 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
       st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks 0 and %d disagree on %s; nothing was applied",
                       kind == 1 ? "muon_step" : "muon_plan", r, what);
     }
+  if (st == MUON_OK)
+    st = muon__agree_run(opt, recs,
+                         kind == 1   ? "muon_step"
+                         : kind == 2 ? "muon_plan"
+                                     : "muon_gather_matrix / muon_dump_file / muon_check_layouts");
   if (st == MUON_OK && (planners >= 0 || stale)) {
     /* Someone plans (muon_plan, or a stale plan): everyone plans, now, together. */
     st = muon__plan_collective(opt);
@@ -5753,7 +5819,14 @@ static muon_status muon__vote(muon_optimizer *opt) {
     mine[1] = n_bad;
     mine[2] = first_bad;
     all = (long long *)((unsigned char *)opt->agree + (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES));
-    if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) return st;
+    if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) {
+      const char *native = muon__comm_error(opt);
+      return muon__fail(opt, st,
+                        "muon_step: the commit vote failed on rank %d of %d: %s; nothing was applied on this rank, "
+                        "but a rank that received every vote before the failure may have applied the step: "
+                        "restore every rank from the last checkpoint",
+                        me, P, native && *native ? native : muon_status_string(st));
+    }
     for (r = 0, n_bad = 0; r < P && st == MUON_OK; r++) {
       if (all[3 * r] != MUON_OK)
         st = r == me ? (muon_status)all[3 * r]
@@ -5847,6 +5920,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
   if ((st = muon__commit(opt)) != MUON_OK) return st;
   for (r = 0; r < opt->n_matrices; r++) opt->stats.skipped += opt->matrices[r].skip;
   opt->stats.steps++;
+  if (!opt->run) opt->run = opt->run_agreed;
   return MUON_OK;
 }
 
@@ -5868,6 +5942,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 /* >>impl-state --------------------------------------------------------------------------------
    State blob, little-endian:
      "MUONSTAT" | u32 version 1 | u32 matrices | u32 adamw params | u32 0 | u64 steps
+     | u64 run (the run's identity; 0 before its first step and in a world of one)
      | u32 rank | u32 world size                                     (0 and 1 on one device)
      u32 groups | u32 AdamW groups
      | per group: u32 bytes | its muon_hparams (muon__put_hparams; ns_steps triples inside)
@@ -5886,7 +5961,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
    MUON__STATE_VERSION (after muon 1.0's release: until then version 1 changes in place). */
 #define MUON__STATE_VERSION 1u
 #define MUON__STATE_MAX_STEP ((uint64_t)1 << 62)   /* a step count beyond this is corruption */
-#define MUON__STATE_HEADER 40u
+#define MUON__STATE_HEADER 48u
 #define MUON__MATRIX_RECORD (28u + MUON__LAYOUT_RECORD)   /* besides the momentum and v */
 #define MUON__ADAMW_RECORD 40u                             /* besides the moments */
 
@@ -5971,6 +6046,7 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   muon__put32(&p, (uint32_t)opt->n_adamw);
   muon__put32(&p, 0);
   muon__put64(&p, (uint64_t)opt->stats.steps);
+  muon__put64(&p, opt->run);
   muon__put32(&p, (uint32_t)(opt->distributed ? opt->comm.rank : 0));
   muon__put32(&p, (uint32_t)(opt->distributed ? opt->comm.size : 1));
   muon__put32(&p, (uint32_t)opt->n_groups);
@@ -6020,7 +6096,7 @@ static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
    reads a record. */
 typedef struct muon__blob {
   uint32_t version, n_matrices, n_adamw, n_groups, n_adamw_groups, rank, world;
-  uint64_t steps;
+  uint64_t steps, run;
   const unsigned char *groups, *matrices, *adamw;   /* where each section starts */
 } muon__blob;
 
@@ -6080,6 +6156,7 @@ static muon_status muon__blob_parse(muon_optimizer *opt, const void *buf, size_t
   b->n_adamw = muon__get32(&p);
   if (muon__get32(&p) != 0) return muon__fail(opt, MUON_ERR_STATE, "%s: reserved header field is not 0", op);
   b->steps = muon__get64(&p);
+  b->run = muon__get64(&p);
   b->rank = muon__get32(&p);
   b->world = muon__get32(&p);
   if (b->steps > MUON__STATE_MAX_STEP)
@@ -6189,10 +6266,10 @@ static muon_hparams *muon__alloc_groups(muon_optimizer *opt, muon_adamw_hparams 
   return g;
 }
 
-/* The loaded groups and step count become the optimizer's, said through the logger where the
+/* The loaded groups, step count and run become the optimizer's, said through the logger where the
    hyperparameters change (torch's load_state_dict replaces them too). */
 static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const muon_adamw_hparams *adamw_groups,
-                        uint64_t steps, const char *op) {
+                        uint64_t steps, uint64_t run, const char *op) {
   int i;
   for (i = 0; i < opt->n_groups; i++) {
     unsigned char x[MUON__GROUP_MAX], y[sizeof x], *px = x, *py = y;
@@ -6209,6 +6286,7 @@ static void muon__adopt(muon_optimizer *opt, const muon_hparams *groups, const m
   memcpy(opt->groups, groups, (size_t)opt->n_groups * sizeof(muon_hparams));
   memcpy(opt->adamw_groups, adamw_groups, (size_t)opt->n_adamw_groups * sizeof(muon_adamw_hparams));
   opt->stats.steps = (long long)steps;
+  opt->run = run;
 }
 
 /* A saved v must have the length its group (as saved) gives it, and be finite and >= 0. */
@@ -6369,7 +6447,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
     }
   }
   muon__normuon_finish_load(opt);
-  muon__adopt(opt, groups, adamw_groups, b.steps, op);
+  muon__adopt(opt, groups, adamw_groups, b.steps, b.run, op);
 done:
   if (st != MUON_OK) muon__normuon_drop_next(opt);
   muon__free(&opt->allocator, tmp);
@@ -6566,7 +6644,7 @@ typedef struct muon__reshard {
   unsigned char *matched;       /* per matrix: some blob has a record of it */
   unsigned char *group_bytes;   /* the first blob's group section: the others must match it */
   size_t group_len;
-  uint64_t steps;
+  uint64_t steps, run;
   muon_hparams *groups;
   muon_adamw_hparams *adamw_groups;
 } muon__staging;
@@ -6633,12 +6711,18 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
       return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, R->group_len);
     memcpy(R->group_bytes, b.groups, R->group_len);
     R->steps = b.steps;
+    R->run = b.run;
     if ((st = muon__blob_groups(opt, &b, R->groups, R->adamw_groups, op)) != MUON_OK) return st;
   } else if (b.steps != R->steps) {
     return muon__fail(
         opt, MUON_ERR_STATE,
         "%s: rank %u saved after %llu steps, another blob after %llu: they belong to different checkpoints", op, b.rank,
         (unsigned long long)b.steps, (unsigned long long)R->steps);
+  } else if (b.run != R->run) {
+    return muon__fail(opt, MUON_ERR_STATE,
+                      "%s: rank %u's blob belongs to run %016llx, another blob to run %016llx: they are checkpoints "
+                      "of different jobs",
+                      op, b.rank, (unsigned long long)b.run, (unsigned long long)R->run);
   } else if ((size_t)(b.matrices - b.groups) != R->group_len || memcmp(b.groups, R->group_bytes, R->group_len) != 0) {
     return muon__fail(
         opt, MUON_ERR_STATE,
@@ -6886,7 +6970,7 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     /* Every holder now has v; planning keeps the owner's and drops the copies, which would go
        stale (only the owner's v moves on) and then disagree in the next checkpoint. */
     for (i = 0; i < nm; i++) if (R.normuon[i]) opt->plan.ready = 0;
-    muon__adopt(opt, R.groups, R.adamw_groups, R.steps, fn);
+    muon__adopt(opt, R.groups, R.adamw_groups, R.steps, R.run, fn);
   }
 done:
   if (st != MUON_OK) muon__normuon_drop_next(opt);
@@ -7942,8 +8026,14 @@ static size_t muon__ns_ws_floats(int m, int n, int gram) {
 }
 
 MUON_API size_t muon_ns_workspace_floats(int rows, int cols) {
-  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows;
-  return rows > 0 && cols > 0 ? muon__ns_ws_floats(m, n, (long long)n >= 2 * (long long)m) : 0;
+  int m = rows < cols ? rows : cols, n = rows < cols ? cols : rows, gram = (long long)n >= 2 * (long long)m;
+  const size_t most = SIZE_MAX / sizeof(float), pack = (size_t)MUON__GEMM_PACK_FLOATS;   /* bytes must fit too */
+  size_t mn, mm;
+  if (rows <= 0 || cols <= 0 || (size_t)m > most / (size_t)n) return 0;
+  mn = (size_t)m * (size_t)n;
+  mm = (size_t)m * (size_t)m;
+  if (mn > most - pack || mm > (most - mn - pack) / (gram ? 5 : 2)) return 0;
+  return muon__ns_ws_floats(m, n, gram);
 }
 
 /* Whether a CPU backend's GEMMs are CBLAS's (a NULL ctx: MUON_GEMM_AUTO). */

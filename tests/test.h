@@ -80,6 +80,14 @@ static inline double test_rel_err(const float *a, const double *b, size_t n, siz
   return num / den;
 }
 
+/* Two state blobs (muon_state_save) of n bytes holding the same state: equal but for the run's
+   identity (header bytes 32..40) and so the checksum. Separate distributed optimizers are
+   separate runs. */
+static inline int test_same_state(const void *a, const void *b, size_t n) {
+  const unsigned char *x = (const unsigned char *)a, *y = (const unsigned char *)b;
+  return n >= 48 && memcmp(x, y, 32) == 0 && memcmp(x + 40, y + 40, n - 48) == 0;
+}
+
 static inline int test_summary(void) {
   test__end_case();
   printf("%d passed, %d failed\n", test__passed, test__failed);

@@ -474,6 +474,69 @@ static void case_plan_vs_step(void) {
   model_close(&B);
 }
 
+/* ==== 5b. ranks restored from checkpoints of different steps, or of different runs ===========
+   Each rank loads its own blob, the documented restart path. Catches: a rank restored from
+   another step, or from another job's checkpoint of the same model, step and settings, going
+   on (replicated AdamW params would differ across ranks, momentum would be stitched from two
+   runs); statuses that differ; anything applied; fresh ranks not sharing rank 0's identity; a
+   consistent restore refused. */
+static uint64_t get64le(const unsigned char *p);
+static unsigned char *saved(const model *m, size_t *n) {
+  unsigned char *b;
+  *n = muon_state_size(m->opt);
+  b = (unsigned char *)malloc(*n);
+  CHECK(muon_state_save(m->opt, b, *n) == MUON_OK, "save: %s", muon_error(m->opt));
+  return b;
+}
+static void restore_expect(model *A, const unsigned char *b, size_t n, const char *what, const char *needle) {
+  snap s;
+  muon_status st;
+  CHECK(muon_state_load(A->opt, b, n) == MUON_OK, "%s: load: %s", what, muon_error(A->opt));
+  snap_take(A, &s);
+  st = muon_step(A->opt);
+  expect_all(what, st, MUON_ERR_MISMATCH, A->opt);
+  CHECK(has(muon_error(A->opt), needle), "%s: rank %d's message '%s' does not say '%s'", what, W.rank,
+        muon_error(A->opt), needle);
+  expect_unchanged(what, A, &s);
+  snap_free(&s);
+}
+static void case_mixed_checkpoints(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  unsigned char *a1, *a2, *b2;
+  size_t n1, n2, nb;
+  uint64_t run_a[MAXP], run_b[MAXP], mine;
+  int last = W.size - 1, r, same = 1;
+  if (W.size < 2) return;
+  TEST_CASE("5b. per-rank restores from different steps or runs: MISMATCH on every rank, nothing applied; one identity per run");
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, &B);
+  a1 = saved(&A, &n1);
+  step_both("step 2", &A, &B);
+  a2 = saved(&A, &n2);
+  b2 = saved(&B, &nb);
+  /* the blob's run field (header bytes 32..40): one per run, agreed by its ranks at the first step */
+  mine = get64le(a2 + 32);
+  W.world.vt->allgather(W.world.ctx, &mine, run_a, sizeof mine);
+  mine = get64le(b2 + 32);
+  W.world.vt->allgather(W.world.ctx, &mine, run_b, sizeof mine);
+  for (r = 0; r < W.size; r++) same &= run_a[r] == run_a[0] && run_b[r] == run_b[0];
+  CHECK(same && run_a[0] && run_b[0] && run_a[0] != run_b[0],
+        "run identities: every rank of a run must save its rank 0's, two runs two (A %016llx, B %016llx)",
+        (unsigned long long)run_a[0], (unsigned long long)run_b[0]);
+  restore_expect(&A, W.rank == last ? a1 : a2, W.rank == last ? n1 : n2, "the last rank restored step 1, the others step 2",
+                 "different steps");
+  restore_expect(&A, W.rank == last ? b2 : a2, W.rank == last ? nb : n2, "the last rank restored another run's step 2",
+                 "different runs");
+  CHECK(muon_state_load(A.opt, a2, n2) == MUON_OK, "load: %s", muon_error(A.opt));
+  step_both("every rank restored its own step-2 blob", &A, &B);
+  expect_equal("restored, then one step", &A, &B, 3);
+  free(a1); free(a2); free(b2);
+  model_close(&A);
+  model_close(&B);
+}
+
 /* ==== 6. a NaN gradient on one rank ============================================================
    ERROR catches: a rank that does not see the NaN (it is on another rank) stepping on, ranks
    failing with different statuses, a message without the matrix or the rank, anything applied.
@@ -799,13 +862,13 @@ static void case_state_values(void) {
   blob = (unsigned char *)malloc(n);
   again = (unsigned char *)malloc(n);
   CHECK(muon_state_save(A.opt, orig, n) == MUON_OK, "save: %s", muon_error(A.opt));
-  /* Offsets, from the layout documented above muon_state_save: header 40, group counts 8, one
+  /* Offsets, from the layout documented above muon_state_save: header 48, group counts 8, one
      group's record (u32 length, 4 * (15 + 3 ns_steps) bytes), one AdamW group's (u32 length, 24
      bytes), then the matrices (rows, cols,
      size, name hash: 24 bytes), each with its layout record of 12 + 32 * MUON_MAX_LEVELS bytes
      and a NorMuon length (0 here: no NorMuon, no floats follow) after the momentum. */
   muon_get_group(A.opt, 0, &hp);
-  off = 40 + 8 + 4 + 4 * (15 + 3 * (size_t)hp.ns_steps) + 4 + 24;
+  off = 48 + 8 + 4 + 4 * (15 + 3 * (size_t)hp.ns_steps) + 4 + 24;
   mom0 = off + 24;                                              /* matrix 0's first momentum float */
   for (k = 0; k < 3; k++) { muon_get_momentum(A.opt, A.idx[k], &mom, &mn); off += 24 + 4 * mn + 12 + 32 * MUON_MAX_LEVELS + 4; }
   adam = off;                                                   /* AdamW param 0: size, step, name hash, full size, offset (40 bytes), m, v */
@@ -1144,6 +1207,7 @@ int main(int argc, char **argv) {
   mismatch_case(MM_PREFETCH);
   case_state_ns();
   case_plan_vs_step();
+  case_mixed_checkpoints();
   case_nan_grad();
   case_nan_adamw(0);
   case_nan_adamw(1);

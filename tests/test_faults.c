@@ -524,9 +524,9 @@ static void fs_sweep(fs_kind kind, int device, fs_tally *all) {
     if (R.partial) t.partial++;
     else {
       int differ = memcmp(&RES.p, &ref->p, sizeof RES.p) != 0 || RES.state_n != ref->state_n ||
-                   memcmp(RES.state, ref->state, RES.state_n) != 0;
+                   !test_same_state(RES.state, ref->state, RES.state_n);
       if (kind == FS_STATE)
-        differ |= RES.saved_n != ref->saved_n || memcmp(RES.saved, ref->saved, RES.saved_n) != 0 ||
+        differ |= RES.saved_n != ref->saved_n || !test_same_state(RES.saved, ref->saved, RES.saved_n) ||
                   memcmp(RES.gp, ref->gp, sizeof RES.gp) != 0 || memcmp(RES.gm, ref->gm, sizeof RES.gm) != 0 ||
                   RES.dump_n != ref->dump_n || memcmp(RES.dump, ref->dump, RES.dump_n) != 0;
       if (differ && t.ends_differ++ < 4)
@@ -578,15 +578,15 @@ static void test_same_ends(void) {
     for (dev = 0; dev < 2; dev++) {
       const fs_result *a = &REF[FS_ONE][0], *b = &REF[k][dev];
       CHECK(memcmp(&a->p, &b->p, sizeof a->p) == 0, "%s, %s memory: parameters differ from one device's", fs_kind_names[k], dev ? "device" : "host");
-      CHECK(a->state_n == b->state_n && memcmp(a->state, b->state, a->state_n) == 0, "%s, %s memory: state differs from one device's",
+      CHECK(a->state_n == b->state_n && test_same_state(a->state, b->state, a->state_n), "%s, %s memory: state differs from one device's",
             fs_kind_names[k], dev ? "device" : "host");
     }
   for (dev = 0; dev < 2; dev++) {
     const fs_result *a = &REF[FS_STATE][0], *b = &REF[FS_STATE][dev];
     CHECK(b->dump_n > 24 && b->saved_n > 0, "state scenario, %s memory: no dump or no saved state", dev ? "device" : "host");
-    CHECK(memcmp(&a->p, &b->p, sizeof a->p) == 0 && a->state_n == b->state_n && memcmp(a->state, b->state, a->state_n) == 0 &&
+    CHECK(memcmp(&a->p, &b->p, sizeof a->p) == 0 && a->state_n == b->state_n && test_same_state(a->state, b->state, a->state_n) &&
           a->dump_n == b->dump_n && memcmp(a->dump, b->dump, a->dump_n) == 0 && memcmp(a->gp, b->gp, sizeof a->gp) == 0 &&
-          memcmp(a->gm, b->gm, sizeof a->gm) == 0 && a->saved_n == b->saved_n && memcmp(a->saved, b->saved, a->saved_n) == 0,
+          memcmp(a->gm, b->gm, sizeof a->gm) == 0 && a->saved_n == b->saved_n && test_same_state(a->saved, b->saved, a->saved_n),
           "state scenario: device memory ends elsewhere than host memory");
   }
 }

@@ -242,6 +242,11 @@ static void test_null_optimizer(void) {
   CHECK(strcmp(muon_status_string((muon_status)-1), "unknown muon_status") == 0 &&
         strcmp(muon_status_string(MUON_STATUS_COUNT), "unknown muon_status") == 0, "out-of-range statuses");
   CHECK(muon_ns_workspace_floats(0, 5) == 0 && muon_ns_workspace_floats(5, -1) == 0 && muon_ns_workspace_floats(-3, -3) == 0, "workspace of an empty shape");
+  CHECK(muon_ns_workspace_floats(INT_MAX, INT_MAX) == 0,
+        "a workspace whose bytes no size_t counts is 0, not wrapped around (%zu)", muon_ns_workspace_floats(INT_MAX, INT_MAX));
+  CHECK(muon_ns_workspace_floats(INT_MAX, INT_MAX / 3) <= SIZE_MAX / sizeof(float) &&
+            muon_ns_workspace_floats(INT_MAX, INT_MAX / 3) >= 2 * (size_t)INT_MAX,
+        "a huge workspace whose bytes fit: %zu floats", muon_ns_workspace_floats(INT_MAX, INT_MAX / 3));
   {
     muon_comm c;
     muon_compute k;
@@ -1155,12 +1160,12 @@ static void reseal(unsigned char *b, size_t n) {
 }
 
 /* Offsets in the version-1 blob of `model` on one device (see the state format in muon.h):
-   header 40, group counts 8, the Muon group's record (u32 length, then 4 * (15 + 3 * 5)), the
+   header 48, group counts 8, the Muon group's record (u32 length, then 4 * (15 + 3 * 5)), the
    AdamW group's (u32 length, then 24); matrix w1:
    rows, cols, u64 size, u64 name hash, 60 floats of momentum, the layout record (12 + 32 * 8),
    u32 NorMuon length; then w2 (96 floats); then AdamW b: u64 size, step, name hash, full size,
    offset, 8 + 8 floats of moments; the u64 checksum. */
-enum { B_GROUP = 48, B_AGROUP = B_GROUP + 4 + 120, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
+enum { B_GROUP = 56, B_AGROUP = B_GROUP + 4 + 120, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
        B_W2 = B_LAYOUT + 268 + 4, B_AW = B_W2 + 24 + 384 + 268 + 4, B_SIZE = B_AW + 40 + 64 + 8 };
 
 /* A copy of blob with up to three u32 fields replaced (at < 0: none), resealed. */
@@ -1179,9 +1184,9 @@ static void test_blob_records(void) {
     { 8, 0, 0, "state version 0" },
     { 20, 1, 0, "reserved header field" },
     { 28, 0x80000000u, 0, "step count" },
-    { 32, 3, 0, "rank 3 of a world of 1" },
-    { 36, 0, 0, "world of 0" },
-    { 36, 2, 0, "this state was saved by rank 0 of 2, this optimizer is rank 0 of 1" },
+    { 40, 3, 0, "rank 3 of a world of 1" },
+    { 44, 0, 0, "world of 0" },
+    { 44, 2, 0, "this state was saved by rank 0 of 2, this optimizer is rank 0 of 1" },
     { B_GROUP + 4, 0xbf800000u, 0, "group 0: muon_hparams.lr " },
     { B_GROUP + 4 + 24, 0, 0, "ends inside its groups" },
     { B_GROUP + 4 + 24, MUON_NS_MAX_STEPS + 1, 0, "ends inside its groups" },
@@ -1245,8 +1250,9 @@ static void test_blob_records(void) {
     };
     /* Pairs: blob 0 is rank 0 of 2, blob 1 rank 1 of 2 with one field changed. */
     static const struct { int at; uint32_t value; const char *needle; } two[] = {
-      { 32, 0, "a second blob of rank 0" },
+      { 40, 0, "a second blob of rank 0" },
       { 24, 99, "rank 1 saved after 99 steps, another blob after 1" },
+      { 32, 7, "they are checkpoints of different jobs" },
       { B_GROUP + 4, 0x3c23d70au, "rank 1 saved other group hyperparameters" },
       { B_MOM + 4, 0x3f800000u, "rank 1's momentum of matrix 'w1' differs from another saved replica's (local element 1)" },
       { B_AW + 40 + 8, 0x3f800000u, "rank 1's moments of AdamW param 'b' differ from another saved replica's (element 2)" },
@@ -1267,8 +1273,8 @@ static void test_blob_records(void) {
     }
     for (i = 0; i < sizeof two / sizeof two[0]; i++) {
       muon_status st;
-      b0 = forge(blob, n, 36, 2, -1, 0, -1, 0);
-      b1 = forge(blob, n, 36, 2, 32, 1, two[i].at, two[i].value);
+      b0 = forge(blob, n, 44, 2, -1, 0, -1, 0);
+      b1 = forge(blob, n, 44, 2, 40, 1, two[i].at, two[i].value);
       blobs[0] = b0;
       blobs[1] = b1;
       st = muon_state_reshard(o, blobs, sizes, 2);
@@ -1278,8 +1284,8 @@ static void test_blob_records(void) {
     }
     CHECK(snap_same(o, &s) && memcmp(&m, &keep, sizeof m) == 0, "a refused reshard changed the optimizer or its parameters");
     {   /* two consistent halves of one checkpoint (replicas of everything) do load */
-      b0 = forge(blob, n, 36, 2, -1, 0, -1, 0);
-      b1 = forge(blob, n, 36, 2, 32, 1, -1, 0);
+      b0 = forge(blob, n, 44, 2, -1, 0, -1, 0);
+      b1 = forge(blob, n, 44, 2, 40, 1, -1, 0);
       blobs[0] = b1;   /* any order */
       blobs[1] = b0;
       CHECK(muon_state_reshard(o, blobs, sizes, 2) == MUON_OK, "two replicas: %s", muon_error(o));

@@ -260,6 +260,30 @@ static const char *path_of(char *buf, size_t n, const char *dir, const char *pre
   return buf;
 }
 
+/* A copy of the blob file `from` at `to` with another run identity, checksum rewritten. */
+static int copy_as_other_run(const char *from, const char *to) {
+  FILE *f = fopen(from, "rb");
+  unsigned char *b = NULL;
+  long n = -1;
+  int i, ok = 0;
+  if (f && fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 48 && fseek(f, 0, SEEK_SET) == 0 &&
+      (b = (unsigned char *)malloc((size_t)n)) && fread(b, 1, (size_t)n, f) == (size_t)n) {
+    uint64_t h;
+    b[32] ^= 0x5a;
+    h = muon__fnv1a(b, (size_t)n - 8);
+    for (i = 0; i < 8; i++) b[n - 8 + i] = (unsigned char)(h >> (8 * i));
+    ok = 1;
+  }
+  if (f) fclose(f);
+  if (ok) {
+    f = fopen(to, "wb");
+    ok = f && fwrite(b, 1, (size_t)n, f) == (size_t)n;
+    if (f && fclose(f) != 0) ok = 0;
+  }
+  free(b);
+  return ok;
+}
+
 int main(int argc, char **argv) {
   ex_world w = ex_init(argc, argv);
   const char *layout = NULL, *save = NULL, *load = NULL;
@@ -304,7 +328,7 @@ int main(int argc, char **argv) {
     for (t = 0; t < K1; t++) step(&m, t, 0);   /* the single device up to the checkpoint */
     m.opt = make_dist(&w, &m, &su, 0);
 
-    TEST_CASE("reshard: bad file sets are MUON_ERR_STATE, naming the problem, and change nothing");
+    TEST_CASE("reshard: bad file sets (a rank missing or twice, two checkpoints, two runs, a missing file) are MUON_ERR_STATE, naming the problem, and change nothing");
     if (from > 1) {
       CHECK(muon_state_reshard_files(m.opt, (const char *const *)paths, from - 1) == MUON_ERR_STATE && strstr(muon_error(m.opt), "blobs were given"),
             "a rank missing: %s", muon_error(m.opt));
@@ -316,6 +340,17 @@ int main(int argc, char **argv) {
       path_of(paths[1], 512, load, "later.", 1);
       CHECK(muon_state_reshard_files(m.opt, (const char *const *)paths, from) == MUON_ERR_STATE && strstr(muon_error(m.opt), "different checkpoints"),
             "two checkpoints: %s", muon_error(m.opt));
+      free(paths[1]);
+      paths[1] = saved;
+      /* rank 1's blob as another job of the same model, step and settings would have saved it:
+         only the run's identity (header bytes 32..40) differs */
+      paths[1] = (char *)malloc(512);
+      snprintf(title, sizeof title, "otherrun.by%d.", w.rank);
+      CHECK(copy_as_other_run(saved, path_of(paths[1], 512, load, title, 1)), "writing %s", paths[1]);
+      CHECK(muon_state_reshard_files(m.opt, (const char *const *)paths, from) == MUON_ERR_STATE &&
+                strstr(muon_error(m.opt), "different jobs"),
+            "two runs: %s", muon_error(m.opt));
+      remove(paths[1]);
       free(paths[1]);
       paths[1] = saved;
     }

@@ -71,12 +71,12 @@ static int read_file(const char *dir, const char *name, void *p, size_t n) {
 /* AdamW group 0's grow_test as this optimizer saves it: the last field of that group's record
    (header 40, group counts 8, each Muon group's u32-length record, then the AdamW ones). */
 static float saved_adamw_grow(muon_optimizer *o) {
-  size_t n = muon_state_size(o), at = 48;
+  size_t n = muon_state_size(o), at = 56;   /* the header (48), the two group counts */
   unsigned char *b = (unsigned char *)malloc(n);
   uint32_t groups, len, k;
   float x = -1;
   if (b && muon_state_save(o, b, n) == MUON_OK) {
-    memcpy(&groups, b + 40, 4);
+    memcpy(&groups, b + 48, 4);
     for (k = 0; k < groups; k++) { memcpy(&len, b + at, 4); at += 4 + len; }
     memcpy(&len, b + at, 4);
     if (len == 28) memcpy(&x, b + at + 4 + 24, 4);

@@ -227,7 +227,7 @@ typedef struct fz_adamw_rec {
 
 typedef struct fz_blob {
   uint32_t version, n_matrices, n_adamw, rank, world, n_groups, n_adamw_groups;
-  uint64_t steps;
+  uint64_t steps, run;
   const unsigned char *groups;     /* the group section (Muon groups, then AdamW groups)        */
   size_t groups_len;
   int groups_canonical;            /* every group record has the length this muon.h writes       */
@@ -239,19 +239,20 @@ typedef struct fz_blob {
    more records than FZ_MAX_TENSORS); checks framing only, not the checksum. Group records are
    length-prefixed: a Muon group's holds at least 7 u32 and its ns_steps triples. */
 static FZ_MODELS_UNUSED int fz_blob_read(const unsigned char *b, size_t n, fz_blob *out) {
-  size_t at = 48, end;
+  size_t at = 56, end;
   uint32_t i;
   memset(out, 0, sizeof *out);
-  if (n < 56 || memcmp(b, "MUONSTAT", 8) != 0) return 0;
+  if (n < 64 || memcmp(b, "MUONSTAT", 8) != 0) return 0;
   end = n - 8;
   out->version = fz_get32(b + 8);
   out->n_matrices = fz_get32(b + 12);
   out->n_adamw = fz_get32(b + 16);
   out->steps = fz_get64(b + 24);
-  out->rank = fz_get32(b + 32);
-  out->world = fz_get32(b + 36);
-  out->n_groups = fz_get32(b + 40);
-  out->n_adamw_groups = fz_get32(b + 44);
+  out->run = fz_get64(b + 32);
+  out->rank = fz_get32(b + 40);
+  out->world = fz_get32(b + 44);
+  out->n_groups = fz_get32(b + 48);
+  out->n_adamw_groups = fz_get32(b + 52);
   if (out->version != 1 || out->n_matrices > FZ_MAX_TENSORS || out->n_adamw > FZ_MAX_TENSORS || out->n_groups > 64 || out->n_adamw_groups > 64) return 0;
   out->groups = b + at;
   out->groups_canonical = 1;

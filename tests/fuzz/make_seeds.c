@@ -52,6 +52,7 @@ static unsigned char *save(fz_model *m, size_t *n) {
   unsigned char *buf;
   *n = muon_state_size(m->opt);
   buf = (unsigned char *)malloc(*n);
+  if (m->opt->run) m->opt->run = 0x5eed5eed5eed5eedull;   /* the run's identity is random: pin it */
   if (!buf || muon_state_save(m->opt, buf, *n) != MUON_OK) { fprintf(stderr, "make_seeds: save failed: %s\n", muon_error(m->opt)); exit(1); }
   return buf;
 }
