@@ -118,7 +118,8 @@
        >>ns         Newton-Schulz alone      >>impl-agree     the per-step agreement
        >>elementwise  formulas shared with   >>impl-xfer, >>impl-rounds, >>impl-adamw,
                       muon_cuda.h's kernels  >>impl-commit, >>impl-api-step (muon_step)
-                                             >>impl-state, >>impl-reshard, >>impl-verify
+                                             >>impl-state, >>impl-files, >>impl-reshard,
+                                             >>impl-verify
                                              >>impl-cpu-backend: >>impl-threads, >>impl-gemm,
                                                >>impl-ns, >>impl-cpu (its slots, vtable)
 */
@@ -940,7 +941,7 @@ MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *c
 MUON_API muon_status muon_gather_matrix(muon_optimizer *opt, int global, int root, float *param, float *momentum);
 /* Every matrix's parameter (and momentum, with_momentum != 0) into one file on rank `root`, in
    the format of muon.h's implementation section ("A dump file"); compare two with tools/muoncmp.
-   Written to <path>.muon-tmp, then renamed. AdamW parameters are not in it. */
+   Written atomically, as muon_state_save_file writes. AdamW parameters are not in it. */
 MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int root, int with_momentum);
 /* The framework's position of this rank's local element k of its matrix `matrix` (the index
    muon_add_matrix gave): row * cols + col in the full matrix (e.g. from its shard metadata). */
@@ -1129,6 +1130,7 @@ MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, co
 #endif
 #if defined(__unix__) || defined(__APPLE__)
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #if !defined(MUON_NO_THREADS)
 #include <pthread.h>
@@ -6455,159 +6457,407 @@ done:
   return st;
 }
 
-/* Checkpoint files. A save writes "<path>.muon-tmp" beside the target, flushes it to disk, and
-   renames it over the target (then flushes the directory), so a failure or a kill at any point
-   leaves the previous checkpoint whole. POSIX gets open/write/fsync/rename; elsewhere stdio and
-   rename (not atomic where rename cannot replace a file). Failures carry the OS's reason. */
+/* >>impl-files --------------------------------------------------------------------------------
+   Checkpoint and dump files: one writer (muon__afile) for muon_state_save_file and muon_dump_file,
+   one reader (muon__read_file) for muon_state_load_file and muon_state_reshard_files.
+   Writing goes to a temporary "<target>.muon-tmp-XXXXXX" beside the target, created with O_EXCL
+   under a fresh name (two saves to one path never share one) and mode 0666 less the umask, as
+   fopen gives; it is flushed to disk and renamed over the target, then the directory is flushed,
+   so a failure or a kill at any point leaves the previous file whole. Every failure removes the
+   temporary. A target that exists and is not a regular file (a FIFO, a device such as /dev/null,
+   a directory) is refused before anything is created: the rename would replace it. Symbolic
+   links are followed where the C library declares lstat and readlink (not glibc under a strict
+   -std=c99 alone): the file a link names is replaced and the link stays, as fopen writes through.
+   Reading takes regular files only, checked with fstat on the opened descriptor before any read
+   (opened O_NONBLOCK, so a FIFO cannot block); the buffer is the size fstat gives, and the file
+   must end there. Elsewhere (not POSIX): stdio, sized by ftell, and rename (not atomic where
+   rename cannot replace a file), without the type checks. Failures carry the OS's reason. */
+#if defined(__unix__) || defined(__APPLE__)
+#define MUON__POSIX_FILES 1
+#if defined(__APPLE__) || (defined(_POSIX_C_SOURCE) && _POSIX_C_SOURCE >= 200112L) || \
+    (defined(_XOPEN_SOURCE) && _XOPEN_SOURCE >= 500)
+#define MUON__FOLLOW_LINKS 1
+#endif
+#endif
+
 #ifdef MUON_TEST_SAVE_FAULT
-static int muon__save_fault_at;   /* tests: the nth file operation of a save fails (EIO) */
+static int muon__save_fault_at;   /* tests: the nth file operation of a write fails (EIO) */
 static int muon__save_op;
+static int muon__tmp_fixed;       /* tests: a temporary's name depends on the try alone */
 #define MUON__SAVE_FAULT() (++muon__save_op == muon__save_fault_at ? (errno = EIO, 1) : 0)
 #else
 #define MUON__SAVE_FAULT() 0
 #endif
 
+/* File failures beside errno's values: no memory for the names, or a target that is not a
+   regular file (which kind it is). Negative, so that the dump can send them like an errno. */
+enum { MUON__F_NOMEM = -1, MUON__F_DIR = -2, MUON__F_FIFO = -3, MUON__F_CHR = -4, MUON__F_BLK = -5,
+       MUON__F_OTHER = -6 };
+
+static const char *muon__file_reason(int err) {
+  switch (err) {
+  case MUON__F_NOMEM: return "out of memory";
+  case MUON__F_DIR: return "a directory, not a regular file";
+  case MUON__F_FIFO: return "a FIFO, not a regular file";
+  case MUON__F_CHR: return "a character device, not a regular file";
+  case MUON__F_BLK: return "a block device, not a regular file";
+  case MUON__F_OTHER: return "a special file, not a regular file";
+  default: return strerror(err);
+  }
+}
+
 static muon_status muon__file_fail(muon_optimizer *opt, const char *op, const char *what, const char *path, int err) {
+  if (err == MUON__F_NOMEM)
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the names for '%s' failed", op, path);
+  if (err < 0) return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is %s", op, path, muon__file_reason(err));
   return muon__fail(opt, MUON_ERR_STATE, "%s: %s '%s' failed: %s", op, what, path, strerror(err));
 }
 
-static muon_status muon__write_file(muon_optimizer *opt, const char *path, char *tmp, const void *buf, size_t n) {
-  const char *op = "muon_state_save_file";
-#if defined(__unix__) || defined(__APPLE__)
-  const unsigned char *p = (const unsigned char *)buf;
-  size_t done = 0;
-  int fd = MUON__SAVE_FAULT() ? -1 : open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), err;
-  const char *slash;
-  if (fd < 0) return muon__file_fail(opt, op, "creating", tmp, errno);
-  while (done < n) {
-    ssize_t w = MUON__SAVE_FAULT() ? -1 : write(fd, p + done, n - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      err = w < 0 ? errno : EIO;
-      close(fd);
-      remove(tmp);
-      return muon__file_fail(opt, op, "writing", tmp, err);
-    }
-    done += (size_t)w;
-  }
-  if (MUON__SAVE_FAULT() || fsync(fd) != 0) {
-    err = errno;
-    close(fd);
-    remove(tmp);
-    return muon__file_fail(opt, op, "flushing", tmp, err);
-  }
-  if (MUON__SAVE_FAULT() || close(fd) != 0) {
-    err = errno;
-    remove(tmp);
-    return muon__file_fail(opt, op, "closing", tmp, err);
-  }
-  if (MUON__SAVE_FAULT() || rename(tmp, path) != 0) {
-    err = errno;
-    remove(tmp);
-    return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err);
-  }
-  /* The rename itself is durable once the directory is flushed (its name goes where tmp's was). */
-  slash = strrchr(path, '/');
-  if (!slash) strcpy(tmp, ".");
-  else { memcpy(tmp, path, (size_t)(slash - path) + (slash == path)); tmp[(slash - path) + (slash == path)] = '\0'; }
-  fd = MUON__SAVE_FAULT() ? -1 : open(tmp, O_RDONLY);
-  if (fd < 0 || fsync(fd) != 0) {
-    err = errno;
-    if (fd >= 0) close(fd);
-    return muon__file_fail(opt, op, "flushing the directory of", path, err);
-  }
-  close(fd);
-  return MUON_OK;
-#else
-  FILE *f = MUON__SAVE_FAULT() ? NULL : fopen(tmp, "wb");
-  int err;
-  if (!f) return muon__file_fail(opt, op, "creating", tmp, errno);
-  if (MUON__SAVE_FAULT() || fwrite(buf, 1, n, f) != n || fflush(f) != 0) {
-    err = errno;
-    fclose(f);
-    remove(tmp);
-    return muon__file_fail(opt, op, "writing", tmp, err);
-  }
-  if (MUON__SAVE_FAULT() || fclose(f) != 0) {
-    err = errno;
-    remove(tmp);
-    return muon__file_fail(opt, op, "closing", tmp, err);
-  }
-  if (MUON__SAVE_FAULT() || (rename(tmp, path) != 0 && (remove(path), rename(tmp, path) != 0))) {
-    err = errno; remove(tmp); return muon__file_fail(opt, op, "renaming the new checkpoint over", path, err);
-  }
-  return MUON_OK;
+#ifdef MUON__POSIX_FILES
+static int muon__file_kind(const struct stat *st) {
+  if (S_ISREG(st->st_mode)) return 0;
+  return S_ISDIR(st->st_mode) ? MUON__F_DIR : S_ISFIFO(st->st_mode) ? MUON__F_FIFO : S_ISCHR(st->st_mode) ? MUON__F_CHR
+         : S_ISBLK(st->st_mode) ? MUON__F_BLK : MUON__F_OTHER;
+}
 #endif
+
+/* The file a save replaces: path, or where its chain of symbolic links (40 at most) leads; a
+   relative link counts from the link's directory. *out is allocator memory. Returns 0, an errno
+   or MUON__F_NOMEM; a name that cannot be examined is left for the steps after to report. */
+static int muon__save_target(const muon_allocator *al, const char *path, char **out) {
+  size_t len = strlen(path);
+  char *cur = (char *)muon__alloc(al, len + 1);
+#ifdef MUON__FOLLOW_LINKS
+  int hops;
+#endif
+  *out = NULL;
+  if (!cur) return MUON__F_NOMEM;
+  memcpy(cur, path, len + 1);
+#ifdef MUON__FOLLOW_LINKS
+  for (hops = 0;; hops++) {
+    struct stat st;
+    char *link = NULL, *next;
+    const char *slash;
+    size_t cap, dir;
+    ssize_t n = -1;
+    if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) break;
+    if (hops == 40) { muon__free(al, cur); return ELOOP; }
+    for (cap = st.st_size > 0 ? (size_t)st.st_size + 1 : 256; cap <= ((size_t)1 << 20); cap *= 2) {
+      if (!(link = (char *)muon__alloc(al, cap))) { muon__free(al, cur); return MUON__F_NOMEM; }
+      if ((n = readlink(cur, link, cap)) < 0 || (size_t)n < cap) break;
+      muon__free(al, link);   /* the link grew since lstat: try a larger buffer */
+      link = NULL;
+    }
+    if (!link || n < 0) {
+      int err = link ? errno : ENAMETOOLONG;
+      muon__free(al, link);
+      muon__free(al, cur);
+      return err;
+    }
+    slash = strrchr(cur, '/');
+    dir = link[0] == '/' || !slash ? 0 : (size_t)(slash - cur) + 1;
+    if (!(next = (char *)muon__alloc(al, dir + (size_t)n + 1))) {
+      muon__free(al, link);
+      muon__free(al, cur);
+      return MUON__F_NOMEM;
+    }
+    memcpy(next, cur, dir);
+    memcpy(next + dir, link, (size_t)n);
+    next[dir + (size_t)n] = '\0';
+    muon__free(al, link);
+    muon__free(al, cur);
+    cur = next;
+  }
+#endif
+  *out = cur;
+  return 0;
 }
 
-MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path) {
-  size_t n, len;
-  void *buf;
-  char *tmp;
-  muon_status st;
-  if (!opt) return MUON_ERR_ARG;
-  if (!path) return muon__fail(opt, MUON_ERR_ARG, "muon_state_save_file: path is NULL");
-  n = muon__state_bytes(opt);
-  len = strlen(path);
-  buf = muon__alloc(&opt->allocator, n);
-  tmp = buf ? (char *)muon__alloc(&opt->allocator, len + 16) : NULL;
-  if (!tmp) {
-    muon__free(&opt->allocator, buf);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save_file: allocating %zu bytes failed", n);
+/* Writing a file atomically: muon__afile_open, muon__afile_write (any number), muon__afile_commit,
+   and always muon__afile_close, which removes the temporary unless the commit renamed it. A
+   failing call returns its errno (or a MUON__F_ code), leaves what failed in `what` and `at`
+   for the message, and removes the temporary at once. */
+typedef struct muon__afile {
+  const muon_allocator *al;
+  char *target;         /* what the rename replaces (muon__save_target) */
+  char *tmp;            /* "<target>.muon-tmp-XXXXXX" */
+  const char *what;     /* the step that failed, and its file */
+  const char *at;
+  int live;             /* the temporary exists */
+#ifdef MUON__POSIX_FILES
+  int fd;
+#else
+  FILE *f;
+#endif
+} muon__afile;
+
+static void muon__afile_drop(muon__afile *a) {
+#ifdef MUON__POSIX_FILES
+  if (a->fd >= 0) close(a->fd);
+  a->fd = -1;
+#else
+  if (a->f) fclose(a->f);
+  a->f = NULL;
+#endif
+  if (a->live) remove(a->tmp);
+  a->live = 0;
+}
+
+static int muon__afile_fail(muon__afile *a) {
+  int err = errno ? errno : EIO;
+  muon__afile_drop(a);
+  return err;
+}
+
+/* A fresh temporary name: 6 characters from the process, the clock, this call's stack and the try. */
+static void muon__tmp_name(char *tmp, const char *target, size_t len, int try_) {
+  static const char digits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  struct { long pid; long t; long c; const void *stack; int try_; } seed;
+  uint64_t h;
+  int i;
+  memset(&seed, 0, sizeof seed);
+#ifdef MUON__POSIX_FILES
+  seed.pid = (long)getpid();
+#endif
+  seed.t = (long)time(NULL);
+  seed.c = (long)clock();
+  seed.stack = (const void *)&seed;
+  seed.try_ = try_;
+#ifdef MUON_TEST_SAVE_FAULT
+  if (muon__tmp_fixed) {
+    memset(&seed, 0, sizeof seed);
+    seed.try_ = try_;
   }
-  snprintf(tmp, len + 16, "%s.muon-tmp", path);
+#endif
+  h = muon__fnv1a((const unsigned char *)&seed, sizeof seed);
+  memcpy(tmp, target, len);
+  memcpy(tmp + len, ".muon-tmp-", 10);
+  for (i = 0; i < 6; i++, h /= 36) tmp[len + 10 + i] = digits[h % 36];
+  tmp[len + 16] = '\0';
+}
+
+static int muon__afile_open(muon__afile *a, const muon_allocator *al, const char *path) {
+  size_t len;
+  int err, try_;
+#ifdef MUON__POSIX_FILES
+  struct stat st;
+  a->fd = -1;
+#else
+  a->f = NULL;
+#endif
+  a->al = al;
+  a->target = a->tmp = NULL;
+  a->live = 0;
+  a->what = "following the links of";
+  a->at = path;
 #ifdef MUON_TEST_SAVE_FAULT
   muon__save_op = 0;
 #endif
+  if ((err = muon__save_target(al, path, &a->target)) != 0) return err;
+  a->at = a->target;
+#ifdef MUON__POSIX_FILES
+  if (stat(a->target, &st) == 0 && (err = muon__file_kind(&st)) != 0) return err;   /* rename would replace it */
+#endif
+  len = strlen(a->target);
+  if (!(a->tmp = (char *)muon__alloc(al, len + 17))) return MUON__F_NOMEM;
+  a->what = "creating";
+  muon__tmp_name(a->tmp, a->target, len, 0);
+  a->at = a->tmp;
+  errno = 0;
+  if (MUON__SAVE_FAULT()) return errno;
+  for (try_ = 1;; try_++) {
+#ifdef MUON__POSIX_FILES
+    a->fd = open(a->tmp, O_WRONLY | O_CREAT | O_EXCL, 0666);
+    if (a->fd >= 0) break;
+    if (errno != EEXIST || try_ == 100) return errno;
+#else
+    FILE *look = fopen(a->tmp, "rb");   /* C99 has no exclusive create: look first */
+    int taken = look != NULL;
+    if (look) fclose(look);
+    if (!taken && (a->f = fopen(a->tmp, "wb")) != NULL) break;
+    if (!taken || try_ == 100) return taken ? EEXIST : errno ? errno : EIO;
+#endif
+    muon__tmp_name(a->tmp, a->target, len, try_);
+  }
+  a->live = 1;
+  return 0;
+}
+
+static int muon__afile_write(muon__afile *a, const void *buf, size_t n) {
+#ifdef MUON__POSIX_FILES
+  const unsigned char *p = (const unsigned char *)buf;
+  size_t done = 0;
+  a->what = "writing";
+  a->at = a->tmp;
+  while (done < n) {
+    ssize_t w;
+    errno = 0;
+    w = MUON__SAVE_FAULT() ? -1 : write(a->fd, p + done, n - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return muon__afile_fail(a);
+    done += (size_t)w;
+  }
+#else
+  a->what = "writing";
+  a->at = a->tmp;
+  errno = 0;
+  if (MUON__SAVE_FAULT() || fwrite(buf, 1, n, a->f) != n) return muon__afile_fail(a);
+#endif
+  return 0;
+}
+
+static int muon__afile_commit(muon__afile *a) {
+#ifdef MUON__POSIX_FILES
+  const char *slash = strrchr(a->target, '/');
+  size_t d = !slash ? 0 : slash == a->target ? 1 : (size_t)(slash - a->target);
+  int fd, err;
+  a->what = "flushing";
+  a->at = a->tmp;
+  if (MUON__SAVE_FAULT() || fsync(a->fd) != 0) return muon__afile_fail(a);
+  a->what = "closing";
+  err = MUON__SAVE_FAULT() ? EIO : 0;
+  if (close(a->fd) != 0 && !err) err = errno ? errno : EIO;
+  a->fd = -1;
+  if (err) {
+    muon__afile_drop(a);
+    return err;
+  }
+  a->what = "renaming the new file over";
+  a->at = a->target;
+  if (MUON__SAVE_FAULT() || rename(a->tmp, a->target) != 0) return muon__afile_fail(a);
+  a->live = 0;
+  /* The rename itself is durable once the directory is flushed (its name goes where tmp's was). */
+  if (d) memcpy(a->tmp, a->target, d);
+  else a->tmp[d++] = '.';
+  a->tmp[d] = '\0';
+  a->what = "flushing the directory of";
+  fd = MUON__SAVE_FAULT() ? -1 : open(a->tmp, O_RDONLY);
+  if (fd < 0 || fsync(fd) != 0) {
+    err = errno ? errno : EIO;
+    if (fd >= 0) close(fd);
+    return err;
+  }
+  close(fd);
+#else
+  int err;
+  a->what = "closing";
+  a->at = a->tmp;
+  errno = 0;
+  err = MUON__SAVE_FAULT() || fflush(a->f) != 0;
+  if (fclose(a->f) != 0) err = 1;
+  a->f = NULL;
+  if (err) return muon__afile_fail(a);
+  a->what = "renaming the new file over";
+  a->at = a->target;
+  if (MUON__SAVE_FAULT() || (rename(a->tmp, a->target) != 0 && (remove(a->target), rename(a->tmp, a->target) != 0)))
+    return muon__afile_fail(a);
+  a->live = 0;
+#endif
+  return 0;
+}
+
+static void muon__afile_close(muon__afile *a) {
+  muon__afile_drop(a);
+  muon__free(a->al, a->tmp);
+  muon__free(a->al, a->target);
+  a->tmp = a->target = NULL;
+}
+
+MUON_API muon_status muon_state_save_file(muon_optimizer *opt, const char *path) {
+  const char *op = "muon_state_save_file";
+  muon__afile a;
+  size_t n;
+  void *buf;
+  int err;
+  muon_status st;
+  if (!opt) return MUON_ERR_ARG;
+  if (!path) return muon__fail(opt, MUON_ERR_ARG, "%s: path is NULL", op);
+  n = muon__state_bytes(opt);
+  if (!(buf = muon__alloc(&opt->allocator, n)))
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, n);
   st = muon_state_save(opt, buf, n);
-  if (st == MUON_OK) st = muon__write_file(opt, path, tmp, buf, n);
-  muon__free(&opt->allocator, tmp);
+  if (st == MUON_OK) {
+    err = muon__afile_open(&a, &opt->allocator, path);
+    if (!err) err = muon__afile_write(&a, buf, n);
+    if (!err) err = muon__afile_commit(&a);
+    if (err) st = muon__file_fail(opt, op, a.what, a.at, err);
+    muon__afile_close(&a);
+  }
   muon__free(&opt->allocator, buf);
   return st;
 }
 
-/* Reads a whole file into allocator memory in chunks, not by the size ftell reports: a directory
-   or a pipe then fails with the OS's reason instead of an absurd allocation. */
+/* Reads a whole regular file into allocator memory (see >>impl-files). */
 static muon_status muon__read_file(muon_optimizer *opt, const char *path, const char *op, unsigned char **out,
                                    size_t *size) {
+  unsigned char *buf;
+  size_t n, got = 0;
+  int err = 0;
+#ifdef MUON__POSIX_FILES
+  struct stat st;
+  int fd;
+#else
   FILE *f;
-  unsigned char *buf = NULL, *grown;
-  size_t len = 0, cap = 0, got;
-  int err;
+  long end;
+#endif
   *out = NULL;
   *size = 0;
   errno = 0;
-  f = fopen(path, "rb");
-  if (!f) return muon__file_fail(opt, op, "opening", path, errno);
-  for (;;) {
-    if (len == cap) {
-      size_t want = cap ? 2 * cap : (size_t)1 << 16;
-      if (want > MUON__MAX_FLOATS) {
-        fclose(f);
-        muon__free(&opt->allocator, buf);
-        return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is too large", op, path);
-      }
-      grown = (unsigned char *)muon__alloc(&opt->allocator, want);
-      if (!grown) {
-        fclose(f);
-        muon__free(&opt->allocator, buf);
-        return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, want);
-      }
-      if (len) memcpy(grown, buf, len);
-      muon__free(&opt->allocator, buf);
-      buf = grown;
-      cap = want;
-    }
-    errno = 0;
-    got = fread(buf + len, 1, cap - len, f);
-    len += got;
-    if (got == 0) break;
+#ifdef MUON__POSIX_FILES
+  if ((fd = open(path, O_RDONLY | O_NONBLOCK)) < 0) return muon__file_fail(opt, op, "opening", path, errno);
+  if (fstat(fd, &st) != 0 || (err = muon__file_kind(&st)) != 0) {
+    err = err ? err : errno;
+    close(fd);
+    return muon__file_fail(opt, op, "reading", path, err);
   }
-  err = ferror(f) ? (errno ? errno : EIO) : 0;
+  if (st.st_size < 0 || (uint64_t)st.st_size > (uint64_t)MUON__MAX_FLOATS) {
+    close(fd);
+    return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is too large", op, path);
+  }
+  n = (size_t)st.st_size;
+  if (!(buf = (unsigned char *)muon__alloc(&opt->allocator, n + 1))) {   /* one byte more: the end */
+    close(fd);
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, n + 1);
+  }
+  while (got <= n) {
+    ssize_t r = read(fd, buf + got, n + 1 - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) err = errno ? errno : EIO;
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+#else
+  if (!(f = fopen(path, "rb"))) return muon__file_fail(opt, op, "opening", path, errno ? errno : EIO);
+  if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    err = errno ? errno : EIO;
+    fclose(f);
+    return muon__file_fail(opt, op, "reading", path, err);
+  }
+  if ((unsigned long)end > MUON__MAX_FLOATS) {
+    fclose(f);
+    return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' is too large", op, path);
+  }
+  n = (size_t)end;
+  if (!(buf = (unsigned char *)muon__alloc(&opt->allocator, n + 1))) {
+    fclose(f);
+    return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu bytes failed", op, n + 1);
+  }
+  got = fread(buf, 1, n + 1, f);
+  if (ferror(f)) err = errno ? errno : EIO;
   fclose(f);
-  if (err) { muon__free(&opt->allocator, buf); return muon__file_fail(opt, op, "reading", path, err); }
+#endif
+  if (err) {
+    muon__free(&opt->allocator, buf);
+    return muon__file_fail(opt, op, "reading", path, err);
+  }
+  if (got != n) {   /* it grew or shrank since fstat */
+    muon__free(&opt->allocator, buf);
+    return muon__fail(opt, MUON_ERR_STATE, "%s: '%s' changed while it was read (%s %zu bytes)", op, path,
+                      got > n ? "it grew past" : "it shrank from", n);
+  }
   *out = buf;
-  *size = len;
+  *size = n;
   return MUON_OK;
 }
 
@@ -7163,7 +7413,7 @@ MUON_API muon_status muon_gather_matrix(muon_optimizer *opt, int global, int roo
    the record's bytes from kind on. tools/muoncmp.c compares two of them. */
 #define MUON__DUMP_VERSION 1u
 
-static int muon__dump_record(FILE *f, unsigned char *buf, uint32_t kind, const char *name, int rows, int cols,
+static int muon__dump_record(muon__afile *f, unsigned char *buf, uint32_t kind, const char *name, int rows, int cols,
                              const float *x) {
   unsigned char *p = buf;
   size_t len = strlen(name), n = (size_t)rows * (size_t)cols;
@@ -7175,17 +7425,16 @@ static int muon__dump_record(FILE *f, unsigned char *buf, uint32_t kind, const c
   muon__put32(&p, (uint32_t)cols);
   muon__put_floats(&p, x, n);
   muon__put64(&p, muon__fnv1a(buf, (size_t)(p - buf)));
-  return fwrite(buf, 1, (size_t)(p - buf), f) == (size_t)(p - buf) ? 0 : (errno ? errno : EIO);
+  return muon__afile_write(f, buf, (size_t)(p - buf));
 }
 
 MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int root, int with_momentum) {
   const char *op = "muon_dump_file";
   const muon__plan *pl;
-  int P, me, g, err = 0;
-  FILE *f = NULL;
+  int P, me, g, err = 0, opened = 0;
+  muon__afile f;
   float *param = NULL, *mom = NULL;
   unsigned char *buf = NULL;
-  char *tmp = NULL;
   size_t biggest = 0;
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
@@ -7202,19 +7451,17 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
     param = (float *)muon__alloc(&opt->allocator, biggest * sizeof(float) + 1);
     mom = with_momentum ? (float *)muon__alloc(&opt->allocator, biggest * sizeof(float) + 1) : NULL;
     buf = (unsigned char *)muon__alloc(&opt->allocator, 4 * biggest + 96);
-    tmp = path ? (char *)muon__alloc(&opt->allocator, strlen(path) + 16) : NULL;
     if (!path) err = EINVAL;
-    else if (!param || (with_momentum && !mom) || !buf || !tmp) err = ENOMEM;
+    else if (!param || (with_momentum && !mom) || !buf) err = ENOMEM;
     else {
       unsigned char *p = buf;
-      snprintf(tmp, strlen(path) + 16, "%s.muon-tmp", path);
-      errno = 0;
-      if (!(f = fopen(tmp, "wb"))) err = errno ? errno : EIO;
+      opened = 1;
+      if ((err = muon__afile_open(&f, &opt->allocator, path)) == MUON__F_NOMEM) err = ENOMEM;
       memcpy(p, "MUONDUMP", 8); p += 8;
       muon__put32(&p, MUON__DUMP_VERSION);
       muon__put32(&p, (uint32_t)(pl->n_globals * (1 + with_momentum)));
       muon__put64(&p, (uint64_t)opt->stats.steps);
-      if (f && fwrite(buf, 1, 24, f) != 24) err = errno ? errno : EIO;
+      if (!err) err = muon__afile_write(&f, buf, 24);
     }
   }
   for (g = 0; g < pl->n_globals; g++) {
@@ -7222,14 +7469,13 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
     int write = me == root && !err;
     if ((st = muon__assemble(opt, g, root, write ? param : NULL, write && with_momentum ? mom : NULL, op)) != MUON_OK)
       break;
-    if (write) err = muon__dump_record(f, buf, 0, x->name, x->rows, x->cols, param);
-    if (write && !err && with_momentum) err = muon__dump_record(f, buf, 1, x->name, x->rows, x->cols, mom);
+    if (write) err = muon__dump_record(&f, buf, 0, x->name, x->rows, x->cols, param);
+    if (write && !err && with_momentum) err = muon__dump_record(&f, buf, 1, x->name, x->rows, x->cols, mom);
   }
-  if (f && fclose(f) != 0 && !err) err = errno ? errno : EIO;
-  if (me == root && tmp && st == MUON_OK && !err && rename(tmp, path) != 0) err = errno ? errno : EIO;
-  if (me == root && tmp && (st != MUON_OK || err)) remove(tmp);
+  if (opened && st == MUON_OK && !err) err = muon__afile_commit(&f);
+  if (opened) muon__afile_close(&f);   /* the temporary goes unless the commit renamed it */
   muon__free(&opt->allocator, param); muon__free(&opt->allocator, mom);
-  muon__free(&opt->allocator, buf); muon__free(&opt->allocator, tmp);
+  muon__free(&opt->allocator, buf);
   if (st != MUON_OK) return st;
   if (opt->distributed) {   /* the root's verdict, on every rank */
     const long long *all;
@@ -7239,7 +7485,7 @@ MUON_API muon_status muon_dump_file(muon_optimizer *opt, const char *path, int r
   if (err == EINVAL) return muon__fail(opt, MUON_ERR_ARG, "%s: path is NULL on the root, rank %d", op, root);
   if (err)
     return muon__fail(opt, MUON_ERR_STATE, "%s: rank %d could not write '%s': %s", op, root,
-                      me == root && path ? path : "the dump", strerror(err));
+                      me == root && path ? path : "the dump", muon__file_reason(err));
   return MUON_OK;
 }
 

@@ -6,6 +6,9 @@
 #include "test.h"
 
 #include <stdlib.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <dirent.h>
+#endif
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 static unsigned test_rng = 12345u;
@@ -763,6 +766,11 @@ static void test_determinism(void) {
 }
 
 /* The bytes of a file (NULL if it cannot be read); *n gets the size. */
+static void write_back(const char *path, const void *p, size_t n) {
+  FILE *f = fopen(path, "wb");
+  if (f) { fwrite(p, 1, n, f); fclose(f); }
+}
+
 static unsigned char *slurp(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
   unsigned char *b;
@@ -773,6 +781,20 @@ static unsigned char *slurp(const char *path, size_t *n) {
   *n = fread(b, 1, (size_t)len, f);
   fclose(f);
   return b;
+}
+
+/* How many names in dir start with prefix (the temporaries a save or dump left: "<file>.muon-tmp"). */
+static int temps_left(const char *dir, const char *prefix) {
+  int n = 0;
+#if defined(__unix__) || defined(__APPLE__)
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+#else
+  (void)dir; (void)prefix;
+#endif
+  return n;
 }
 
 static void test_checkpoint_files(void) {
@@ -796,7 +818,6 @@ static void test_checkpoint_files(void) {
   /* operations: 1 create the temporary, 2 write, 3 fsync, 4 close, 5 rename, 6 flush the directory */
   for (k = 1; k <= 6; k++) {
     muon_status st;
-    FILE *t;
     muon__save_fault_at = k;
     st = muon_state_save_file(o, path);
     muon__save_fault_at = 0;
@@ -805,17 +826,88 @@ static void test_checkpoint_files(void) {
     if (k <= 5) CHECK(now && n_now == n_old && memcmp(now, old_file, n_old) == 0, "fault at operation %d: the previous checkpoint was damaged", k);
     else CHECK(now && n_now == n_blob && memcmp(now, blob, n_blob) == 0, "fault after the rename: the new checkpoint is not in place");
     free(now);
-    t = fopen("build/atomic_state.bin.muon-tmp", "rb");
-    CHECK(!t, "fault at operation %d left the temporary file behind", k);
-    if (t) fclose(t);
+    CHECK(temps_left("build", "atomic_state.bin.muon-tmp") == 0, "fault at operation %d left a temporary file behind",
+          k);
   }
   CHECK(muon_state_save_file(o, path) == MUON_OK, "save: %s", muon_error(o));
   now = slurp(path, &n_now);
   CHECK(now && n_now == n_blob && memcmp(now, blob, n_blob) == 0, "the saved file is not the state");
   free(now);
 
+  TEST_CASE("muon_dump_file: a failure at each file operation leaves the previous dump whole and no temporary");
+  {
+    const char *dump = "build/atomic_dump.bin";
+    unsigned char *old_dump, *new_dump;
+    size_t n_old_dump = 0, n_new_dump = 0;
+    int ops;
+    CHECK(muon_dump_file(o, dump, 0, 1) == MUON_OK, "first dump: %s", muon_error(o));
+    old_dump = slurp(dump, &n_old_dump);
+    run_steps(o, &a, 3, 4);   /* parameters and momentum move on */
+    for (k = 1; k <= 40; k++) {   /* until the fault lands past the last operation */
+      muon_status st;
+      muon__save_fault_at = k;
+      st = muon_dump_file(o, dump, 0, 1);
+      muon__save_fault_at = 0;
+      CHECK(temps_left("build", "atomic_dump.bin.muon-tmp") == 0,
+            "dump fault at operation %d left a temporary file behind", k);
+      if (st == MUON_OK) break;
+      CHECK(st == MUON_ERR_STATE && strstr(muon_error(o), strerror(EIO)), "dump fault at operation %d: %s", k,
+            muon_error(o));
+    }
+    ops = k - 1;   /* create, header, 2 records per matrix, fsync, close, rename, flush the directory */
+    CHECK(ops == 2 + 2 * muon_matrix_count(o) + 4, "the dump took %d file operations", ops);
+    new_dump = slurp(dump, &n_new_dump);
+    CHECK(new_dump && (n_new_dump != n_old_dump || memcmp(new_dump, old_dump, n_old_dump) != 0),
+          "the dump did not change");
+    write_back(dump, old_dump, n_old_dump);
+    for (k = 1; k < ops; k++) {   /* each failure before the directory flush leaves the old dump */
+      unsigned char *was;
+      size_t n_was = 0;
+      muon__save_fault_at = k;
+      muon_dump_file(o, dump, 0, 1);
+      muon__save_fault_at = 0;
+      was = slurp(dump, &n_was);
+      CHECK(was && n_was == n_old_dump && memcmp(was, old_dump, n_old_dump) == 0,
+            "dump fault at operation %d damaged the previous dump", k);
+      free(was);
+    }
+    free(old_dump);
+    free(new_dump);
+    remove(dump);
+  }
+
+  TEST_CASE("checkpoint files: a taken temporary is never reused (O_EXCL); temporaries are <path>.muon-tmp-XXXXXX");
+  {
+    char taken[300], msg[600];
+    const char *precious = "another save's temporary";
+    size_t n_taken = 0;
+    unsigned char *left;
+    muon__tmp_fixed = 1;   /* the first try's name is known: take it first */
+    muon__tmp_name(taken, path, strlen(path), 0);
+    write_back(taken, precious, strlen(precious));
+    CHECK(muon_state_save_file(o, path) == MUON_OK, "save beside a taken name: %s", muon_error(o));
+    left = slurp(taken, &n_taken);
+    CHECK(left && n_taken == strlen(precious) && memcmp(left, precious, n_taken) == 0,
+          "the save wrote into an existing temporary");
+    free(left);
+    remove(taken);
+    muon__tmp_fixed = 0;
+    CHECK(temps_left("build", "atomic_state.bin.muon-tmp") == 0, "a save left a temporary file behind");
+    muon__save_fault_at = 2;   /* the write fails: the message names the temporary */
+    muon_state_save_file(o, path);
+    muon__save_fault_at = 0;
+    snprintf(msg, sizeof msg, "%s", muon_error(o));
+    {
+      const char *t = strstr(msg, "build/atomic_state.bin.muon-tmp-");
+      int i, ok = t != NULL;
+      for (i = 0; ok && i < 6; i++) ok = strchr("0123456789abcdefghijklmnopqrstuvwxyz", t[32 + i]) && t[32 + i];
+      CHECK(ok && t[38] == '\'', "the temporary is not named <path>.muon-tmp-XXXXXX: %s", msg);
+    }
+  }
+
   TEST_CASE("checkpoint files: a directory, a missing directory and a missing file fail with the OS's reason");
-  CHECK(muon_state_load_file(o, "build") == MUON_ERR_STATE && strstr(muon_error(o), strerror(EISDIR)), "directory: %s", muon_error(o));
+  CHECK(muon_state_load_file(o, "build") == MUON_ERR_STATE &&
+        strstr(muon_error(o), "'build' is a directory, not a regular file"), "directory: %s", muon_error(o));
   CHECK(muon_state_save_file(o, "build/no-such-dir/x.bin") == MUON_ERR_STATE && strstr(muon_error(o), strerror(ENOENT)), "missing dir: %s", muon_error(o));
   CHECK(muon_state_load_file(o, "build/no-such-file.bin") == MUON_ERR_STATE && strstr(muon_error(o), strerror(ENOENT)), "missing file: %s", muon_error(o));
   free(old_file);

@@ -2,7 +2,8 @@
    distributed config: NULL and out-of-range arguments, every hyperparameter out of its range
    through every entry point that takes it, registrations with each field wrong in turn, user
    callbacks (assign, layout, gather, redistribute, the layout-check index) that fail, checkpoint
-   and dump files that cannot be written or read, and calls in the wrong order.
+   and dump files that cannot be written or read (FIFOs, devices, directories, symbolic links,
+   files that change while read, saves racing to one path), and calls in the wrong order.
 
    What it proves, for each case: the documented status; a message (muon_error, and the logger
    for muon_create) that names what is wrong - the field, the callback, the path; no crash; and
@@ -17,7 +18,7 @@
 
    Build: cc -std=c99 -Wall -Wextra -Wpedantic -Werror -O2 -I. -Itests tests/test_misuse.c -lm -pthread
    Run:   test_misuse [scratch directory]   (default build/misuse, created if missing) */
-#define _POSIX_C_SOURCE 200809L   /* fork, waitpid, mkdir under -std=c99 */
+#define _XOPEN_SOURCE 700   /* fork, waitpid, mkdir, symlink, mknod under -std=c99 */
 #define MUON_IMPLEMENTATION
 #include "muon.h"
 #include "test.h"
@@ -30,6 +31,9 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #define MISUSE_POSIX 1
 #else
@@ -76,6 +80,25 @@ static unsigned char *read_bytes(const char *path, size_t *n) {
   if (f && b) *n = fread(b, 1, 1 << 16, f);
   if (f) fclose(f);
   return b;
+}
+
+/* How many "<file>.muon-tmp*" names are in path's directory (temporaries a save or dump left). */
+static int temps_beside(const char *path) {
+  int n = 0;
+#if MISUSE_POSIX
+  char dir[400], prefix[400];
+  const char *slash = strrchr(path, '/');
+  DIR *d;
+  struct dirent *e;
+  snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  snprintf(prefix, sizeof prefix, "%s.muon-tmp", slash ? slash + 1 : path);
+  d = opendir(dir);
+  while (d && (e = readdir(d)) != NULL) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  if (d) closedir(d);
+#else
+  (void)path;
+#endif
+  return n;
 }
 
 /* The last error the logger got (muon_create has no optimizer to keep its message). */
@@ -1049,7 +1072,6 @@ static void test_files(void) {
   unsigned char *good;
   const char *missing_dir = at("no-such-dir/ckpt.bin"), *good_path = at("good.bin"), *other_path = at("other.bin");
   const char *empty_path = at("empty.bin"), *trunc_path = at("truncated.bin"), *under_file = at("good.bin/ckpt.bin");
-  char tmp[420];
   int k;
   TEST_CASE("checkpoint files: a missing directory, a directory, an empty, a truncated and another model's file: MUON_ERR_STATE, the path named, nothing changed");
   model_init(&m, 37);
@@ -1085,10 +1107,9 @@ static void test_files(void) {
   /* muon_state_save_file */
   CHECK(muon_state_save_file(o, missing_dir) == MUON_ERR_STATE && HAS(muon_error(o), missing_dir) && HAS(muon_error(o), strerror(ENOENT)),
         "save into a missing directory: %s", muon_error(o));
-  CHECK(muon_state_save_file(o, scratch) == MUON_ERR_STATE && HAS(muon_error(o), scratch) && HAS(muon_error(o), "renaming"),
-        "save over a directory: %s", muon_error(o));
-  snprintf(tmp, sizeof tmp, "%s.muon-tmp", scratch);
-  CHECK(!file_exists(tmp), "a failed save left '%s' behind", tmp);
+  CHECK(muon_state_save_file(o, scratch) == MUON_ERR_STATE && HAS(muon_error(o), scratch) &&
+        HAS(muon_error(o), "is a directory, not a regular file"), "save over a directory: %s", muon_error(o));
+  CHECK(temps_beside(scratch) == 0, "a failed save left '%s.muon-tmp-*' behind", scratch);
   CHECK(muon_state_save_file(o, under_file) == MUON_ERR_STATE && HAS(muon_error(o), under_file) && HAS(muon_error(o), strerror(ENOTDIR)),
         "save under a file: %s", muon_error(o));
   {
@@ -1104,7 +1125,7 @@ static void test_files(void) {
     };
     for (k = 0; k < 5; k++) {
       const char *p = k == 0 ? missing_dir : k == 1 ? scratch : k == 2 ? empty_path : k == 3 ? trunc_path : other_path;
-      const char *reason = k == 0 ? strerror(ENOENT) : k == 1 ? strerror(EISDIR) : loads[k].reason;   /* the OS's words */
+      const char *reason = k == 0 ? strerror(ENOENT) : k == 1 ? "a directory, not a regular file" : loads[k].reason;
       muon_status st = muon_state_load_file(o, p);
       CHECK(st == MUON_ERR_STATE && HAS(muon_error(o), reason) && snap_same(o, &s), "load_file '%s': %s: %s", p, muon_status_string(st), muon_error(o));
       /* muon.h bug: muon_state_load_file reports a file it read but cannot use (empty,
@@ -1117,7 +1138,7 @@ static void test_files(void) {
   for (k = 0; k < 6; k++) {
     const char *p = k == 0 ? missing_dir : k == 1 ? scratch : k == 2 ? empty_path : k == 3 ? trunc_path : k == 4 ? other_path : good_path;
     static const char *reasons[6] = { NULL, NULL, "not a muon state", "checksum mismatch", "rank 0 saved it as 10 x 6", "2 blobs were given" };
-    const char *reason = k == 0 ? strerror(ENOENT) : k == 1 ? strerror(EISDIR) : reasons[k];
+    const char *reason = k == 0 ? strerror(ENOENT) : k == 1 ? "a directory, not a regular file" : reasons[k];
     const char *paths[2];
     muon_status st;
     paths[0] = paths[1] = p;
@@ -1129,8 +1150,9 @@ static void test_files(void) {
   /* muon_dump_file */
   CHECK(muon_dump_file(o, missing_dir, 0, 1) == MUON_ERR_STATE && HAS(muon_error(o), missing_dir) && HAS(muon_error(o), strerror(ENOENT)),
         "dump into a missing directory: %s", muon_error(o));
-  CHECK(muon_dump_file(o, scratch, 0, 0) == MUON_ERR_STATE && HAS(muon_error(o), scratch), "dump over a directory: %s", muon_error(o));
-  CHECK(!file_exists(tmp), "a failed dump left '%s' behind", tmp);
+  CHECK(muon_dump_file(o, scratch, 0, 0) == MUON_ERR_STATE && HAS(muon_error(o), scratch) &&
+        HAS(muon_error(o), "a directory, not a regular file"), "dump over a directory: %s", muon_error(o));
+  CHECK(temps_beside(scratch) == 0, "a failed dump left '%s.muon-tmp-*' behind", scratch);
   CHECK(muon_dump_file(o, at("dump.bin"), 0, 1) == MUON_OK, "a dump that can be written: %s", muon_error(o));
   {
     size_t nd = 0;
@@ -1150,6 +1172,287 @@ static void test_files(void) {
   muon_destroy(o);
   remove(good_path); remove(other_path); remove(empty_path); remove(trunc_path); remove(at("dump.bin"));
 }
+
+#if MISUSE_POSIX
+/* ---- 5b. files that are not regular files -------------------------------------------------- */
+/* A regression that blocks (a FIFO opened for reading waits for a writer) ends the program with
+   a FAIL line instead of hanging the suite. */
+static const char *hang_case = "";
+static void on_alarm(int sig) {
+  static const char msg[] = "FAIL a file call hung (no answer in 20 s): ";
+  (void)sig;
+  if (write(1, msg, sizeof msg - 1) < 0 || write(1, hang_case, strlen(hang_case)) < 0 || write(1, "\n", 1) < 0)
+    _exit(1);
+  _exit(1);
+}
+
+/* An allocator that counts live bytes and their peak, refuses blocks over 256 MiB (a reader that
+   grows without end fails fast), and can change the file at `path` when a block of `when` bytes
+   is asked for (the reader's buffer): change < 0 halves it, > 0 appends a byte. */
+typedef struct { size_t live, peak, when; const char *path; int change; } track_alloc;
+static void *ta_alloc(size_t size, void *u) {
+  track_alloc *t = (track_alloc *)u;
+  unsigned char *p = size > ((size_t)1 << 28) ? NULL : (unsigned char *)malloc(size + 16);
+  if (!p) return NULL;
+  memcpy(p, &size, sizeof size);
+  t->live += size;
+  if (t->live > t->peak) t->peak = t->live;
+  if (t->change && size == t->when) {
+    FILE *f = t->change > 0 ? fopen(t->path, "ab") : NULL;
+    if (f) { fputc('x', f); fclose(f); }
+    if (t->change < 0 && truncate(t->path, (off_t)(t->when / 2)) != 0)
+      printf("  truncate %s: %s\n", t->path, strerror(errno));
+    t->change = 0;
+  }
+  return p + 16;
+}
+static void ta_free(void *q, void *u) {
+  track_alloc *t = (track_alloc *)u;
+  unsigned char *p = (unsigned char *)q - 16;
+  size_t size;
+  memcpy(&size, p, sizeof size);
+  t->live -= size;
+  free(p);
+}
+
+static int is_kind(const char *path, int link, mode_t kind) {
+  struct stat st;
+  return (link ? lstat(path, &st) : stat(path, &st)) == 0 && (st.st_mode & S_IFMT) == kind;
+}
+
+/* Removes every "*.muon-tmp*" in the scratch directory; returns how many there were. */
+static int sweep_temps(void) {
+  DIR *d = opendir(scratch);
+  struct dirent *e;
+  int n = 0;
+  while (d && (e = readdir(d)) != NULL)
+    if (strstr(e->d_name, ".muon-tmp")) { n++; remove(at(e->d_name)); }
+  if (d) closedir(d);
+  return n;
+}
+
+static int child_saves(muon_optimizer *o, const char *path) {
+  int i;
+  for (i = 0; i < 25; i++)
+    if (muon_state_save_file(o, path) != MUON_OK) {
+      printf("  child %d: %s\n", (int)getpid(), muon_error(o));
+      return 1;
+    }
+  return 0;
+}
+
+static void test_special_files(void) {
+  static model m;
+  track_alloc t = { 0, 0, 0, NULL, 0 };
+  muon_desc d = muon_default_desc();
+  muon_optimizer *o;
+  snap s;
+  muon_status st;
+  size_t n_blob, n = 0, before;
+  unsigned char *blob, *got;
+  char fifo[400], real[400], link[400], chain[400], good[400];   /* at() reuses its buffers */
+  const char *paths[1];
+  char msg[600];
+  int k;
+  void (*was)(int) = signal(SIGALRM, on_alarm);
+  snprintf(fifo, sizeof fifo, "%s", at("fifo"));
+  snprintf(real, sizeof real, "%s", at("real.bin"));
+  snprintf(link, sizeof link, "%s", at("link.bin"));
+  snprintf(chain, sizeof chain, "%s", at("sub/chain.bin"));
+  snprintf(good, sizeof good, "%s", at("plain.bin"));
+  d.allocator.alloc = ta_alloc;
+  d.allocator.free = ta_free;
+  d.allocator.user_data = &t;
+  model_init(&m, 61);
+  o = model_opt(&m, &d);
+  if (!o) { CHECK(0, "create"); return; }
+  model_grads(&m, 62);
+  CHECK(muon_step(o) == MUON_OK, "step: %s", muon_error(o));
+  snap_take(o, &s);
+  n_blob = s.n;
+  blob = s.blob;
+  sweep_temps();
+  fflush(stdout);   /* a hang ends the program with _exit */
+  remove(fifo);
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s: %s", fifo, strerror(errno));
+
+  TEST_CASE("checkpoint files: loading a FIFO, /dev/zero or a directory is refused before any read, naming it");
+  hang_case = "muon_state_load_file on a FIFO";
+  alarm(20);
+  st = muon_state_load_file(o, fifo);
+  alarm(0);
+  CHECK(st == MUON_ERR_STATE && HAS(muon_error(o), fifo) && HAS(muon_error(o), "is a FIFO, not a regular file"),
+        "load a FIFO: %s", muon_error(o));
+  hang_case = "muon_state_reshard_files on a FIFO";
+  paths[0] = fifo;
+  alarm(20);
+  st = muon_state_reshard_files(o, paths, 1);
+  alarm(0);
+  CHECK(st == MUON_ERR_STATE && HAS(muon_error(o), fifo) && HAS(muon_error(o), "is a FIFO, not a regular file"),
+        "reshard a FIFO: %s", muon_error(o));
+  if (is_kind("/dev/zero", 0, S_IFCHR)) {
+    hang_case = "muon_state_load_file on /dev/zero";
+    before = t.peak = t.live;
+    alarm(20);
+    st = muon_state_load_file(o, "/dev/zero");
+    alarm(0);
+    CHECK(st == MUON_ERR_STATE && HAS(muon_error(o), "'/dev/zero' is a character device, not a regular file"),
+          "load /dev/zero: %s", muon_error(o));
+    CHECK(t.peak - before < 4096, "loading /dev/zero allocated %zu bytes before it was refused", t.peak - before);
+  } else {
+    printf("  skipped: /dev/zero (no such character device here)\n");
+  }
+  st = muon_state_load_file(o, scratch);
+  CHECK(st == MUON_ERR_STATE && HAS(muon_error(o), scratch) && HAS(muon_error(o), "is a directory, not a regular file"),
+        "load a directory: %s", muon_error(o));
+  CHECK(snap_same(o, &s), "a refused load changed the optimizer");
+
+  TEST_CASE("checkpoint files: a save or dump over a FIFO or a device is refused, nothing written, it stays");
+  CHECK(muon_state_save_file(o, fifo) == MUON_ERR_STATE && HAS(muon_error(o), fifo) &&
+        HAS(muon_error(o), "is a FIFO, not a regular file"),
+        "save over a FIFO: %s", muon_error(o));
+  CHECK(is_kind(fifo, 1, S_IFIFO) && temps_beside(fifo) == 0, "a refused save replaced the FIFO or left a temporary");
+  CHECK(muon_dump_file(o, fifo, 0, 1) == MUON_ERR_STATE && HAS(muon_error(o), fifo) &&
+        HAS(muon_error(o), "a FIFO, not a regular file"),
+        "dump over a FIFO: %s", muon_error(o));
+  CHECK(is_kind(fifo, 1, S_IFIFO) && temps_beside(fifo) == 0, "a refused dump replaced the FIFO or left a temporary");
+  if (geteuid() == 0) {   /* as root a rename could replace /dev/null with a regular file */
+    struct stat dn;
+    char node[400];
+    int safe = stat("/dev/null", &dn) == 0 && S_ISCHR(dn.st_mode);
+    snprintf(node, sizeof node, "%s", at("null"));
+    remove(node);
+    if (safe && mknod(node, S_IFCHR | 0666, dn.st_rdev) == 0) {   /* a private /dev/null first */
+      CHECK(muon_state_save_file(o, node) == MUON_ERR_STATE &&
+            HAS(muon_error(o), "is a character device, not a regular file") &&
+            muon_dump_file(o, node, 0, 0) == MUON_ERR_STATE && is_kind(node, 1, S_IFCHR) &&
+            temps_beside(node) == 0,
+            "save or dump over a device node (a copy of /dev/null): %s", muon_error(o));
+      safe = is_kind(node, 1, S_IFCHR);
+      remove(node);
+    }
+    if (safe) {   /* then the system's, restored if a regression replaced it */
+      CHECK(muon_state_save_file(o, "/dev/null") == MUON_ERR_STATE &&
+            HAS(muon_error(o), "'/dev/null' is a character device, not a regular file"),
+            "save over /dev/null: %s", muon_error(o));
+      CHECK(muon_dump_file(o, "/dev/null", 0, 0) == MUON_ERR_STATE &&
+            HAS(muon_error(o), "a character device, not a regular file"),
+            "dump over /dev/null: %s", muon_error(o));
+      CHECK(is_kind("/dev/null", 1, S_IFCHR) && temps_beside("/dev/null") == 0,
+            "/dev/null is no longer a character device, or a temporary was left");
+      if (!is_kind("/dev/null", 1, S_IFCHR) &&
+          (remove("/dev/null"), mknod("/dev/null", S_IFCHR | 0666, dn.st_rdev)) == 0)
+        chmod("/dev/null", 0666);
+    } else {
+      CHECK(0, "saving over a device node replaced it: /dev/null left alone");
+    }
+  } else {
+    printf("  skipped: saving over /dev/null (not root: creating its temporary fails before any check)\n");
+  }
+  CHECK(snap_same(o, &s), "a refused save changed the optimizer");
+
+  TEST_CASE("checkpoint files: a save through a symbolic link (chained, relative, dangling) keeps the link");
+  remove(link); remove(chain); remove(real); remove(at("new.bin")); remove(at("dangling.bin")); remove(at("fifolink"));
+  remove(at("loop1")); remove(at("loop2"));
+  mkdir(at("sub"), 0755);
+  write_bytes(real, "old", 3);
+  CHECK(symlink("real.bin", link) == 0 && symlink("../link.bin", chain) == 0 &&
+        symlink("new.bin", at("dangling.bin")) == 0 && symlink("fifo", at("fifolink")) == 0 &&
+        symlink("loop2", at("loop1")) == 0 && symlink("loop1", at("loop2")) == 0,
+        "symlink: %s", strerror(errno));
+  CHECK(muon_state_save_file(o, chain) == MUON_OK, "save through a chain of links: %s", muon_error(o));
+  got = read_bytes(real, &n);
+  CHECK(is_kind(chain, 1, S_IFLNK) && is_kind(link, 1, S_IFLNK) && is_kind(real, 1, S_IFREG) && n == n_blob &&
+        memcmp(got, blob, n) == 0,
+        "the links were replaced, or the file they name is not the state (%zu bytes)", n);
+  free(got);
+  write_bytes(real, "old", 3);
+  CHECK(muon_state_save_file(o, link) == MUON_OK && muon_state_load_file(o, chain) == MUON_OK && snap_same(o, &s),
+        "save through a link, load through the chain: %s", muon_error(o));
+  CHECK(muon_state_save_file(o, at("dangling.bin")) == MUON_OK && is_kind(at("dangling.bin"), 1, S_IFLNK) &&
+        is_kind(at("new.bin"), 1, S_IFREG),
+        "save through a dangling link: %s", muon_error(o));
+  CHECK(muon_state_save_file(o, at("fifolink")) == MUON_ERR_STATE && HAS(muon_error(o), "a FIFO, not a regular file") &&
+        is_kind(fifo, 1, S_IFIFO) && is_kind(at("fifolink"), 1, S_IFLNK),
+        "save through a link to a FIFO: %s", muon_error(o));
+  CHECK(muon_state_save_file(o, at("loop1")) == MUON_ERR_STATE && HAS(muon_error(o), strerror(ELOOP)),
+        "save through a loop of links: %s", muon_error(o));
+  CHECK(muon_dump_file(o, link, 0, 1) == MUON_OK && is_kind(link, 1, S_IFLNK), "dump through a link: %s",
+        muon_error(o));
+  got = read_bytes(real, &n);
+  CHECK(n > 8 && memcmp(got, "MUONDUMP", 8) == 0, "the dump through a link is not in the file it names");
+  free(got);
+  CHECK(sweep_temps() == 0 && temps_beside(chain) == 0, "a save through a link left a temporary");
+
+  TEST_CASE("checkpoint files: saves in sequence leave no temporary; two processes saving to one path at once");
+  for (k = 0; k < 5; k++) CHECK(muon_state_save_file(o, good) == MUON_OK, "save %d: %s", k, muon_error(o));
+  CHECK(sweep_temps() == 0, "saves in sequence left temporaries in %s", scratch);
+  {
+    pid_t kids[2];
+    int ok = 1, status;
+    fflush(stdout);
+    for (k = 0; k < 2; k++)
+      if ((kids[k] = fork()) == 0) test_exit(child_saves(o, good));
+    for (k = 0; k < 2; k++)
+      ok &= kids[k] > 0 && waitpid(kids[k], &status, 0) == kids[k] && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    CHECK(ok, "two processes saving to '%s' at once: a save failed", good);
+  }
+  got = read_bytes(good, &n);
+  CHECK(n == n_blob && memcmp(got, blob, n) == 0 && sweep_temps() == 0,
+        "after racing saves: the file is not the state, or temporaries were left");
+  free(got);
+
+  TEST_CASE("checkpoint files: a load reads one buffer of the file's size, bit for bit; a file that changes: refused");
+  {
+    size_t big = ((size_t)4 << 20) + 123;
+    unsigned char *junk = (unsigned char *)malloc(big);
+    memset(junk, 'x', big);
+    write_bytes(at("big.bin"), junk, big);
+    free(junk);
+    before = t.peak = t.live;
+    st = muon_state_load_file(o, at("big.bin"));
+    CHECK(st == MUON_ERR_STATE && HAS(muon_error(o), "not a muon state"), "load 4 MiB of junk: %s", muon_error(o));
+    CHECK(t.peak - before <= big + 4096, "loading %zu bytes peaked at %zu bytes", big, t.peak - before);
+    remove(at("big.bin"));
+  }
+  write_bytes(good, blob, n_blob);
+  {
+    static model m2;
+    muon_optimizer *o2;
+    snap s2;
+    model_init(&m2, 61);
+    o2 = model_opt(&m2, &d);
+    CHECK(o2 && muon_state_load_file(o2, good) == MUON_OK, "load a regular file: %s", o2 ? muon_error(o2) : "create");
+    if (o2) {
+      snap_take(o2, &s2);
+      CHECK(s2.n == n_blob && memcmp(s2.blob, blob, n_blob) == 0, "the loaded state is not bitwise the saved one");
+      snap_free(&s2);
+      muon_destroy(o2);
+    }
+  }
+  for (k = -1; k <= 1; k += 2) {
+    t.path = good;
+    t.when = n_blob + 1;
+    t.change = k;
+    st = muon_state_load_file(o, good);
+    snprintf(msg, sizeof msg, "%s", muon_error(o));
+    CHECK(st == MUON_ERR_STATE && HAS(msg, good) && HAS(msg, "changed while it was read") && snap_same(o, &s),
+          "a file that %s while read: %s", k < 0 ? "shrank" : "grew", msg);
+    t.change = 0;
+    write_bytes(good, blob, n_blob);
+  }
+  CHECK(muon_state_load_file(o, good) == MUON_OK && snap_same(o, &s), "the file, unchanged, loads: %s", muon_error(o));
+
+  signal(SIGALRM, was);
+  remove(fifo); remove(link); remove(chain); remove(real); remove(at("new.bin")); remove(at("dangling.bin"));
+  remove(at("fifolink")); remove(at("loop1")); remove(at("loop2")); remove(good); rmdir(at("sub"));
+  snap_free(&s);
+  muon_destroy(o);
+  CHECK(t.live == 0, "%zu bytes leaked", t.live);
+}
+#else
+static void test_special_files(void) {}
+#endif
 
 /* Hand-made blobs with a valid checksum: the loader walks the records before it trusts them. */
 static void put32(unsigned char *p, uint32_t v) { int i; for (i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i)); }
@@ -1503,6 +1806,7 @@ int main(int argc, char **argv) {
   test_plan_errors();
   test_check_layouts();
   test_files();
+  test_special_files();
   test_blob_records();
   test_order();
   test_crashes();

@@ -15,6 +15,9 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -146,15 +149,14 @@ static void slurp(const char *path, char *dst, size_t cap) {
   dst[n] = 0;
 }
 
-/* Runs `tool A B [extra]`; returns its exit code and fills out, err and all (out + err). */
-static int run(const char *a, const char *b, const char *extra) {
-  char cmd[4096], pa[1024], pb[1024], po[1024], pe[1024];
+/* Runs `tool PA PB [extra]` (paths as given, after the shell commands `first`); returns its exit
+   code and fills out, err and all (out + err). */
+static int run_paths(const char *pa, const char *pb, const char *extra, const char *first) {
+  char cmd[4096], po[1024], pe[1024];
   int st;
-  snprintf(pa, sizeof pa, "%s", path_of(a));
-  snprintf(pb, sizeof pb, "%s", path_of(b));
   snprintf(po, sizeof po, "%s", path_of("out.txt"));
   snprintf(pe, sizeof pe, "%s", path_of("err.txt"));
-  if (snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' %s >'%s' 2>'%s'", tool, pa, pb,
+  if (snprintf(cmd, sizeof cmd, "%s '%s' '%s' '%s' %s >'%s' 2>'%s'", first, tool, pa, pb,
                extra ? extra : "", po, pe) >= (int)sizeof cmd) {
     fprintf(stderr, "command too long\n");
     exit(2);
@@ -167,18 +169,37 @@ static int run(const char *a, const char *b, const char *extra) {
   return WEXITSTATUS(st);
 }
 
+/* Runs `tool A B [extra]` on files in the scratch directory. */
+static int run(const char *a, const char *b, const char *extra) {
+  char pa[1024], pb[1024];
+  snprintf(pa, sizeof pa, "%s", path_of(a));
+  snprintf(pb, sizeof pb, "%s", path_of(b));
+  return run_paths(pa, pb, extra, "");
+}
+
+/* A muoncmp that blocks on a FIFO would hang the suite: after 20 s, open the FIFO (so that the
+   tool's open returns and it sees end of file when this program exits) and fail. */
+static char hang_fifo[1024];
+static void on_alarm(int sig) {
+  static const char msg[] = "FAIL muoncmp hung on a FIFO (no answer in 20 s)\n";
+  (void)sig;
+  if (open(hang_fifo, O_RDWR | O_NONBLOCK) < 0 || write(1, msg, sizeof msg - 1) < 0) _exit(1);
+  _exit(1);
+}
+
 #define HAS(s) CHECK(strstr(all, (s)) != NULL, "output lacks \"%s\":\n%s", (s), all)
 #define LACKS(s) CHECK(strstr(all, (s)) == NULL, "output has \"%s\":\n%s", (s), all)
 #define EXIT_IS(rc, want) CHECK((rc) == (want), "exit %d, want %d; output:\n%s", (rc), (want), all)
 
 /* An unusable-file message goes to stderr and starts with "muoncmp: '<path>': ". */
-static void check_error_prefix(const char *file) {
+static void check_error_prefix_path(const char *path) {
   char prefix[1200];
-  snprintf(prefix, sizeof prefix, "muoncmp: '%s': ", path_of(file));
+  snprintf(prefix, sizeof prefix, "muoncmp: '%s': ", path);
   CHECK(strncmp(err, prefix, strlen(prefix)) == 0, "stderr does not start with \"%s\":\n%s",
         prefix, err);
   CHECK(strstr(out, "tensors bitwise equal") == NULL, "closing line after an error:\n%s", out);
 }
+static void check_error_prefix(const char *file) { check_error_prefix_path(path_of(file)); }
 
 int main(int argc, char **argv) {
   static float p2[R * C];
@@ -421,6 +442,50 @@ int main(int argc, char **argv) {
   EXIT_IS(rc, 2);
   HAS("overflow");
   check_error_prefix("huge.dump");
+  TEST_CASE("not a regular file: /dev/zero, a FIFO, a directory: refused before any read");
+  {
+    /* a reader that grows without end fails at 1 GiB of address space instead of eating memory */
+    const char *guard = "ulimit -v 1048576 2>/dev/null;";
+    struct stat st;
+    if (stat("/dev/zero", &st) == 0 && S_ISCHR(st.st_mode)) {
+      rc = run_paths(path_of("a.dump"), "/dev/zero", NULL, guard);
+      EXIT_IS(rc, 2);
+      HAS("a character device, not a regular file");
+      check_error_prefix_path("/dev/zero");
+    } else {
+      printf("  skipped: /dev/zero (no such character device here)\n");
+    }
+    snprintf(hang_fifo, sizeof hang_fifo, "%s", path_of("fifo"));
+    remove(hang_fifo);
+    CHECK(mkfifo(hang_fifo, 0600) == 0, "mkfifo %s: %s", hang_fifo, strerror(errno));
+    fflush(stdout);
+    signal(SIGALRM, on_alarm);
+    alarm(20);
+    rc = run("fifo", "a.dump", NULL);
+    alarm(0);
+    signal(SIGALRM, SIG_DFL);
+    EXIT_IS(rc, 2);
+    HAS("a FIFO, not a regular file");
+    check_error_prefix("fifo");
+    remove(hang_fifo);
+    rc = run_paths(path_of("a.dump"), dir, NULL, guard);
+    EXIT_IS(rc, 2);
+    HAS("a directory, not a regular file");
+    check_error_prefix_path(dir);
+  }
+
+  TEST_CASE("a file longer than fstat says (procfs: 0 bytes, then text) is refused, not cut short");
+  {
+    struct stat st;
+    if (stat("/proc/self/status", &st) == 0 && S_ISREG(st.st_mode) && st.st_size == 0) {
+      rc = run_paths(path_of("a.dump"), "/proc/self/status", NULL, "");
+      EXIT_IS(rc, 2);
+      HAS("changed while it was read");
+    } else {
+      printf("  skipped: no /proc/self/status of size 0 here\n");
+    }
+  }
+
   snprintf(want, sizeof want, "'%s' >'%s' 2>&1", tool, path_of("out.txt"));
   rc = system(want);
   CHECK(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 2, "no arguments: status %d", rc);

@@ -16,10 +16,12 @@
 
    Exit status: 0 when every tensor is bitwise equal and none is missing, 1 when anything
    differs or is missing, 2 for bad usage or an unusable file (message on stderr, starting
-   "muoncmp: '<path>': "). A file is unusable when it cannot be read, has a bad magic or an
-   unsupported version, is truncated, has a checksum mismatch, a name length outside 1..4096,
-   zero rows or cols, an unknown kind, a size that would overflow, bytes after the last record,
-   or the same (kind, name) twice. Records are numbered from 0 in these messages.
+   "muoncmp: '<path>': "). A file is unusable when it cannot be read, is not a regular file (a
+   FIFO, a device such as /dev/zero, a directory: refused before any read), changes size while
+   it is read, has a bad magic or an unsupported version, is truncated, has a checksum mismatch,
+   a name length outside 1..4096, zero rows or cols, an unknown kind, a size that would
+   overflow, bytes after the last record, or the same (kind, name) twice. Records are numbered
+   from 0 in these messages.
 
    The dump format (little-endian, version 1), as muon.h writes it:
      "MUONDUMP"            8 bytes
@@ -45,6 +47,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#define CMP_POSIX 1
+#endif
 
 #define CMP_VERSION 1
 #define CMP_HEADER_BYTES 24   /* magic, version, count, steps */
@@ -106,44 +114,79 @@ static uint64_t cmp_fnv1a(const unsigned char *p, size_t n) {
   return h;
 }
 
-/* Reads the whole file into d->bytes with fread. Returns 0 (after a message) on failure. */
+/* Reads the whole file into d->bytes: a regular file only, checked with fstat on the opened
+   descriptor before any read (opened O_NONBLOCK, so that a FIFO cannot block), into a buffer of
+   the size fstat gives, where the file must end. Elsewhere: stdio, sized by ftell. Returns 0
+   (after a message) on failure; cmp_free releases d->bytes either way. */
 static int cmp_read_file(cmp_dump *d) {
+  size_t got = 0;
+  int err = 0;
+#ifdef CMP_POSIX
+  struct stat st;
+  int fd = open(d->path, O_RDONLY | O_NONBLOCK);
+  if (fd < 0) {
+    cmp_error(d->path, "cannot open: %s", strerror(errno));
+    return 0;
+  }
+  if (fstat(fd, &st) != 0) {
+    cmp_error(d->path, "cannot stat: %s", strerror(errno));
+    close(fd);
+    return 0;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    cmp_error(d->path, "%s, not a regular file",
+              S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO"
+              : S_ISCHR(st.st_mode) ? "a character device" : S_ISBLK(st.st_mode) ? "a block device"
+              : "a special file");
+    close(fd);
+    return 0;
+  }
+  if (st.st_size < 0 || (uint64_t)st.st_size >= (uint64_t)(SIZE_MAX / 2)) {
+    cmp_error(d->path, "file too large");
+    close(fd);
+    return 0;
+  }
+  d->size = (size_t)st.st_size;
+  d->bytes = (unsigned char *)malloc(d->size + 1); /* one byte more: the end of the file */
+  while (d->bytes && got <= d->size) {
+    ssize_t r = read(fd, d->bytes + got, d->size + 1 - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) err = errno ? errno : EIO;
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+#else
   FILE *f = fopen(d->path, "rb");
-  size_t cap = 1 << 16;
+  long end;
   if (!f) {
     cmp_error(d->path, "cannot open: %s", strerror(errno));
     return 0;
   }
-  d->bytes = (unsigned char *)malloc(cap);
-  d->size = 0;
-  for (;;) {
-    size_t got;
-    if (!d->bytes) {
-      cmp_error(d->path, "out of memory");
-      fclose(f);
-      return 0;
-    }
-    got = fread(d->bytes + d->size, 1, cap - d->size, f);
-    d->size += got;
-    if (d->size < cap) break; /* end of file or an error */
-    if (cap > SIZE_MAX / 2) {
-      cmp_error(d->path, "file too large");
-      fclose(f);
-      return 0;
-    }
-    cap *= 2;
-    {
-      unsigned char *grown = (unsigned char *)realloc(d->bytes, cap);
-      if (!grown) free(d->bytes);
-      d->bytes = grown;
-    }
-  }
-  if (ferror(f)) {
-    cmp_error(d->path, "read error: %s", strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0 || (end = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    cmp_error(d->path, "read error: %s", strerror(errno ? errno : EIO));
     fclose(f);
     return 0;
   }
+  d->size = (size_t)end;
+  d->bytes = (unsigned char *)malloc(d->size + 1);
+  if (d->bytes) got = fread(d->bytes, 1, d->size + 1, f);
+  if (d->bytes && ferror(f)) err = errno ? errno : EIO;
   fclose(f);
+#endif
+  if (!d->bytes) {
+    cmp_error(d->path, "out of memory");
+    return 0;
+  }
+  if (err) {
+    cmp_error(d->path, "read error: %s", strerror(err));
+    return 0;
+  }
+  if (got != d->size) {
+    cmp_error(d->path, "changed while it was read (%s %zu bytes)",
+              got > d->size ? "it grew past" : "it shrank from", d->size);
+    return 0;
+  }
   return 1;
 }
 

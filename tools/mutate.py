@@ -41,6 +41,8 @@ STEPS = [
     ("test_parallel", ["build/test_parallel"], "build/test_parallel", CORE),
     ("test_faults", ["build/test_faults"], "build/test_faults build/faults", CORE),
     ("test_misuse", ["build/test_misuse"], "build/test_misuse build/misuse", CORE),
+    ("test_muoncmp", ["build/test_muoncmp", "build/muoncmp"], "build/test_muoncmp build/muoncmp_test build/muoncmp",
+     {"tools/muoncmp.c"}),
     ("test_parallel_tsan", ["build/test_parallel_tsan"], "build/test_parallel_tsan", CORE),
     ("test_parallel_cblas", ["build/test_parallel_cblas"], "OPENBLAS_NUM_THREADS=1 build/test_parallel_cblas", CORE),
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
@@ -174,6 +176,8 @@ def apply(tree, m):
 def compile_check(tree, header, jobs):
     tu = CHECK_TU.get(header, CHECK_TU["muon.h"])
     flags = "-std=c99 -Wall -Wextra -Wpedantic -Werror"
+    if header.endswith(".c"):  # a tool: the file itself
+        return sh("gcc %s -fsyntax-only %s" % (flags, header), tree)
     cuda = "-isystem " + CUDA_HOME + "/include -DMUON_CUDA_STANDIN -D_GNU_SOURCE -Itests/standin"
     if tu is None:
         return sh("g++ -std=c++17 -Wall -Wextra -Werror -fsyntax-only -I. examples/muon_gloo.cpp", tree)
