@@ -4106,10 +4106,9 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
 }
 
 /* ---- >>impl-plan-run Planning: one device, and every rank together --------------------------- */
-/* A fresh run identity: not a secret, only unlikely to repeat (the clock, this process's
-   memory, a counter). Never 0. */
+/* A fresh run identity: not a secret, only unlikely to repeat (the clock, where this optimizer
+   and this thread's stack lie; no shared counter, so threads may call it at once). Never 0. */
 static uint64_t muon__new_run(const muon_optimizer *opt) {
-  static unsigned counter;
   unsigned char b[8 * 4], *p = b;
   time_t now = time(NULL);
   clock_t c = clock();
@@ -4117,7 +4116,7 @@ static uint64_t muon__new_run(const muon_optimizer *opt) {
   muon__put64(&p, (uint64_t)now);
   muon__put64(&p, (uint64_t)c);
   muon__put64(&p, (uint64_t)(size_t)opt);
-  muon__put64(&p, (uint64_t)++counter);
+  muon__put64(&p, (uint64_t)(size_t)&h);
   h = muon__fnv1a(b, sizeof b);
   return h ? h : 1;
 }
