@@ -77,7 +77,8 @@
        gradients fp32 or bf16 (grad_dtype); parameters fp32 master weights, optionally mirrored
        to a bf16 copy after each update (mirror), or bf16 alone (param_dtype), updated in fp32
        and rounded to nearest or stochastically (desc.rounding, desc.seed: bits depend only on
-       seed, step, matrix and element, never on world size); separate strides for stacked
+       seed, step, full name and the element's place in the full tensor, never on world size or
+       layout); separate strides for stacked
        [L, rows, cols] param / grad / mirror / momentum buffers (ZeRO-1); a gradient scale
        (muon_set_grad_scale, e.g. the clipping factor); optionally the momentum in a buffer of
        the trainer's (muon_matrix.momentum).
@@ -393,8 +394,10 @@ typedef enum muon_dtype {
 typedef enum muon_rounding {
   MUON_ROUND_NEAREST = 0,          /* to nearest, ties to even                                 */
   MUON_ROUND_STOCHASTIC            /* up with probability proportional to the distance; the
-                                      random bits depend only on (seed, step, matrix, element's
-                                      index in the full matrix), never on launch shape or world */
+                                      random bits depend only on (seed, step, full name, the
+                                      element's index in the full matrix or AdamW tensor), for
+                                      matrices and AdamW params alike: never on launch shape,
+                                      world size, layout or layout key */
 } muon_rounding;
 
 /* A piece of a matrix and the Newton-Schulz operand of the whole matrix it belongs to. The piece
@@ -445,7 +448,9 @@ typedef struct muon_adamw_args {
   muon_dtype grad_dtype, param_dtype;
   void *mirror;                    /* optional bf16 copy of the new parameter                  */
   muon_rounding rounding;
-  unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed, i)  */
+  unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed,
+                                      offset + i)                                              */
+  unsigned long long offset;       /* element 0's index in the full (flattened) parameter      */
   int cautious;                    /* decay only where p and the Adam update agree in sign, as
                                       muon__adamw_elem                                           */
 } muon_adamw_args;
@@ -1082,7 +1087,7 @@ MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muo
 
 MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *m, float *v, const muon_adamw_args *a) {
   int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
-  uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)i) : 0;
+  uint32_t bits = sr ? muon__random_bits(a->seed, a->offset + (unsigned long long)i) : 0;
   float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
   float w = muon__adamw_elem(muon__load(param, bf16, i), g, &m[i], &v[i], a->beta1, a->beta2, a->eps,
                              a->decay, a->step_size, a->bc2_sqrt, a->cautious);
@@ -5430,23 +5435,21 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
 }
 
 /* ---- >>impl-adamw AdamW params: stochastic-rounding seeds and the Partial (ZeRO-1) exchange ---- */
-/* The stochastic-rounding seed of one matrix or AdamW param at this step: a function of the
-   user's seed, the step and the name (with the layout key), the same on every rank. */
-static unsigned long long muon__seed(const muon_optimizer *opt, const char *name, long long key, int index) {
-  unsigned char buf[96], *p = buf;
-  char id[80];
-  size_t len;
-  if (name[0]) snprintf(id, sizeof id, "%s", name); else snprintf(id, sizeof id, "#%d", index);
-  len = strlen(id);
+/* The stochastic-rounding seed of one matrix or AdamW param at this step, for matrices and AdamW
+   params alike: the user's seed, the step and the full name's hash (a stack's slice with its
+   "[i]"), nothing of the world or the layout (not the layout key either: a pipeline stage's key
+   is its rank), so every layout draws one device's bits; element e of the full tensor then gets
+   muon_random_bits(seed, e). */
+static unsigned long long muon__sr_seed(const muon_optimizer *opt, unsigned long long name_hash) {
+  unsigned char buf[24], *p = buf;
   muon__put64(&p, (uint64_t)opt->seed);
   muon__put64(&p, (uint64_t)opt->stats.steps);
-  muon__put64(&p, (uint64_t)key);
-  memcpy(p, id, len);
-  return muon__fnv1a(buf, 24 + len);
+  muon__put64(&p, (uint64_t)name_hash);
+  return muon__fnv1a(buf, sizeof buf);
 }
 
 /* torch.optim.AdamW's bias corrections for this step. */
-static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__adamw *p, int index) {
+static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__adamw *p) {
   const muon_adamw_hparams *hp = &opt->adamw_groups[p->group];
   double t = (double)(p->step + 1);
   muon_adamw_args a;
@@ -5461,7 +5464,8 @@ static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__a
   a.param_dtype = p->param_dtype;
   a.mirror = p->mirror;
   a.rounding = opt->rounding;
-  a.seed = muon__seed(opt, p->name, -1, index);
+  a.seed = muon__sr_seed(opt, p->name_hash);
+  a.offset = p->offset;   /* a ZeRO piece draws the full tensor's bits */
   a.cautious = hp->cautious_wd;
   return a;
 }
@@ -5551,7 +5555,7 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
                                  "muon_step: AdamW of a Partial param"));
     MUON__TRY(muon__compute_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0,
                                  "muon_step: AdamW of a Partial param"));
-    args = muon__adamw_args(opt, a, i);
+    args = muon__adamw_args(opt, a);
     args.grad_scale *= a->part_scale;
     args.grad_dtype = MUON_DTYPE_FP32;
     args.mirror = NULL;
@@ -5680,7 +5684,7 @@ static muon_status muon__commit(muon_optimizer *opt) {
     a.param_dtype = x->param_dtype;
     a.mirror = x->mirror;
     a.rounding = opt->rounding;
-    a.seed = muon__seed(opt, x->name, x->layout.key, i);
+    a.seed = muon__sr_seed(opt, x->name_hash);
     a.piece = muon__whole(x->rows, x->cols, 0, 0);
     a.piece.r0 = x->piece.r0; a.piece.c0 = x->piece.c0; a.piece.h = x->piece.h;
     a.piece.w = x->piece.w; a.piece.f0 = x->piece.f0; a.piece.f1 = x->piece.f1;
@@ -5720,7 +5724,7 @@ static muon_status muon__commit(muon_optimizer *opt) {
       else MUON__TRY(muon__compute_cast(opt, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size, op));
       if (p->mirror) MUON__TRY(muon__compute_cast(opt, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size, op));
     } else {
-      a = muon__adamw_args(opt, p, i);
+      a = muon__adamw_args(opt, p);
       MUON__TRY(muon__compute_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a,
                                     "muon_step: AdamW (the update may be partly applied)"));
     }

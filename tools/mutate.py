@@ -46,6 +46,8 @@ STEPS = [
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
     ("test_dist -n 3", ["build/test_dist", "build/muonrun"], RUN + " -n 3 build/test_dist", GLOO),
     ("test_agree -n 2", ["build/test_agree", "build/muonrun"], RUN + " -n 2 build/test_agree", GLOO),
+    ("examples --sr", ["build/fsdp", "build/pp", "build/muonrun"],
+     RUN + " -n 2 build/fsdp --sr --quiet && " + RUN + " -n 4 build/pp --sr --quiet", GLOO),
     ("test_cuda_slots", ["build/cuda/test_cuda_slots"], "build/cuda/test_cuda_slots", CUDA),
     ("test_cuda", ["build/cuda/test_cuda"], "build/cuda/test_cuda", CUDA),
     ("test_nccl -n 3", ["build/nccl/test_nccl", "build/muonrun"], RUN + " -n 3 build/nccl/test_nccl", NCCL),
