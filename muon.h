@@ -759,7 +759,7 @@ typedef struct muon_matrix {
   const char *name;                /* copied; optional on one device (messages only); required
                                       with a dist config, where ranks pair matrices by name     */
   void *param;                     /* rows*cols elements of param_dtype, row-major (per slice)  */
-  const void *grad;                /* same shape, grad_dtype; NULL = absent (skipped) until set */
+  const void *grad;                /* same shape, grad_dtype; NULL: bind one (muon_set_grad)   */
   int rows, cols;
   int ndim;                        /* 0 or 2. Anything else is rejected: non-matrix parameters
                                       belong to muon_add_adamw_param                            */
@@ -785,7 +785,7 @@ MUON_API muon_matrix muon_default_matrix(void);
 typedef struct muon_adamw_param {
   const char *name;
   void *param;                     /* size elements of param_dtype                               */
-  const void *grad;                /* size elements of grad_dtype; NULL = absent (skipped)       */
+  const void *grad;                /* size elements of grad_dtype; NULL: muon_set_adamw_grad    */
   size_t size;                     /* number of elements, > 0                                    */
   int group;                       /* AdamW group, 0 = desc.adamw                                 */
   muon_dtype param_dtype, grad_dtype;
@@ -833,11 +833,16 @@ MUON_API muon_status muon_set_adamw_lr(muon_optimizer *opt, int group, float lr)
    Allocates the momentum (zeros) now, so muon_step never runs out of memory half-way. */
 MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out);
 MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out);
-/* Points a matrix (or AdamW param) at a new gradient; NULL means absent this step. */
+/* Points a matrix (or AdamW param) at a new gradient; NULL means absent this step (skipped). A
+   gradient registered NULL and never given one here is MUON_ERR_ARG at muon_step, naming it. */
 MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *grad);
 MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const void *grad);
-/* Multiplies every gradient by `scale` (finite, > 0) before the momentum and AdamW, from the
-   next step on: the trainer's clipping factor, without rewriting its gradients. Default 1. */
+/* Multiplies every gradient by `scale` (>= 0) before the momentum and AdamW, from the next step
+   on: the trainer's clipping factor, without rewriting its gradients. Default 1. 0, NaN and Inf
+   (llm.c's clip factor for an infinite norm is 0) say the gradient norm is not finite: every
+   step while the scale stays so is a non-finite verdict for every gradient, handled as
+   on_nonfinite says (ERROR: muon_step returns MUON_ERR_NONFINITE, nothing applied; SKIP: every
+   matrix and AdamW param is skipped). A negative scale is MUON_ERR_ARG. */
 MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale);
 MUON_API int muon_matrix_count(const muon_optimizer *opt);
 MUON_API int muon_adamw_param_count(const muon_optimizer *opt);
@@ -1325,7 +1330,7 @@ typedef struct muon__matrix {
   int parts;            /* MUON_PARTIAL: the parts of its gradient (1: none) */
   float part_scale;     /* MEAN's factor, folded into grad_scale */
   int momentum_fresh;   /* a Partial matrix's momentum is planning's zeros, never stepped: not state yet */
-  int told_absent;      /* the logger heard that its gradient is absent */
+  int grad_bound;       /* registered with a gradient, or given one (NULL too) by muon_set_grad */
   int skip;             /* this step: absent or non-finite gradient */
   muon_layout layout;
   muon__piece piece;
@@ -1461,6 +1466,7 @@ typedef struct muon__adamw {
   int group;
   float *exp_avg, *exp_avg_sq;  /* backend memory */
   long long step;
+  int grad_bound;       /* registered with a gradient, or given one (NULL too) by muon_set_adamw_grad */
   int skip;
   /* Partial: its gradient is one of `parts` parts; its moments cover chunk `part` of the piece,
      [lo, hi); members: where each part's rank is in the plan's adamw_members (planning). */
@@ -2392,6 +2398,7 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
     else { char anon[24]; snprintf(anon, sizeof anon, "#%d", first + i); x->name_hash = muon__name_hash(anon, -1); }
     x->param = (char *)m->param + (size_t)i * r->stride * muon__dtype_size(m->param_dtype);
     x->grad = m->grad ? (const char *)m->grad + (size_t)i * r->grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
+    x->grad_bound = m->grad != NULL;
     x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * r->mirror_stride * 2 : NULL;
     x->param_dtype = m->param_dtype;
     x->grad_dtype = m->grad_dtype;
@@ -2542,6 +2549,7 @@ static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, i
   x->full_size = p->full_size ? p->full_size : p->size;
   x->param = p->param;
   x->grad = p->grad;
+  x->grad_bound = p->grad != NULL;
   x->mirror = p->mirror;
   x->param_dtype = p->param_dtype;
   x->grad_dtype = p->grad_dtype;
@@ -2582,6 +2590,7 @@ MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *g
   if (index < 0 || index >= opt->n_matrices)
     return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad: matrix %d does not exist (have %d)", index, opt->n_matrices);
   opt->matrices[index].grad = grad;
+  opt->matrices[index].grad_bound = 1;   /* NULL too: absent this step, on purpose */
   return MUON_OK;
 }
 
@@ -2591,14 +2600,19 @@ MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const v
     return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_grad: AdamW param %d does not exist (have %d)", index,
                       opt->n_adamw);
   opt->adamw[index].grad = grad;
+  opt->adamw[index].grad_bound = 1;
   return MUON_OK;
 }
 
 MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale) {
   if (!opt) return MUON_ERR_ARG;
-  if (!(muon__finite(scale) && scale > 0))
-    return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad_scale: scale must be finite and > 0 (got %g)", (double)scale);
-  opt->grad_scale = scale;
+  if (muon__finite(scale) && scale < 0)
+    return muon__fail(opt, MUON_ERR_ARG,
+                      "muon_set_grad_scale: scale must be >= 0 (got %g; 0, NaN and Inf say the gradient norm was "
+                      "not finite)",
+                      (double)scale);
+  /* 0, -0, NaN and Inf all become +0: one value for "not finite", the same bits on every rank */
+  opt->grad_scale = muon__finite(scale) && (muon__f2u(scale) & 0x7fffffffu) ? scale : 0.0f;
   return MUON_OK;
 }
 
@@ -4471,6 +4485,29 @@ static muon_status muon__pack(muon_optimizer *opt, int n, float *pieces, float *
 static muon_status muon__verdicts(muon_optimizer *opt) {
   int i, n = opt->n_matrices + opt->n_adamw, any = 0;
   muon_status st;
+  /* A gradient never bound is a forgotten muon_set_grad, not an absent one: it would train
+     nothing, silently. Distributed, the status goes into the agreement: every rank fails. */
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].size && !opt->matrices[i].grad_bound)
+      return muon__fail(opt, MUON_ERR_ARG,
+                        "muon_step: matrix %d ('%s') has no gradient: registered with grad NULL and never given one "
+                        "by muon_set_grad (muon_set_grad(NULL) says absent this step); nothing was applied",
+                        i, opt->matrices[i].name);
+  for (i = 0; i < opt->n_adamw; i++)
+    if (!opt->adamw[i].grad_bound)
+      return muon__fail(opt, MUON_ERR_ARG,
+                        "muon_step: AdamW param %d ('%s') has no gradient: registered with grad NULL and never given "
+                        "one by muon_set_adamw_grad (NULL there says absent this step); nothing was applied",
+                        i, opt->adamw[i].name);
+  if (muon__f2u(opt->grad_scale) == 0) {   /* muon_set_grad_scale(0 or non-finite): a non-finite norm */
+    if (opt->on_nonfinite == MUON_NONFINITE_ERROR)
+      return muon__fail(opt, MUON_ERR_NONFINITE,
+                        "muon_step: the gradient scale is 0 (muon_set_grad_scale was given 0, NaN or Inf: the "
+                        "gradient norm is not finite); nothing was applied");
+    for (i = 0; i < n; i++)   /* SKIP: every gradient is non-finite this step */
+      opt->host_verdicts[i] = i < opt->n_matrices && !opt->matrices[i].size ? 0 : 2;
+    return MUON_OK;
+  }
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
     if (!x->grad || !x->size) continue;
@@ -4491,17 +4528,8 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
     if ((st = muon__sync(opt, "muon_step: reading the non-finite verdicts")) != MUON_OK) return st;
   }
   for (i = 0; i < opt->n_matrices; i++) {
-    muon__matrix *x = &opt->matrices[i];
+    const muon__matrix *x = &opt->matrices[i];
     opt->host_verdicts[i] = !x->size ? 0 : !x->grad ? 1 : opt->host_verdicts[i] ? 2 : 0;
-    if (opt->host_verdicts[i] == 1 && !x->told_absent) {   /* a trainer that binds gradients late */
-      char msg[200];
-      snprintf(
-          msg, sizeof msg,
-          "muon_step: matrix %d ('%s') has no gradient: skipped until muon_set_grad gives it one (said once per matrix)",
-          i, x->name);
-      muon__log(&opt->logger, MUON_LOG_WARN, msg);
-      x->told_absent = 1;
-    }
   }
   for (i = 0; i < opt->n_adamw; i++)
     opt->host_verdicts[opt->n_matrices + i] = !opt->adamw[i].grad ? 1 : opt->host_verdicts[opt->n_matrices + i] ? 2 : 0;
