@@ -172,6 +172,10 @@ $(BUILD)/cuda/%: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%_san: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin_san.o
 	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
+# -Ofast: gcc's analogue of a trainer's --use_fast_math over the same kernel source (gcc 12 sees
+# a buffer of test_cuda_slots' as maybe-uninitialised only at -Ofast: a false positive).
+$(BUILD)/cuda/%_fast: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) -Wno-maybe-uninitialized -Ofast -march=native $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%_standin: bench/%.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
@@ -294,7 +298,7 @@ NEEDS_dist := $(BUILD)/tp_fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
-sr_runs = $(foreach e,$2,$(foreach n,$3,"$(RUN) -n $(n) $1/$(e) --sr --quiet && echo '$1/$(e) -n $(n) --sr: 1 passed, 0 failed'"))
+sr_runs = $(foreach e,$2,$(foreach n,$3,"$(RUN) -n $(n) $1/$(e) --sr --quiet && echo 'sr-$(notdir $1)-$(e): 1 passed, 0 failed'"))
 
 # The examples: every strategy at its world sizes, the option variants, bf16 on the wire,
 # overlap, Partial gradients; each bitwise against one device.
@@ -320,6 +324,7 @@ NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES))
 ifeq ($(HAVE_CUDA),1)
 TESTS_cuda := \
   "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" "$(BUILD)/cuda/test_cuda" \
+  "$(BUILD)/cuda/test_cuda_slots_fast" "$(BUILD)/cuda/test_cuda_fast" "tests/run_fast_math.sh $(NVCC) $(BUILD)/cuda" \
   "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
   "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
   $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \

@@ -970,8 +970,8 @@ MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
    ELEMENT-WISE FORMULAS, one element at a time, shared by the CPU loops of this header and the
    CUDA kernels of muon_cuda.h (which defines MUON_ELEMENTWISE and includes this header again),
    so every backend runs the very same formulas. Reference: torch.optim.Muon / torch.optim.AdamW
-   (single-tensor paths). Compile device code without FMA contraction (nvcc -fmad=false) to get
-   the CPU's bits.
+   (single-tensor paths). Every float operation goes through muon__add & co., so the device code
+   gives the CPU's bits whatever nvcc's flags (-fmad, --use_fast_math).
    ============================================================================================= */
 #if (defined(MUON_IMPLEMENTATION) || defined(MUON_ELEMENTWISE)) && !defined(MUON__ELEMENTWISE_DEFINED)
 #define MUON__ELEMENTWISE_DEFINED
@@ -990,14 +990,127 @@ MUON__HD float muon__u2f(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return
 /* By the exponent bits, so -ffast-math cannot fold it away. */
 MUON__HD int muon__finite(float x) { return (muon__f2u(x) & 0x7f800000u) != 0x7f800000u; }
 
+/* IEEE arithmetic, each operation rounded to nearest on its own. On the GPU they are PTX
+   instructions without .ftz, so a trainer's nvcc flags (--use_fast_math: flushed subnormals,
+   approximate / and sqrt; -fmad=true: a*b + c fused) cannot change a bit of muon's kernels: the
+   intrinsics __fadd_rn & co. stop the fusing but still flush under --use_fast_math. On the host,
+   plain operators (an ISO C build does not contract); under -ffast-math (gcc, clang: x86, Arm)
+   each operand and result passes an empty asm, so nothing is fused, reassociated or replaced by
+   a reciprocal across operations (the element-wise loops then do not vectorise). */
+#if !defined(__CUDA_ARCH__) && defined(__FAST_MATH__) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define MUON__FENCE(x) __asm__("" : "+x"(x))
+#elif !defined(__CUDA_ARCH__) && defined(__FAST_MATH__) && defined(__GNUC__) && defined(__aarch64__)
+#define MUON__FENCE(x) __asm__("" : "+w"(x))
+#else
+#define MUON__FENCE(x) (void)0
+#endif
+MUON__HD float muon__add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a + b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a - b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a * b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__div(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a / b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__sqrt(float a) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a);
+  r = sqrtf(a);
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+/* double: never flushed, but fused by -fmad=true; and the conversions, flushed by -ftz=true. */
+MUON__HD double muon__dadd(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MUON__HD double muon__dmul(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MUON__HD double muon__f2d(float a) {
+#ifdef __CUDA_ARCH__
+  double r;
+  asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(a));
+  return r;
+#else
+  return (double)a;
+#endif
+}
+MUON__HD float muon__d2f(double a) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(a));
+  return r;
+#else
+  return (float)a;
+#endif
+}
+
 /* Momentum, returns U. lerp: torch's buf.lerp_(g, 1-mu) then g.lerp(buf, mu). */
 MUON__HD float muon__momentum_elem(float *b, float g, float mu, int nesterov, int sgd) {
   if (sgd) {
-    *b = mu * *b + g;
-    return nesterov ? g + mu * *b : *b;
+    *b = muon__add(muon__mul(mu, *b), g);
+    return nesterov ? muon__add(g, muon__mul(mu, *b)) : *b;
   }
-  *b = *b + (1.0f - mu) * (g - *b);
-  return nesterov ? g + mu * (*b - g) : *b;
+  *b = muon__add(*b, muon__mul(muon__sub(1.0f, mu), muon__sub(g, *b)));
+  return nesterov ? muon__add(g, muon__mul(mu, muon__sub(*b, g))) : *b;
 }
 
 /* Do w and u agree in sign (zero agrees with both)? By the bits, so -ffast-math keeps it. */
@@ -1009,19 +1122,19 @@ MUON__HD int muon__same_sign(float w, float u) {
 /* w*(1 - lr*wd) first, with the unadjusted lr (cautious: only where w and o agree in sign);
    then the orthogonalised step. */
 MUON__HD float muon__apply_elem(float w, float o, float decay, float step, int cautious) {
-  if (!cautious || muon__same_sign(w, o)) w = w * decay;
-  return w - step * o;
+  if (!cautious || muon__same_sign(w, o)) w = muon__mul(w, decay);
+  return muon__sub(w, muon__mul(step, o));
 }
 
 /* torch.optim.AdamW for one element; step_size = lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t). */
 MUON__HD float muon__adamw_elem(float w, float g, float *m, float *v, float beta1, float beta2, float eps,
                                 float decay, float step_size, float bc2_sqrt, int cautious) {
-  float decayed = w * decay, u;
-  *m = *m + (1.0f - beta1) * (g - *m);
-  *v = *v * beta2 + (1.0f - beta2) * g * g;
-  u = *m / (sqrtf(*v) / bc2_sqrt + eps);   /* the update's sign is m_hat's */
+  float decayed = muon__mul(w, decay), u;
+  *m = muon__add(*m, muon__mul(muon__sub(1.0f, beta1), muon__sub(g, *m)));
+  *v = muon__add(muon__mul(*v, beta2), muon__mul(muon__mul(muon__sub(1.0f, beta2), g), g));
+  u = muon__div(*m, muon__add(muon__div(muon__sqrt(*v), bc2_sqrt), eps));   /* the update's sign is m_hat's */
   if (!cautious || muon__same_sign(w, u)) w = decayed;
-  return w - step_size * u;
+  return muon__sub(w, muon__mul(step_size, u));
 }
 
 /* Round to the nearest bfloat16, ties to even, kept in a float. */
@@ -1093,7 +1206,7 @@ MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muo
 MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *m, float *v, const muon_adamw_args *a) {
   int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
   uint32_t bits = sr ? muon__random_bits(a->seed, a->offset + (unsigned long long)i) : 0;
-  float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
+  float g = muon__mul(a->grad_scale, muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i));
   float w = muon__adamw_elem(muon__load(param, bf16, i), g, &m[i], &v[i], a->beta1, a->beta2, a->eps,
                              a->decay, a->step_size, a->bc2_sqrt, a->cautious);
   muon__store(param, bf16, i, w, sr, bits);
@@ -1103,7 +1216,7 @@ MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *
 /* Momentum of element i: update ? the buffer moves to B' : it stays; returns U. */
 MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, const muon_momentum_args *a, int update) {
   float b = momentum[i];
-  float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
+  float g = muon__mul(a->grad_scale, muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i));
   float u = muon__momentum_elem(&b, g, a->mu, a->nesterov, a->sgd);
   if (update) momentum[i] = b;
   return u;
