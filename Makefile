@@ -298,7 +298,8 @@ NEEDS_dist := $(BUILD)/tp_fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
-sr_runs = $(foreach e,$2,$(foreach n,$3,"$(RUN) -n $(n) $1/$(e) --sr --quiet && echo 'sr-$(notdir $1)-$(e): 1 passed, 0 failed'"))
+sr_runs = $(foreach e,$2,$(foreach n,$3,\
+  "$(RUN) -n $(n) $1/$(e) --sr --quiet && echo 'sr-$(notdir $1)-$(e): 1 passed, 0 failed'"))
 
 # The examples: every strategy at its world sizes, the option variants, bf16 on the wire,
 # overlap, Partial gradients; each bitwise against one device.

@@ -1188,7 +1188,8 @@ typedef struct muon_cuda__normuon_k {
 
 /* s_i of muon__normuon_scale: ROWS 1 / (sqrt(v) + 1e-10), LARGER 1 / sqrt(max(v, 1e-10)). */
 MUON_CUDA__DEVICE float muon_cuda__normuon_s(float v, int rows) {
-  return rows ? muon__div(1.0f, muon__add(muon__sqrt(v), 1e-10f)) : muon__div(1.0f, muon__sqrt(v > 1e-10f ? v : 1e-10f));
+  return rows ? muon__div(1.0f, muon__add(muon__sqrt(v), 1e-10f))
+              : muon__div(1.0f, muon__sqrt(v > 1e-10f ? v : 1e-10f));
 }
 
 MUON_CUDA__KERNEL(muon_cuda__normuon_sums_kernel, muon_cuda__normuon_k) {
@@ -1196,14 +1197,18 @@ MUON_CUDA__KERNEL(muon_cuda__normuon_sums_kernel, muon_cuda__normuon_k) {
   for (k = MUON_CUDA__INDEX; k < (size_t)a.len; k += MUON_CUDA__STRIDE) {
     double acc = 0;
     if (a.per_column) {
-      for (j = 0; j < (size_t)a.m; j++) { double x = muon__f2d(a.X[j * n + k]); acc = muon__dadd(acc, muon__dmul(x, x)); }
+      for (j = 0; j < (size_t)a.m; j++) {
+        double x = muon__f2d(a.X[j * n + k]);
+        acc = muon__dadd(acc, muon__dmul(x, x));
+      }
     } else {                       /* muon__normuon's 8 lanes (element j in lane j % 8), in order */
       const float *row = a.X + k * n;
       double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       size_t b;
       for (j = 0; j + 8 <= n; j += 8)
         for (b = 0; b < 8; b++) lane[b] = muon__dadd(lane[b], muon__dmul(muon__f2d(row[j + b]), muon__f2d(row[j + b])));
-      for (b = 0; j + b < n; b++) lane[b] = muon__dadd(lane[b], muon__dmul(muon__f2d(row[j + b]), muon__f2d(row[j + b])));
+      for (b = 0; j + b < n; b++)
+        lane[b] = muon__dadd(lane[b], muon__dmul(muon__f2d(row[j + b]), muon__f2d(row[j + b])));
       for (b = 0; b < 8; b++) acc = muon__dadd(acc, lane[b]);
     }
     a.v_new[k] = muon__d2f(acc / a.cnt);
@@ -1222,7 +1227,8 @@ MUON_CUDA__KERNEL(muon_cuda__normuon_moments_kernel, muon_cuda__normuon_k) {
     s = muon_cuda__normuon_s(vn, a.rows);
     a.v_new[i] = vn;
     before = muon__dadd(before, muon__dmul((double)a.cnt, muon__f2d(q)));
-    after = muon__dadd(after, muon__dmul(muon__dmul(muon__dmul((double)a.cnt, muon__f2d(q)), muon__f2d(s)), muon__f2d(s)));
+    after = muon__dadd(after,
+                       muon__dmul(muon__dmul(muon__dmul((double)a.cnt, muon__f2d(q)), muon__f2d(s)), muon__f2d(s)));
   }
   after = sqrt(after);
   *a.scale = sqrt(before) / (a.rows ? after + 1e-10 : (after > 1e-10 ? after : 1e-10));

@@ -16,8 +16,9 @@ else
   failed=$((failed + 1)); echo "FAIL nvcc $flags does not compile muon_cuda.cu"
 fi
 if $nvcc $flags -ptx -I. examples/muon_cuda.cu -o "$out/muon_cuda_fast.ptx"; then
-  bad=$(grep -E '^[[:space:]]*(fma|mad)\.[a-z0-9.]*f(32|64)|\.approx\.|^[[:space:]]*(add|sub|mul|div|sqrt|rcp|rsqrt|cvt)[a-z0-9.]*\.ftz' \
-        "$out/muon_cuda_fast.ptx" | sed 's/^[[:space:]]*//' | sort | uniq -c)
+  fused='^[[:space:]]*(fma|mad)\.[a-z0-9.]*f(32|64)'
+  flushed='^[[:space:]]*(add|sub|mul|div|sqrt|rcp|rsqrt|cvt)[a-z0-9.]*\.ftz'
+  bad=$(grep -E "$fused|\.approx\.|$flushed" "$out/muon_cuda_fast.ptx" | sed 's/^[[:space:]]*//' | sort | uniq -c)
   if [ -z "$bad" ]; then
     passed=$((passed + 1)); echo "ok   no fused, approximate or flushing float arithmetic in the kernels under $flags"
   else
