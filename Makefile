@@ -172,6 +172,10 @@ $(BUILD)/cuda/%: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) $(O2) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%_san: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin_san.o
 	$(CC) $(CWARN) $(SAN) $(STANDIN) $(INC) $< $(BUILD)/cuda/standin_san.o -o $@ -lm
+# -Ofast: gcc's analogue of a trainer's --use_fast_math over the same kernel source (gcc 12 sees
+# a buffer of test_cuda_slots' as maybe-uninitialised only at -Ofast: a false positive).
+$(BUILD)/cuda/%_fast: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin.o
+	$(CC) $(CWARN) -Wno-maybe-uninitialized -Ofast -march=native $(STANDIN) $(INC) $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%_standin: bench/%.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
@@ -292,6 +296,11 @@ TESTS_dist := \
   "tests/run_wrong_dim.sh $(BUILD)"
 NEEDS_dist := $(BUILD)/tp_fsdp
 
+# Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
+# piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
+sr_runs = $(foreach e,$2,$(foreach n,$3,\
+  "$(RUN) -n $(n) $1/$(e) --sr --quiet && echo 'sr-$(notdir $1)-$(e): 1 passed, 0 failed'"))
+
 # The examples: every strategy at its world sizes, the option variants, bf16 on the wire,
 # overlap, Partial gradients; each bitwise against one device.
 TESTS_examples := \
@@ -307,7 +316,8 @@ TESTS_examples := \
   "tests/run_partial.sh $(BUILD) ddp cp hsdp tp_hsdp" \
   "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
   "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
-  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'"
+  "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
+  $(call sr_runs,$(BUILD),fsdp fsdp_flat,1 2 4) $(call sr_runs,$(BUILD),pp tp_fsdp,4)
 NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES))
 
 # CUDA: nvcc compiles the backend and it links against cudart/cuBLAS/NCCL (gpu/ and
@@ -315,6 +325,7 @@ NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES))
 ifeq ($(HAVE_CUDA),1)
 TESTS_cuda := \
   "$(BUILD)/cuda/test_standin" "$(BUILD)/cuda/test_cuda_slots" "$(BUILD)/cuda/test_cuda_slots_san" "$(BUILD)/cuda/test_cuda" \
+  "$(BUILD)/cuda/test_cuda_slots_fast" "$(BUILD)/cuda/test_cuda_fast" "tests/run_fast_math.sh $(NVCC) $(BUILD)/cuda" \
   "$(BUILD)/cuda/bench_gpu_standin --smoke >/dev/null && echo 'bench_gpu --smoke on the stand-ins: 1 passed, 0 failed'" \
   "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
   $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
@@ -327,7 +338,8 @@ TESTS_cuda := \
   "tests/run_partial.sh $(BUILD)/cuda ddp hsdp" "tests/run_partial.sh $(BUILD)/nccl cp tp_hsdp" \
   "MUON_STANDIN_AHEAD=1 EXTRA='--partial sum' tests/run_overlap.sh --some $(BUILD)/nccl ddp" \
   $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
-  "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'"
+  "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'" \
+  $(call sr_runs,$(BUILD)/cuda,fsdp,1 2 4) $(call sr_runs,$(BUILD)/nccl,fsdp,1 2 4) $(call sr_runs,$(BUILD)/nccl,pp,4)
 NEEDS_cuda := $(addprefix $(BUILD)/cuda/,muonrun $(STRATEGIES)) $(addprefix $(BUILD)/nccl/,muonrun $(STRATEGIES)) \
   $(BUILD)/cuda/muon_cuda.o $(BUILD)/cuda/test_cuda_slots_gpu $(addprefix $(BUILD)/gpu/,bench_gpu test_nccl bench_nccl)
 else

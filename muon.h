@@ -77,7 +77,8 @@
        gradients fp32 or bf16 (grad_dtype); parameters fp32 master weights, optionally mirrored
        to a bf16 copy after each update (mirror), or bf16 alone (param_dtype), updated in fp32
        and rounded to nearest or stochastically (desc.rounding, desc.seed: bits depend only on
-       seed, step, matrix and element, never on world size); separate strides for stacked
+       seed, step, full name and the element's place in the full tensor, never on world size or
+       layout); separate strides for stacked
        [L, rows, cols] param / grad / mirror / momentum buffers (ZeRO-1); a gradient scale
        (muon_set_grad_scale, e.g. the clipping factor); optionally the momentum in a buffer of
        the trainer's (muon_matrix.momentum).
@@ -394,8 +395,10 @@ typedef enum muon_dtype {
 typedef enum muon_rounding {
   MUON_ROUND_NEAREST = 0,          /* to nearest, ties to even                                 */
   MUON_ROUND_STOCHASTIC            /* up with probability proportional to the distance; the
-                                      random bits depend only on (seed, step, matrix, element's
-                                      index in the full matrix), never on launch shape or world */
+                                      random bits depend only on (seed, step, full name, the
+                                      element's index in the full matrix or AdamW tensor), for
+                                      matrices and AdamW params alike: never on launch shape,
+                                      world size, layout or layout key */
 } muon_rounding;
 
 /* A piece of a matrix and the Newton-Schulz operand of the whole matrix it belongs to. The piece
@@ -446,7 +449,9 @@ typedef struct muon_adamw_args {
   muon_dtype grad_dtype, param_dtype;
   void *mirror;                    /* optional bf16 copy of the new parameter                  */
   muon_rounding rounding;
-  unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed, i)  */
+  unsigned long long seed;         /* stochastic bits of element i: muon_random_bits(seed,
+                                      offset + i)                                              */
+  unsigned long long offset;       /* element 0's index in the full (flattened) parameter      */
   int cautious;                    /* decay only where p and the Adam update agree in sign, as
                                       muon__adamw_elem                                           */
 } muon_adamw_args;
@@ -755,7 +760,7 @@ typedef struct muon_matrix {
   const char *name;                /* copied; optional on one device (messages only); required
                                       with a dist config, where ranks pair matrices by name     */
   void *param;                     /* rows*cols elements of param_dtype, row-major (per slice)  */
-  const void *grad;                /* same shape, grad_dtype; NULL = absent (skipped) until set */
+  const void *grad;                /* same shape, grad_dtype; NULL: bind one (muon_set_grad)   */
   int rows, cols;
   int ndim;                        /* 0 or 2. Anything else is rejected: non-matrix parameters
                                       belong to muon_add_adamw_param                            */
@@ -781,7 +786,7 @@ MUON_API muon_matrix muon_default_matrix(void);
 typedef struct muon_adamw_param {
   const char *name;
   void *param;                     /* size elements of param_dtype                               */
-  const void *grad;                /* size elements of grad_dtype; NULL = absent (skipped)       */
+  const void *grad;                /* size elements of grad_dtype; NULL: muon_set_adamw_grad    */
   size_t size;                     /* number of elements, > 0                                    */
   int group;                       /* AdamW group, 0 = desc.adamw                                 */
   muon_dtype param_dtype, grad_dtype;
@@ -829,11 +834,16 @@ MUON_API muon_status muon_set_adamw_lr(muon_optimizer *opt, int group, float lr)
    Allocates the momentum (zeros) now, so muon_step never runs out of memory half-way. */
 MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out);
 MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out);
-/* Points a matrix (or AdamW param) at a new gradient; NULL means absent this step. */
+/* Points a matrix (or AdamW param) at a new gradient; NULL means absent this step (skipped). A
+   gradient registered NULL and never given one here is MUON_ERR_ARG at muon_step, naming it. */
 MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *grad);
 MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const void *grad);
-/* Multiplies every gradient by `scale` (finite, > 0) before the momentum and AdamW, from the
-   next step on: the trainer's clipping factor, without rewriting its gradients. Default 1. */
+/* Multiplies every gradient by `scale` (>= 0) before the momentum and AdamW, from the next step
+   on: the trainer's clipping factor, without rewriting its gradients. Default 1. 0, NaN and Inf
+   (llm.c's clip factor for an infinite norm is 0) say the gradient norm is not finite: every
+   step while the scale stays so is a non-finite verdict for every gradient, handled as
+   on_nonfinite says (ERROR: muon_step returns MUON_ERR_NONFINITE, nothing applied; SKIP: every
+   matrix and AdamW param is skipped). A negative scale is MUON_ERR_ARG. */
 MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale);
 MUON_API int muon_matrix_count(const muon_optimizer *opt);
 MUON_API int muon_adamw_param_count(const muon_optimizer *opt);
@@ -969,8 +979,8 @@ MUON_API size_t muon_ns_workspace_floats(int rows, int cols);
    ELEMENT-WISE FORMULAS, one element at a time, shared by the CPU loops of this header and the
    CUDA kernels of muon_cuda.h (which defines MUON_ELEMENTWISE and includes this header again),
    so every backend runs the very same formulas. Reference: torch.optim.Muon / torch.optim.AdamW
-   (single-tensor paths). Compile device code without FMA contraction (nvcc -fmad=false) to get
-   the CPU's bits.
+   (single-tensor paths). Every float operation goes through muon__add & co., so the device code
+   gives the CPU's bits whatever nvcc's flags (-fmad, --use_fast_math).
    ============================================================================================= */
 #if (defined(MUON_IMPLEMENTATION) || defined(MUON_ELEMENTWISE)) && !defined(MUON__ELEMENTWISE_DEFINED)
 #define MUON__ELEMENTWISE_DEFINED
@@ -989,14 +999,127 @@ MUON__HD float muon__u2f(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return
 /* By the exponent bits, so -ffast-math cannot fold it away. */
 MUON__HD int muon__finite(float x) { return (muon__f2u(x) & 0x7f800000u) != 0x7f800000u; }
 
+/* IEEE arithmetic, each operation rounded to nearest on its own. On the GPU they are PTX
+   instructions without .ftz, so a trainer's nvcc flags (--use_fast_math: flushed subnormals,
+   approximate / and sqrt; -fmad=true: a*b + c fused) cannot change a bit of muon's kernels: the
+   intrinsics __fadd_rn & co. stop the fusing but still flush under --use_fast_math. On the host,
+   plain operators (an ISO C build does not contract); under -ffast-math (gcc, clang: x86, Arm)
+   each operand and result passes an empty asm, so nothing is fused, reassociated or replaced by
+   a reciprocal across operations (the element-wise loops then do not vectorise). */
+#if !defined(__CUDA_ARCH__) && defined(__FAST_MATH__) && defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define MUON__FENCE(x) __asm__("" : "+x"(x))
+#elif !defined(__CUDA_ARCH__) && defined(__FAST_MATH__) && defined(__GNUC__) && defined(__aarch64__)
+#define MUON__FENCE(x) __asm__("" : "+w"(x))
+#else
+#define MUON__FENCE(x) (void)0
+#endif
+MUON__HD float muon__add(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a + b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a - b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a * b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__div(float a, float b) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a); MUON__FENCE(b);
+  r = a / b;
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+MUON__HD float muon__sqrt(float a) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("sqrt.rn.f32 %0, %1;" : "=f"(r) : "f"(a));
+  return r;
+#else
+  float r;
+  MUON__FENCE(a);
+  r = sqrtf(a);
+  MUON__FENCE(r);
+  return r;
+#endif
+}
+/* double: never flushed, but fused by -fmad=true; and the conversions, flushed by -ftz=true. */
+MUON__HD double muon__dadd(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+MUON__HD double muon__dmul(double a, double b) {
+#ifdef __CUDA_ARCH__
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+MUON__HD double muon__f2d(float a) {
+#ifdef __CUDA_ARCH__
+  double r;
+  asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(a));
+  return r;
+#else
+  return (double)a;
+#endif
+}
+MUON__HD float muon__d2f(double a) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(a));
+  return r;
+#else
+  return (float)a;
+#endif
+}
+
 /* Momentum, returns U. lerp: torch's buf.lerp_(g, 1-mu) then g.lerp(buf, mu). */
 MUON__HD float muon__momentum_elem(float *b, float g, float mu, int nesterov, int sgd) {
   if (sgd) {
-    *b = mu * *b + g;
-    return nesterov ? g + mu * *b : *b;
+    *b = muon__add(muon__mul(mu, *b), g);
+    return nesterov ? muon__add(g, muon__mul(mu, *b)) : *b;
   }
-  *b = *b + (1.0f - mu) * (g - *b);
-  return nesterov ? g + mu * (*b - g) : *b;
+  *b = muon__add(*b, muon__mul(muon__sub(1.0f, mu), muon__sub(g, *b)));
+  return nesterov ? muon__add(g, muon__mul(mu, muon__sub(*b, g))) : *b;
 }
 
 /* Do w and u agree in sign (zero agrees with both)? By the bits, so -ffast-math keeps it. */
@@ -1008,19 +1131,19 @@ MUON__HD int muon__same_sign(float w, float u) {
 /* w*(1 - lr*wd) first, with the unadjusted lr (cautious: only where w and o agree in sign);
    then the orthogonalised step. */
 MUON__HD float muon__apply_elem(float w, float o, float decay, float step, int cautious) {
-  if (!cautious || muon__same_sign(w, o)) w = w * decay;
-  return w - step * o;
+  if (!cautious || muon__same_sign(w, o)) w = muon__mul(w, decay);
+  return muon__sub(w, muon__mul(step, o));
 }
 
 /* torch.optim.AdamW for one element; step_size = lr/(1-beta1^t), bc2_sqrt = sqrt(1-beta2^t). */
 MUON__HD float muon__adamw_elem(float w, float g, float *m, float *v, float beta1, float beta2, float eps,
                                 float decay, float step_size, float bc2_sqrt, int cautious) {
-  float decayed = w * decay, u;
-  *m = *m + (1.0f - beta1) * (g - *m);
-  *v = *v * beta2 + (1.0f - beta2) * g * g;
-  u = *m / (sqrtf(*v) / bc2_sqrt + eps);   /* the update's sign is m_hat's */
+  float decayed = muon__mul(w, decay), u;
+  *m = muon__add(*m, muon__mul(muon__sub(1.0f, beta1), muon__sub(g, *m)));
+  *v = muon__add(muon__mul(*v, beta2), muon__mul(muon__mul(muon__sub(1.0f, beta2), g), g));
+  u = muon__div(*m, muon__add(muon__div(muon__sqrt(*v), bc2_sqrt), eps));   /* the update's sign is m_hat's */
   if (!cautious || muon__same_sign(w, u)) w = decayed;
-  return w - step_size * u;
+  return muon__sub(w, muon__mul(step_size, u));
 }
 
 /* Round to the nearest bfloat16, ties to even, kept in a float. */
@@ -1091,8 +1214,8 @@ MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muo
 
 MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *m, float *v, const muon_adamw_args *a) {
   int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
-  uint32_t bits = sr ? muon__random_bits(a->seed, (unsigned long long)i) : 0;
-  float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
+  uint32_t bits = sr ? muon__random_bits(a->seed, a->offset + (unsigned long long)i) : 0;
+  float g = muon__mul(a->grad_scale, muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i));
   float w = muon__adamw_elem(muon__load(param, bf16, i), g, &m[i], &v[i], a->beta1, a->beta2, a->eps,
                              a->decay, a->step_size, a->bc2_sqrt, a->cautious);
   muon__store(param, bf16, i, w, sr, bits);
@@ -1102,7 +1225,7 @@ MUON__HD void muon__adamw_store(void *param, size_t i, const void *grad, float *
 /* Momentum of element i: update ? the buffer moves to B' : it stays; returns U. */
 MUON__HD float muon__momentum_at(float *momentum, size_t i, const void *grad, const muon_momentum_args *a, int update) {
   float b = momentum[i];
-  float g = a->grad_scale * muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i);
+  float g = muon__mul(a->grad_scale, muon__load(grad, a->grad_dtype == MUON_DTYPE_BF16, i));
   float u = muon__momentum_elem(&b, g, a->mu, a->nesterov, a->sgd);
   if (update) momentum[i] = b;
   return u;
@@ -1331,7 +1454,7 @@ typedef struct muon__matrix {
   int parts;            /* MUON_PARTIAL: the parts of its gradient (1: none) */
   float part_scale;     /* MEAN's factor, folded into grad_scale */
   int momentum_fresh;   /* a Partial matrix's momentum is planning's zeros, never stepped: not state yet */
-  int told_absent;      /* the logger heard that its gradient is absent */
+  int grad_bound;       /* registered with a gradient, or given one (NULL too) by muon_set_grad */
   int skip;             /* this step: absent or non-finite gradient */
   muon_layout layout;
   muon__piece piece;
@@ -1467,6 +1590,7 @@ typedef struct muon__adamw {
   int group;
   float *exp_avg, *exp_avg_sq;  /* backend memory */
   long long step;
+  int grad_bound;       /* registered with a gradient, or given one (NULL too) by muon_set_adamw_grad */
   int skip;
   /* Partial: its gradient is one of `parts` parts; its moments cover chunk `part` of the piece,
      [lo, hi); members: where each part's rank is in the plan's adamw_members (planning). */
@@ -2402,6 +2526,7 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
     else { char anon[24]; snprintf(anon, sizeof anon, "#%d", first + i); x->name_hash = muon__name_hash(anon, -1); }
     x->param = (char *)m->param + (size_t)i * r->stride * muon__dtype_size(m->param_dtype);
     x->grad = m->grad ? (const char *)m->grad + (size_t)i * r->grad_stride * muon__dtype_size(m->grad_dtype) : NULL;
+    x->grad_bound = m->grad != NULL;
     x->mirror = m->mirror ? (char *)m->mirror + (size_t)i * r->mirror_stride * 2 : NULL;
     x->param_dtype = m->param_dtype;
     x->grad_dtype = m->grad_dtype;
@@ -2552,6 +2677,7 @@ static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, i
   x->full_size = p->full_size ? p->full_size : p->size;
   x->param = p->param;
   x->grad = p->grad;
+  x->grad_bound = p->grad != NULL;
   x->mirror = p->mirror;
   x->param_dtype = p->param_dtype;
   x->grad_dtype = p->grad_dtype;
@@ -2592,6 +2718,7 @@ MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *g
   if (index < 0 || index >= opt->n_matrices)
     return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad: matrix %d does not exist (have %d)", index, opt->n_matrices);
   opt->matrices[index].grad = grad;
+  opt->matrices[index].grad_bound = 1;   /* NULL too: absent this step, on purpose */
   return MUON_OK;
 }
 
@@ -2601,14 +2728,19 @@ MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const v
     return muon__fail(opt, MUON_ERR_ARG, "muon_set_adamw_grad: AdamW param %d does not exist (have %d)", index,
                       opt->n_adamw);
   opt->adamw[index].grad = grad;
+  opt->adamw[index].grad_bound = 1;
   return MUON_OK;
 }
 
 MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale) {
   if (!opt) return MUON_ERR_ARG;
-  if (!(muon__finite(scale) && scale > 0))
-    return muon__fail(opt, MUON_ERR_ARG, "muon_set_grad_scale: scale must be finite and > 0 (got %g)", (double)scale);
-  opt->grad_scale = scale;
+  if (muon__finite(scale) && scale < 0)
+    return muon__fail(opt, MUON_ERR_ARG,
+                      "muon_set_grad_scale: scale must be >= 0 (got %g; 0, NaN and Inf say the gradient norm was "
+                      "not finite)",
+                      (double)scale);
+  /* 0, -0, NaN and Inf all become +0: one value for "not finite", the same bits on every rank */
+  opt->grad_scale = muon__finite(scale) && (muon__f2u(scale) & 0x7fffffffu) ? scale : 0.0f;
   return MUON_OK;
 }
 
@@ -4496,6 +4628,29 @@ static muon_status muon__pack(muon_optimizer *opt, int n, float *pieces, float *
 static muon_status muon__verdicts(muon_optimizer *opt) {
   int i, n = opt->n_matrices + opt->n_adamw, any = 0;
   muon_status st;
+  /* A gradient never bound is a forgotten muon_set_grad, not an absent one: it would train
+     nothing, silently. Distributed, the status goes into the agreement: every rank fails. */
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].size && !opt->matrices[i].grad_bound)
+      return muon__fail(opt, MUON_ERR_ARG,
+                        "muon_step: matrix %d ('%s') has no gradient: registered with grad NULL and never given one "
+                        "by muon_set_grad (muon_set_grad(NULL) says absent this step); nothing was applied",
+                        i, opt->matrices[i].name);
+  for (i = 0; i < opt->n_adamw; i++)
+    if (!opt->adamw[i].grad_bound)
+      return muon__fail(opt, MUON_ERR_ARG,
+                        "muon_step: AdamW param %d ('%s') has no gradient: registered with grad NULL and never given "
+                        "one by muon_set_adamw_grad (NULL there says absent this step); nothing was applied",
+                        i, opt->adamw[i].name);
+  if (muon__f2u(opt->grad_scale) == 0) {   /* muon_set_grad_scale(0 or non-finite): a non-finite norm */
+    if (opt->on_nonfinite == MUON_NONFINITE_ERROR)
+      return muon__fail(opt, MUON_ERR_NONFINITE,
+                        "muon_step: the gradient scale is 0 (muon_set_grad_scale was given 0, NaN or Inf: the "
+                        "gradient norm is not finite); nothing was applied");
+    for (i = 0; i < n; i++)   /* SKIP: every gradient is non-finite this step */
+      opt->host_verdicts[i] = i < opt->n_matrices && !opt->matrices[i].size ? 0 : 2;
+    return MUON_OK;
+  }
   for (i = 0; i < opt->n_matrices; i++) {
     const muon__matrix *x = &opt->matrices[i];
     if (!x->grad || !x->size) continue;
@@ -4516,17 +4671,8 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
     if ((st = muon__sync(opt, "muon_step: reading the non-finite verdicts")) != MUON_OK) return st;
   }
   for (i = 0; i < opt->n_matrices; i++) {
-    muon__matrix *x = &opt->matrices[i];
+    const muon__matrix *x = &opt->matrices[i];
     opt->host_verdicts[i] = !x->size ? 0 : !x->grad ? 1 : opt->host_verdicts[i] ? 2 : 0;
-    if (opt->host_verdicts[i] == 1 && !x->told_absent) {   /* a trainer that binds gradients late */
-      char msg[200];
-      snprintf(
-          msg, sizeof msg,
-          "muon_step: matrix %d ('%s') has no gradient: skipped until muon_set_grad gives it one (said once per matrix)",
-          i, x->name);
-      muon__log(&opt->logger, MUON_LOG_WARN, msg);
-      x->told_absent = 1;
-    }
   }
   for (i = 0; i < opt->n_adamw; i++)
     opt->host_verdicts[opt->n_matrices + i] = !opt->adamw[i].grad ? 1 : opt->host_verdicts[opt->n_matrices + i] ? 2 : 0;
@@ -5503,23 +5649,21 @@ static muon_status muon__custom_exchange(muon_optimizer *opt) {
 }
 
 /* ---- >>impl-adamw AdamW params: stochastic-rounding seeds and the Partial (ZeRO-1) exchange ---- */
-/* The stochastic-rounding seed of one matrix or AdamW param at this step: a function of the
-   user's seed, the step and the name (with the layout key), the same on every rank. */
-static unsigned long long muon__seed(const muon_optimizer *opt, const char *name, long long key, int index) {
-  unsigned char buf[96], *p = buf;
-  char id[80];
-  size_t len;
-  if (name[0]) snprintf(id, sizeof id, "%s", name); else snprintf(id, sizeof id, "#%d", index);
-  len = strlen(id);
+/* The stochastic-rounding seed of one matrix or AdamW param at this step, for matrices and AdamW
+   params alike: the user's seed, the step and the full name's hash (a stack's slice with its
+   "[i]"), nothing of the world or the layout (not the layout key either: a pipeline stage's key
+   is its rank), so every layout draws one device's bits; element e of the full tensor then gets
+   muon_random_bits(seed, e). */
+static unsigned long long muon__sr_seed(const muon_optimizer *opt, unsigned long long name_hash) {
+  unsigned char buf[24], *p = buf;
   muon__put64(&p, (uint64_t)opt->seed);
   muon__put64(&p, (uint64_t)opt->stats.steps);
-  muon__put64(&p, (uint64_t)key);
-  memcpy(p, id, len);
-  return muon__fnv1a(buf, 24 + len);
+  muon__put64(&p, (uint64_t)name_hash);
+  return muon__fnv1a(buf, sizeof buf);
 }
 
 /* torch.optim.AdamW's bias corrections for this step. */
-static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__adamw *p, int index) {
+static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__adamw *p) {
   const muon_adamw_hparams *hp = &opt->adamw_groups[p->group];
   double t = (double)(p->step + 1);
   muon_adamw_args a;
@@ -5534,7 +5678,8 @@ static muon_adamw_args muon__adamw_args(const muon_optimizer *opt, const muon__a
   a.param_dtype = p->param_dtype;
   a.mirror = p->mirror;
   a.rounding = opt->rounding;
-  a.seed = muon__seed(opt, p->name, -1, index);
+  a.seed = muon__sr_seed(opt, p->name_hash);
+  a.offset = p->offset;   /* a ZeRO piece draws the full tensor's bits */
   a.cautious = hp->cautious_wd;
   return a;
 }
@@ -5624,7 +5769,7 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
                                  "muon_step: AdamW of a Partial param"));
     MUON__TRY(muon__compute_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0,
                                  "muon_step: AdamW of a Partial param"));
-    args = muon__adamw_args(opt, a, i);
+    args = muon__adamw_args(opt, a);
     args.grad_scale *= a->part_scale;
     args.grad_dtype = MUON_DTYPE_FP32;
     args.mirror = NULL;
@@ -5753,7 +5898,7 @@ static muon_status muon__commit(muon_optimizer *opt) {
     a.param_dtype = x->param_dtype;
     a.mirror = x->mirror;
     a.rounding = opt->rounding;
-    a.seed = muon__seed(opt, x->name, x->layout.key, i);
+    a.seed = muon__sr_seed(opt, x->name_hash);
     a.piece = muon__whole(x->rows, x->cols, 0, 0);
     a.piece.r0 = x->piece.r0; a.piece.c0 = x->piece.c0; a.piece.h = x->piece.h;
     a.piece.w = x->piece.w; a.piece.f0 = x->piece.f0; a.piece.f1 = x->piece.f1;
@@ -5793,7 +5938,7 @@ static muon_status muon__commit(muon_optimizer *opt) {
       else MUON__TRY(muon__compute_cast(opt, p->param, p->param_dtype, full, MUON_DTYPE_FP32, p->size, op));
       if (p->mirror) MUON__TRY(muon__compute_cast(opt, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size, op));
     } else {
-      a = muon__adamw_args(opt, p, i);
+      a = muon__adamw_args(opt, p);
       MUON__TRY(muon__compute_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a,
                                     "muon_step: AdamW (the update may be partly applied)"));
     }

@@ -20,12 +20,15 @@
 
    (nvcc's host code is C++, so linking with a C compiler needs -lstdc++ as well.)
 
-   Why -fmad=false: the element-wise formulas (momentum, the update, AdamW, the roundings) are
-   muon.h's own MUON__HD functions, compiled for host and device, and written as separate
-   multiplies and adds. By default nvcc contracts a*b + c into one fused multiply-add, which
-   rounds once instead of twice; without contraction the GPU gives the CPU backend's bits for
-   every element-wise step. (--use_fast_math would make `/` and sqrtf approximate: leave it out
-   of this one file even if the trainer uses it.)
+   Flags: the element-wise formulas (momentum, the update, AdamW, NorMuon, the roundings) are
+   muon.h's own MUON__HD functions, compiled for host and device, and every float operation in
+   them and in the kernels below goes through muon__add, muon__mul, muon__div, muon__sqrt & co.,
+   which on the device are PTX instructions rounded to nearest, without .ftz and never fused. So
+   the GPU gives the CPU backend's bits for every element-wise step whatever the trainer's flags:
+   -fmad=true and --use_fast_math (fused multiply-adds, approximate / and sqrt, flushed
+   subnormals) change nothing here. `make test` builds this file with --use_fast_math
+   -fmad=true and checks its PTX for fused, approximate or flushing arithmetic
+   (tests/run_fast_math.sh). The -fmad=false above is belt and braces.
 
    In the trainer:
 
@@ -188,8 +191,6 @@ extern dim3 muon_standin_threadIdx, muon_standin_blockIdx, muon_standin_blockDim
   muon_standin_launch(stream, grid, block, name, &(args), sizeof(args))
 #define MUON_CUDA__INDEX  ((size_t)muon_standin_blockIdx.x * muon_standin_blockDim.x + muon_standin_threadIdx.x)
 #define MUON_CUDA__STRIDE ((size_t)muon_standin_gridDim.x * muon_standin_blockDim.x)
-#define MUON_CUDA__DIV(x, y) ((x) / (y))
-#define MUON_CUDA__SQRT(x) sqrtf(x)
 #define MUON_CUDA__DEVICE static /* a helper called only by kernels */
 #else
 #define MUON_CUDA__KERNEL(name, T) static __global__ void name(const __grid_constant__ T a)
@@ -197,9 +198,6 @@ extern dim3 muon_standin_threadIdx, muon_standin_blockIdx, muon_standin_blockDim
   (name<<<grid, block, 0, stream>>>(args), cudaGetLastError())
 #define MUON_CUDA__INDEX  ((size_t)blockIdx.x * blockDim.x + threadIdx.x)
 #define MUON_CUDA__STRIDE ((size_t)gridDim.x * blockDim.x)
-/* Correctly rounded whatever the build's flags (--use_fast_math makes `/` approximate). */
-#define MUON_CUDA__DIV(x, y) __fdiv_rn((x), (y))
-#define MUON_CUDA__SQRT(x) __fsqrt_rn(x)
 #define MUON_CUDA__DEVICE static __device__
 #endif
 
@@ -347,7 +345,8 @@ MUON_CUDA__KERNEL(muon_cuda__add_diag_kernel, muon_cuda__add_diag_k) {
   size_t i;
   for (i = MUON_CUDA__INDEX; i < a.n; i += MUON_CUDA__STRIDE) {
     size_t b = i / (size_t)a.m, r = i % (size_t)a.m;
-    a.B[b * (size_t)a.m * a.m + r * (size_t)a.m + r] += a.a;
+    size_t at = b * (size_t)a.m * a.m + r * (size_t)a.m + r;
+    a.B[at] = muon__add(a.B[at], a.a);
   }
 }
 
@@ -469,7 +468,7 @@ MUON_CUDA__KERNEL(muon_cuda__ns_scale_kernel, muon_cuda__ns_scale_k) {
   size_t i;
   for (i = MUON_CUDA__INDEX; i < a.total; i += MUON_CUDA__STRIDE) {
     float norm = a.norms[i / a.mn], d = norm > a.eps ? norm : a.eps;
-    a.X[i] = MUON_CUDA__DIV(a.X[i], d);
+    a.X[i] = muon__div(a.X[i], d);
   }
 }
 
@@ -510,7 +509,7 @@ MUON_CUDA__KERNEL(muon_cuda__ns_scale_bf16_kernel, muon_cuda__ns_scale_bf16_k) {
   size_t i;
   for (i = MUON_CUDA__INDEX; i < a.total; i += MUON_CUDA__STRIDE) {
     float norm = muon__bf16(a.norms[i / a.mn]), d = muon__bf16(norm > a.eps ? norm : a.eps);
-    a.Xb[i] = muon__bf16_bits(muon__bf16(MUON_CUDA__DIV(a.X[i], d)));
+    a.Xb[i] = muon__bf16_bits(muon__bf16(muon__div(a.X[i], d)));
   }
 }
 
@@ -1174,7 +1173,7 @@ static muon_status muon_cuda__newton_schulz(void *ctx, float *X, int batch, int 
    Why serial sums: the kernels are element-wise (the stand-in has no shared memory or
    __syncthreads) and no float atomics may sum in a varying order; a thread's own loop in the
    CPU's order is deterministic and gives the CPU's q, v', norms and factors bit for bit (double
-   arithmetic is IEEE on the GPU; -fmad=false keeps the separate roundings). Kernel 2 is O(len),
+   arithmetic is IEEE on the GPU; muon__dadd & co. keep the separate roundings under any flags). Kernel 2 is O(len),
    len <= the larger side: microseconds against the Newton-Schulz before it. */
 typedef struct muon_cuda__normuon_k {
   float *X;
@@ -1189,8 +1188,8 @@ typedef struct muon_cuda__normuon_k {
 
 /* s_i of muon__normuon_scale: ROWS 1 / (sqrt(v) + 1e-10), LARGER 1 / sqrt(max(v, 1e-10)). */
 MUON_CUDA__DEVICE float muon_cuda__normuon_s(float v, int rows) {
-  return rows ? MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v) + 1e-10f)
-              : MUON_CUDA__DIV(1.0f, MUON_CUDA__SQRT(v > 1e-10f ? v : 1e-10f));
+  return rows ? muon__div(1.0f, muon__add(muon__sqrt(v), 1e-10f))
+              : muon__div(1.0f, muon__sqrt(v > 1e-10f ? v : 1e-10f));
 }
 
 MUON_CUDA__KERNEL(muon_cuda__normuon_sums_kernel, muon_cuda__normuon_k) {
@@ -1198,32 +1197,38 @@ MUON_CUDA__KERNEL(muon_cuda__normuon_sums_kernel, muon_cuda__normuon_k) {
   for (k = MUON_CUDA__INDEX; k < (size_t)a.len; k += MUON_CUDA__STRIDE) {
     double acc = 0;
     if (a.per_column) {
-      for (j = 0; j < (size_t)a.m; j++) { double x = a.X[j * n + k]; acc += x * x; }
+      for (j = 0; j < (size_t)a.m; j++) {
+        double x = muon__f2d(a.X[j * n + k]);
+        acc = muon__dadd(acc, muon__dmul(x, x));
+      }
     } else {                       /* muon__normuon's 8 lanes (element j in lane j % 8), in order */
       const float *row = a.X + k * n;
       double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       size_t b;
       for (j = 0; j + 8 <= n; j += 8)
-        for (b = 0; b < 8; b++) lane[b] += (double)row[j + b] * row[j + b];
-      for (b = 0; j + b < n; b++) lane[b] += (double)row[j + b] * row[j + b];
-      for (b = 0; b < 8; b++) acc += lane[b];
+        for (b = 0; b < 8; b++) lane[b] = muon__dadd(lane[b], muon__dmul(muon__f2d(row[j + b]), muon__f2d(row[j + b])));
+      for (b = 0; j + b < n; b++)
+        lane[b] = muon__dadd(lane[b], muon__dmul(muon__f2d(row[j + b]), muon__f2d(row[j + b])));
+      for (b = 0; b < 8; b++) acc = muon__dadd(acc, lane[b]);
     }
-    a.v_new[k] = (float)(acc / a.cnt);
+    a.v_new[k] = muon__d2f(acc / a.cnt);
   }
 }
 
 MUON_CUDA__KERNEL(muon_cuda__normuon_moments_kernel, muon_cuda__normuon_k) {
-  float w = 1.0f - a.beta2;
+  float w = muon__sub(1.0f, a.beta2);
   double before = 0, after = 0;
   int i;
   if (MUON_CUDA__INDEX != 0) return;   /* launched as one thread */
   for (i = 0; i < a.len; i++) {
     float q = a.v_new[i], v = a.v[i], vn, s;
-    vn = w < 0.5f ? v + w * (q - v) : q - (q - v) * (1.0f - w);   /* torch's lerp */
+    vn = w < 0.5f ? muon__add(v, muon__mul(w, muon__sub(q, v)))   /* torch's lerp */
+                  : muon__sub(q, muon__mul(muon__sub(q, v), muon__sub(1.0f, w)));
     s = muon_cuda__normuon_s(vn, a.rows);
     a.v_new[i] = vn;
-    before += (double)a.cnt * q;
-    after += (double)a.cnt * q * s * s;
+    before = muon__dadd(before, muon__dmul((double)a.cnt, muon__f2d(q)));
+    after = muon__dadd(after,
+                       muon__dmul(muon__dmul(muon__dmul((double)a.cnt, muon__f2d(q)), muon__f2d(s)), muon__f2d(s)));
   }
   after = sqrt(after);
   *a.scale = sqrt(before) / (a.rows ? after + 1e-10 : (after > 1e-10 ? after : 1e-10));
@@ -1234,7 +1239,7 @@ MUON_CUDA__KERNEL(muon_cuda__normuon_scale_kernel, muon_cuda__normuon_k) {
   double scale = *a.scale;
   for (i = MUON_CUDA__INDEX; i < a.total; i += MUON_CUDA__STRIDE) {
     size_t k = a.per_column ? i % n : i / n;
-    a.X[i] *= (float)(muon_cuda__normuon_s(a.v_new[k], a.rows) * scale);
+    a.X[i] = muon__mul(a.X[i], muon__d2f(muon__dmul(muon__f2d(muon_cuda__normuon_s(a.v_new[k], a.rows)), scale)));
   }
 }
 

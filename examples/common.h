@@ -23,7 +23,10 @@
    --partial sum|mean (muon_auto_desc.partial: every rank's gradient over ddp, cp and HSDP's
    replicate group is only its part, as before a DDP all-reduce; the single device gets their
    sum, part 0 first, or its mean; rank 0 prints the exchange's bytes per rank against
-   2(P-1)/P S, and they must match exactly where every rank holds every matrix whole).
+   2(P-1)/P S, and they must match exactly where every rank holds every matrix whole), --sr
+   (stochastic rounding, desc.rounding = MUON_ROUND_STOCHASTIC: every matrix and AdamW param gets
+   a bf16 mirror, and the check compares the mirrors too: a ZeRO piece of "wte" must draw the
+   full tensor's random bits; not with --partial, whose AdamW chunks refuse it).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -70,6 +73,7 @@ typedef struct ex_world {
   int partial;        /* --partial sum|mean: muon_auto_desc.partial */
   muon_reduce reduce;
   const char *dump;   /* --dump PATH */
+  int sr;             /* --sr: stochastic rounding into bf16 mirrors */
 } ex_world;
 
 /* One matrix (or a stack of `count`) of the model, as every rank sees it. */
@@ -113,6 +117,7 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--wire") && i + 1 < argc) { i++; w.wire = !strcmp(argv[i], "bf16") ? MUON_WIRE_BF16 : MUON_WIRE_FP32; }
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
+    else if (!strcmp(argv[i], "--sr")) w.sr = 1;
     else if (!strcmp(argv[i], "--partial") && i + 1 < argc) { i++; w.partial = 1; w.reduce = !strcmp(argv[i], "mean") ? MUON_REDUCE_MEAN : MUON_REDUCE_SUM; }
   }
 #ifdef EX_NCCL
@@ -187,6 +192,10 @@ static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) {
   ex_wait(w);
   if (cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
 }
+static void ex_get_bf16(const ex_world *w, uint16_t *host, const void *dev, size_t n) {
+  ex_wait(w);
+  if (cudaMemcpy(host, dev, n * 2, cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
+}
 static void ex_device_free(float *p) { cudaFree(p); }
 static void ex_compute_done(void) { muon_compute_destroy(&ex__compute); }
 #else
@@ -194,6 +203,7 @@ static const muon_compute *ex_compute(const ex_world *w) { (void)w; return NULL;
 static float *ex_device(const ex_world *w, size_t n) { (void)w; (void)n; return NULL; }
 static void ex_put(const ex_world *w, float *dev, const float *host, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
 static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
+static void ex_get_bf16(const ex_world *w, uint16_t *host, const void *dev, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
 static void ex_device_free(float *p) { (void)p; }
 static void ex_compute_done(void) {}
 #endif
@@ -281,6 +291,8 @@ typedef struct ex_slice {     /* one matrix (one slice of a stack) on this rank 
   size_t n;
   float *w, *g;                      /* this rank's piece (inside the stacked buffer) */
   float *dev_full_w, *dev_full_g, *dev_w, *dev_g;  /* their GPU copies (EX_CUDA) */
+  uint16_t *full_mirror, *mirror;    /* --sr: bf16 mirrors of full_w and w */
+  void *dev_full_mirror, *dev_mirror;
   int repl;
   int part, parts;                   /* --partial: this rank's part of the gradient, of how many */
   float scale;                       /* MEAN's factor */
@@ -304,6 +316,8 @@ typedef struct ex_adamw {
   int part[EX_AW], parts[EX_AW];     /* --partial: this rank's part of the gradient, of how many */
   float scale[EX_AW];
   float *dev_full[EX_AW], *dev_full_g[EX_AW], *dev_mine[EX_AW], *dev_mine_g[EX_AW];
+  uint16_t full_mirror[EX_AW][96], mine_mirror[EX_AW][96];   /* --sr: the bf16 mirrors */
+  float *dev_full_mirror[EX_AW], *dev_mine_mirror[EX_AW];
 } ex_adamw;
 
 static void ex_adamw_add(const ex_world *w, ex_adamw *a, muon_optimizer *opt, muon_optimizer *ref, const muon_dist_config *cfg) {
@@ -335,6 +349,14 @@ static void ex_adamw_add(const ex_world *w, ex_adamw *a, muon_optimizer *opt, mu
       ex_put(w, a->dev_mine[k], a->mine[k], (size_t)n);
       r.param = a->dev_full[k]; r.grad = a->dev_full_g[k];
       p.param = a->dev_mine[k]; p.grad = a->dev_mine_g[k];
+    }
+    if (w->sr) {
+      r.mirror = a->full_mirror[k];
+      p.mirror = a->mine_mirror[k];
+      if (EX_ON_DEVICE) {   /* floats enough for the bf16 elements */
+        r.mirror = a->dev_full_mirror[k] = ex_device(w, (size_t)ex_aw_size[k]);
+        p.mirror = a->dev_mine_mirror[k] = ex_device(w, (size_t)n);
+      }
     }
     if (muon_add_adamw_param(opt, &p, NULL) != MUON_OK) ex_die(w, "muon_add_adamw_param", muon_error(opt));
     if (muon_add_adamw_param(ref, &r, NULL) != MUON_OK) ex_die(w, "muon_add_adamw_param (reference)", muon_error(ref));
@@ -378,7 +400,15 @@ static long long ex_adamw_check(const ex_world *w, ex_adamw *a) {
       ex_get(w, a->mine[k], a->dev_mine[k], a->n[k]);
     }
     for (e = 0; e < a->n[k]; e++) bad += memcmp(&a->mine[k][e], &a->full[k][a->lo[k] + e], sizeof(float)) != 0;
+    if (w->sr) {
+      if (EX_ON_DEVICE) {
+        ex_get_bf16(w, a->full_mirror[k], a->dev_full_mirror[k], (size_t)ex_aw_size[k]);
+        ex_get_bf16(w, a->mine_mirror[k], a->dev_mine_mirror[k], a->n[k]);
+      }
+      for (e = 0; e < a->n[k]; e++) bad += a->mine_mirror[k][e] != a->full_mirror[k][a->lo[k] + e];
+    }
     ex_device_free(a->dev_full[k]); ex_device_free(a->dev_full_g[k]); ex_device_free(a->dev_mine[k]); ex_device_free(a->dev_mine_g[k]);
+    if (w->sr) { ex_device_free(a->dev_full_mirror[k]); ex_device_free(a->dev_mine_mirror[k]); }
   }
   return bad;
 }
@@ -447,6 +477,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   desc.hparams.ns_algorithm = w->gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
   desc.hparams.normuon = w->normuon;
   desc.hparams.precision = w->bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
+  if (w->sr) {
+    desc.rounding = MUON_ROUND_STOCHASTIC;
+    desc.seed = 20240917;
+  }
   cfg.wire = (muon_wire)w->wire;
   cfg.prefetch = w->prefetch;
   cfg.async = w->async;
@@ -518,6 +552,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
         ex_put(w, x->dev_full_w, x->full_w, full);
         r.param = x->dev_full_w; r.grad = x->dev_full_g;
       }
+      if (w->sr) {
+        r.mirror = x->full_mirror = (uint16_t *)calloc(full, sizeof(uint16_t));
+        if (EX_ON_DEVICE) r.mirror = x->dev_full_mirror = ex_device(w, full);
+      }
       if (muon_add_matrix(ref, &r, NULL) != MUON_OK) ex_die(w, "muon_add_matrix (reference)", muon_error(ref));
     }
     /* The distributed run: this rank's pieces, stacked slices one after another. */
@@ -532,6 +570,15 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       for (e = 0; e < x->n; e++) x->w[e] = x->full_w[x->idx[e]];
     }
     m.name = sp->name; m.param = wbuf; m.grad = gbuf; m.rows = sp->rows; m.cols = sp->cols;
+    if (w->sr) {   /* the mirrors of the stacked slices, one after another as the parameters */
+      uint16_t *mbuf = (uint16_t *)calloc(stride * count + 1, sizeof(uint16_t));
+      float *dm = EX_ON_DEVICE ? ex_device(w, stride * count + 1) : NULL;
+      for (k = 0; k < count; k++) {
+        sl[s + k].mirror = mbuf + k * stride;
+        sl[s + k].dev_mirror = dm ? (void *)((uint16_t *)dm + k * stride) : NULL;
+      }
+      m.mirror = dm ? (void *)dm : (void *)mbuf;
+    }
     if (EX_ON_DEVICE) {
       float *dw = ex_device(w, stride * count + 1), *dg = ex_device(w, stride * count + 1);
       for (k = 0; k < count; k++) {
@@ -661,6 +708,19 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       if (fabs((double)a - b) > maxdiff) maxdiff = fabs((double)a - b);
     }
   }
+  if (w->sr) {   /* the stochastically rounded mirrors: the full matrix's bits, whatever the layout */
+    long long sr_bad = 0;
+    for (s = 0; s < n_local; s++) {
+      size_t e;
+      if (EX_ON_DEVICE) {
+        ex_get_bf16(w, sl[s].full_mirror, sl[s].dev_full_mirror, (size_t)sl[s].spec->rows * sl[s].spec->cols);
+        ex_get_bf16(w, sl[s].mirror, sl[s].dev_mirror, sl[s].n);
+      }
+      for (e = 0; e < sl[s].n; e++) sr_bad += sl[s].mirror[e] != sl[s].full_mirror[sl[s].idx[e]];
+    }
+    if (sr_bad) printf("rank %d: %lld bf16 mirror elements of matrices differ from single device\n", w->rank, sr_bad);
+    bad += sr_bad;
+  }
   muon_get_stats(opt, &st);
   /* Whole matrices: each assembled on its owner, checked against the single-device run there. */
   {
@@ -758,8 +818,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
              st.bytes_sent + st.bytes_received, st.collectives, w->size);
   }
   for (s = 0; s < n_local; s++) {
-    free(sl[s].full_w); free(sl[s].full_t); free(sl[s].full_g); free(sl[s].idx);
+    free(sl[s].full_w); free(sl[s].full_t); free(sl[s].full_g); free(sl[s].idx); free(sl[s].full_mirror);
     ex_device_free(sl[s].dev_full_w); ex_device_free(sl[s].dev_full_g);
+    if (w->sr) ex_device_free((float *)sl[s].dev_full_mirror);
   }
   for (i = 0, s = 0; i < n_specs; i++) {
     if (specs[i].absent) continue;
@@ -767,6 +828,8 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     free(sl[s].g);
     ex_device_free(sl[s].dev_w);
     ex_device_free(sl[s].dev_g);
+    free(sl[s].mirror);
+    if (w->sr) ex_device_free((float *)sl[s].dev_mirror);
     s += specs[i].count > 1 ? specs[i].count : 1;
   }
   free(sl); free(tp_dims); free(experts); free(all_sums); free(late_owner);

@@ -1185,6 +1185,106 @@ static void case_nan_adamw(int skip) {
   model_close(&A);
 }
 
+/* ==== 6e. a gradient never bound, on one rank only =============================================
+   The last rank registers matrix 'a' (then, in a second optimizer, AdamW param 'bias') with grad
+   NULL and never calls muon_set_grad. Catches: a step that trains nothing silently (MUON_OK); the
+   forgetful rank failing alone while the others apply; a message that does not name the
+   gradient; a muon_set_grad(NULL) (absent on purpose) refused like a forgotten one. */
+static void case_unbound_grad(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  snap s;
+  int i, last = W.size - 1;
+  muon_status st;
+  muon_adamw_param bp = muon_default_adamw_param();
+  float bias[10], dbias[10], before[10];
+  muon_optimizer *B = NULL;
+  TEST_CASE("6e. a gradient never bound on one rank (matrix, then AdamW param): MUON_ERR_ARG on every rank, named there, nothing applied");
+  memset(&A, 0, sizeof A);
+  A.n = 3;
+  for (i = 0; i < 3; i++) {
+    muon_layout l = layout_for(STD[i].kind);
+    tmat_init(&A.t[i], STD[i].name, STD[i].rows, STD[i].cols, &l, 1.0f);
+  }
+  if (muon_create(&A.opt, &d) != MUON_OK) { CHECK(0, "create"); return; }
+  for (i = 0; i < 3; i++) {
+    muon_matrix mm = muon_default_matrix();
+    mm.name = A.t[i].name; mm.param = A.t[i].w; mm.grad = i == 0 && W.rank == last ? NULL : A.t[i].g;
+    mm.rows = A.t[i].rows; mm.cols = A.t[i].cols; mm.layout = &A.t[i].layout;
+    CHECK(muon_add_matrix(A.opt, &mm, &A.idx[i]) == MUON_OK, "add: %s", muon_error(A.opt));
+  }
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("a step with a matrix gradient never bound on the last rank", st, MUON_ERR_ARG, A.opt);
+  if (W.rank == last) CHECK(has(muon_error(A.opt), "('a')") && has(muon_error(A.opt), "muon_set_grad"), "message '%s'", muon_error(A.opt));
+  else CHECK(has(muon_error(A.opt), "could not go on"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+  expect_unchanged("the step with an unbound gradient", &A, &s);
+  snap_free(&s);
+  if (W.rank == last) CHECK(muon_set_grad(A.opt, A.idx[0], NULL) == MUON_OK, "set_grad NULL");   /* absent, on purpose */
+  step_both("absent on purpose on the last rank", &A, NULL);
+  CHECK(all_true(W.rank == last ? !changed(&A.t[0]) : 1), "matrix 'a' absent on one rank was applied");
+  if (W.rank == last) CHECK(muon_set_grad(A.opt, A.idx[0], A.t[0].g) == MUON_OK, "set_grad");
+  step_both("bound", &A, NULL);
+  CHECK(all_true(changed(&A.t[0])), "matrix 'a' was not trained once bound");
+  model_close(&A);
+
+  if (muon_create(&B, &d) != MUON_OK) { CHECK(0, "create"); return; }
+  for (i = 0; i < 10; i++) { bias[i] = 0.1f * (float)i; dbias[i] = 0.01f * (float)(i + 1); }
+  memcpy(before, bias, sizeof bias);
+  bp.name = "bias"; bp.param = bias; bp.grad = W.rank == last ? NULL : dbias; bp.size = 10;
+  CHECK(muon_add_adamw_param(B, &bp, NULL) == MUON_OK, "add AdamW: %s", muon_error(B));
+  st = muon_step(B);
+  expect_all("a step with an AdamW gradient never bound on the last rank", st, MUON_ERR_ARG, B);
+  if (W.rank == last) CHECK(has(muon_error(B), "('bias')") && has(muon_error(B), "muon_set_adamw_grad"), "message '%s'", muon_error(B));
+  CHECK(all_true(memcmp(bias, before, sizeof bias) == 0), "an AdamW param changed on some rank");
+  if (W.rank == last) CHECK(muon_set_adamw_grad(B, 0, dbias) == MUON_OK, "set_adamw_grad");
+  st = muon_step(B);
+  expect_all("bound", st, MUON_OK, B);
+  CHECK(all_true(memcmp(bias, before, sizeof bias) != 0), "the AdamW param was not trained once bound");
+  muon_destroy(B);
+}
+
+/* ==== 6f. gradient scale 0 (llm.c's clip factor for an infinite norm) ===========================
+   Every rank sets it, as a trainer that all-reduced its norm does; then only the last rank (its
+   own inf norm). Catches: the scale refused at the setter; a step that applies a zero update
+   (AdamW would still decay and count a step); under ERROR, a rank that returns MUON_OK; under
+   SKIP, a rank that applies anything, or a step that differs afterwards from a run that never
+   saw the incident. */
+static void case_scale_zero(int skip) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  snap s;
+  int last = W.size - 1;
+  muon_status st;
+  TEST_CASE(skip ? "6f. grad scale 0 on every rank, SKIP: MUON_OK everywhere, nothing applied, then bitwise a run without it"
+                 : "6f. grad scale 0 on every rank (then on one), ERROR: MUON_ERR_NONFINITE everywhere, nothing applied");
+  d.on_nonfinite = skip ? MUON_NONFINITE_SKIP : MUON_NONFINITE_ERROR;
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  step_both("step 1", &A, &B);
+  CHECK(muon_set_grad_scale(A.opt, 0.0f) == MUON_OK, "scale 0 refused: %s", muon_error(A.opt));
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("scale 0 on every rank", st, skip ? MUON_OK : MUON_ERR_NONFINITE, A.opt);
+  if (!skip) CHECK(has(muon_error(A.opt), "gradient scale is 0"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+  expect_unchanged("the step at scale 0", &A, &s);
+  snap_free(&s);
+  if (!skip && W.size > 1) {   /* one rank's own verdict: the others fail with it */
+    if (W.rank != last) CHECK(muon_set_grad_scale(A.opt, 1.0f) == MUON_OK, "scale 1");
+    snap_take(&A, &s);
+    st = muon_step(A.opt);
+    expect_all("scale 0 on the last rank only", st, MUON_ERR_NONFINITE, A.opt);
+    expect_unchanged("the step at scale 0 on one rank", &A, &s);
+    snap_free(&s);
+  }
+  CHECK(muon_set_grad_scale(A.opt, 1.0f) == MUON_OK, "scale 1");
+  step_both("step 2, scale 1", &A, &B);
+  expect_equal("after the scale-0 step", &A, &B, 3);
+  model_close(&A);
+  model_close(&B);
+}
+
 int main(int argc, char **argv) {
   muon_gloo_desc gd = muon_gloo_default_desc();
   int rc;
@@ -1211,6 +1311,9 @@ int main(int argc, char **argv) {
   case_nan_grad();
   case_nan_adamw(0);
   case_nan_adamw(1);
+  case_unbound_grad();
+  case_scale_zero(0);
+  case_scale_zero(1);
   nonfinite_output_case(0, 0);
   nonfinite_output_case(0, 1);
   nonfinite_output_case(1, 0);

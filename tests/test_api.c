@@ -927,13 +927,13 @@ static void test_dropin(void) {
   muon_desc d = muon_default_desc();
   muon_optimizer *o = NULL;
   muon_matrix m = muon_default_matrix();
+  muon_adamw_param ap = muon_default_adamw_param();
   muon_stats st;
   log_count lc;
-  static float w[6 * 10], g[6 * 10];
+  static float w[6 * 10], g[6 * 10], w0[6 * 10], b[8], gb[8], b0[8];
   memset(&st, 0, sizeof st);
   unsigned char *blob;
   size_t n;
-  int k;
   TEST_CASE("a failing muon_create without a logger: muon_error(NULL) says why");
   d.hparams.lr = -1;
   CHECK(muon_create(&o, &d) == MUON_ERR_ARG && o == NULL, "bad lr accepted");
@@ -942,7 +942,7 @@ static void test_dropin(void) {
   CHECK(muon_create(&o, &d) == MUON_OK, "create");
   CHECK(strstr(muon_error(NULL), "lr") == NULL, "a successful muon_create keeps the old failure: '%s'", muon_error(NULL));
 
-  TEST_CASE("a matrix whose gradient is still absent: said once through the logger, counted in stats");
+  TEST_CASE("a gradient registered NULL and never bound: MUON_ERR_ARG naming it, nothing applied; NULL bound skips");
   memset(&lc, 0, sizeof lc);
   muon_destroy(o);
   d.logger.func = count_log;
@@ -951,13 +951,29 @@ static void test_dropin(void) {
   test_rng = 3;
   fill(w, 60);
   fill(g, 60);
+  fill(b, 8);
+  fill(gb, 8);
+  memcpy(w0, w, sizeof w);
+  memcpy(b0, b, sizeof b);
   m.name = "lazy"; m.param = w; m.grad = NULL; m.rows = 6; m.cols = 10;
   CHECK(muon_add_matrix(o, &m, NULL) == MUON_OK, "add");
-  for (k = 0; k < 3; k++) CHECK(muon_step(o) == MUON_OK, "step %d: %s", k, muon_error(o));
-  CHECK(lc.warns == 1 && strstr(lc.last, "lazy"), "warnings %d, last '%s'", lc.warns, lc.last);
-  CHECK(muon_get_stats(o, &st) == MUON_OK && st.skipped == 3, "stats.skipped %lld, want 3", st.skipped);
-  CHECK(muon_set_grad(o, 0, g) == MUON_OK && muon_step(o) == MUON_OK && muon_get_stats(o, &st) == MUON_OK && st.skipped == 3,
-        "skipped after its gradient was bound (stats.skipped %lld)", st.skipped);
+  ap.name = "lazy_bias"; ap.param = b; ap.grad = NULL; ap.size = 8;
+  CHECK(muon_add_adamw_param(o, &ap, NULL) == MUON_OK, "add AdamW");
+  CHECK(muon_step(o) == MUON_ERR_ARG && strstr(muon_error(o), "matrix 0 ('lazy')") && strstr(muon_error(o), "muon_set_grad"),
+        "an unbound matrix gradient: '%s'", muon_error(o));
+  CHECK(muon_set_grad(o, 0, NULL) == MUON_OK, "set_grad NULL");   /* absent on purpose */
+  CHECK(muon_step(o) == MUON_ERR_ARG && strstr(muon_error(o), "AdamW param 0 ('lazy_bias')") &&
+            strstr(muon_error(o), "muon_set_adamw_grad"),
+        "an unbound AdamW gradient: '%s'", muon_error(o));
+  CHECK(muon_get_stats(o, &st) == MUON_OK && st.steps == 0 && !memcmp(w, w0, sizeof w) && !memcmp(b, b0, sizeof b),
+        "a refused step changed something (steps %lld)", st.steps);
+  CHECK(muon_set_adamw_grad(o, 0, gb) == MUON_OK && muon_step(o) == MUON_OK, "bound AdamW, absent matrix: %s", muon_error(o));
+  CHECK(muon_get_stats(o, &st) == MUON_OK && st.skipped == 1 && !memcmp(w, w0, sizeof w) && memcmp(b, b0, sizeof b),
+        "the absent matrix was not skipped alone (stats.skipped %lld)", st.skipped);
+  CHECK(muon_set_grad(o, 0, g) == MUON_OK && muon_step(o) == MUON_OK && muon_get_stats(o, &st) == MUON_OK &&
+            st.skipped == 1 && memcmp(w, w0, sizeof w),
+        "not trained after its gradient was bound (stats.skipped %lld)", st.skipped);
+  CHECK(lc.warns == 0, "warnings %d, last '%s'", lc.warns, lc.last);
 
   TEST_CASE("muon_state_load says through the logger which group's hyperparameters it replaced");
   n = muon_state_size(o);

@@ -512,6 +512,7 @@ static void test_adamw(void) {
           a.param_dtype = pbf ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
           a.rounding = sr ? MUON_ROUND_STOCHASTIC : MUON_ROUND_NEAREST;
           a.seed = 99 + (unsigned long long)sr;
+          a.offset = sr ? 1000003 : 0;   /* a ZeRO piece's bits: element i draws at offset + i */
           a.cautious = mirror ^ sr ^ gbf;
           a.mirror = mirror ? dmirror : NULL;
           ah = a;

@@ -297,7 +297,7 @@ static void test_bad_arguments(void) {
   const void *blobs[1];
   const char *paths[1];
   static float in[4 * 6], out[4 * 6], keep_out[4 * 6];
-  static const float bad_scale[] = { 0.0f, -0.0f, -1.0f, NAN, INFINITY, -INFINITY };
+  static const float bad_scale[] = { -1.0f, -1e-30f, -3e38f };   /* 0, NaN, Inf: a non-finite verdict (test_trainer) */
   char text[64], small[12];
   size_t k;
   TEST_CASE("bad arguments on a live optimizer: NULL inputs and outputs, indices out of range, short buffers: MUON_ERR_ARG naming the argument, nothing changed");
@@ -329,7 +329,7 @@ static void test_bad_arguments(void) {
   CHECK(muon_set_adamw_grad(b, 1, mb.gb) == MUON_ERR_ARG && HAS(muon_error(b), "AdamW param 1 does not exist (have 1)"), "set_adamw_grad 1: %s", muon_error(b));
   CHECK(muon_set_adamw_grad(b, -1, mb.gb) == MUON_ERR_ARG && HAS(muon_error(b), "AdamW param -1"), "set_adamw_grad -1: %s", muon_error(b));
   for (k = 0; k < sizeof bad_scale / sizeof bad_scale[0]; k++)
-    CHECK(muon_set_grad_scale(b, bad_scale[k]) == MUON_ERR_ARG && HAS(muon_error(b), "scale must be finite and > 0"), "grad scale %g: %s", (double)bad_scale[k], muon_error(b));
+    CHECK(muon_set_grad_scale(b, bad_scale[k]) == MUON_ERR_ARG && HAS(muon_error(b), "scale must be >= 0"), "grad scale %g: %s", (double)bad_scale[k], muon_error(b));
   /* outputs */
   CHECK(muon_get_owner(b, 0, NULL) == MUON_ERR_ARG && muon_get_owner(b, 2, &owner) == MUON_ERR_ARG && muon_get_owner(b, -1, &owner) == MUON_ERR_ARG && owner == -7,
         "get_owner: NULL output or a missing matrix");

@@ -317,8 +317,9 @@ static void test_bf16_grads(void) {
 
 /* ---- 2. gradient scale ------------------------------------------------------------------------ */
 static void test_grad_scale(void) {
-  static const uint32_t bad[] = { 0x00000000u, 0x80000000u, 0xbf800000u /* -1 */, 0x7fc00000u, 0xffc00001u,
-                                  0x7f800000u, 0xff800000u };
+  /* negative: refused (0, NaN and Inf are a non-finite verdict instead: test_grad_scale_nonfinite) */
+  static const uint32_t bad[] = { 0xbf800000u /* -1 */, 0x80000001u /* the negative subnormal */,
+                                  0xff7fffffu /* -FLT_MAX */ };
   int gd;
   for (gd = 0; gd < 2; gd++) {
     cfg c = base_cfg();
@@ -353,6 +354,56 @@ static void test_grad_scale(void) {
       }
     }
     run_close(&a); run_close(&b); run_close(&u);
+  }
+}
+
+/* ---- 2b. gradient scale 0, NaN or Inf: llm.c's clip factor for a non-finite norm --------------- */
+static void test_grad_scale_nonfinite(void) {
+  static const uint32_t nonfinite[] = { 0x00000000u, 0x80000000u /* -0 */, 0x7fc00000u /* NaN */,
+                                        0xffc00001u, 0x7f800000u /* Inf */, 0xff800000u };
+  int skip;
+  size_t i;
+  for (skip = 0; skip < 2; skip++) {
+    TEST_CASE(skip ? "grad scale 0 / NaN / Inf, SKIP: every matrix and AdamW param skipped, nothing changes; scale 1 resumes bitwise"
+                   : "grad scale 0 / NaN / Inf, ERROR: MUON_ERR_NONFINITE naming the scale, nothing applied, until the scale is reset");
+    for (i = 0; i < sizeof nonfinite / sizeof nonfinite[0]; i++) {
+      cfg c = base_cfg();
+      run a, b;
+      muon_stats st;
+      int d, ok;
+      muon_status got;
+      c.skip = skip;
+      ok = run_open(&a, &c) & run_open(&b, &c);
+      if (!ok) { run_close(&a); run_close(&b); continue; }
+      run_grads(&a, 1, 1.0f, 0);
+      run_grads(&b, 1, 1.0f, 0);
+      CHECK(run_step(&a) == MUON_OK && run_step(&b) == MUON_OK, "step 1");
+      CHECK(muon_set_grad_scale(a.opt, u2f(nonfinite[i])) == MUON_OK, "scale 0x%08x refused: %s", (unsigned)nonfinite[i],
+            muon_error(a.opt));
+      run_grads(&a, 2, 1.0f, 0);   /* finite gradients: only the scale says "not finite" */
+      got = muon_step(a.opt);
+      if (skip) {
+        CHECK(got == MUON_OK, "scale 0x%08x, SKIP: %s", (unsigned)nonfinite[i], muon_error(a.opt));
+        CHECK(muon_get_stats(a.opt, &st) == MUON_OK && st.skipped == a.n, "scale 0x%08x: %lld matrices skipped, want %d",
+              (unsigned)nonfinite[i], st.skipped, a.n);
+      } else {
+        CHECK(got == MUON_ERR_NONFINITE && strstr(muon_error(a.opt), "gradient scale is 0"), "scale 0x%08x, ERROR: %s: %s",
+              (unsigned)nonfinite[i], muon_status_string(got), muon_error(a.opt));
+        CHECK(muon_step(a.opt) == MUON_ERR_NONFINITE, "scale 0x%08x: the scale stays until reset", (unsigned)nonfinite[i]);
+        CHECK(muon_get_stats(a.opt, &st) == MUON_OK && st.steps == 1, "scale 0x%08x: %lld steps counted, want 1",
+              (unsigned)nonfinite[i], st.steps);
+      }
+      CHECK((d = diff_params(&a, &b)) < 0, "scale 0x%08x: params of item %d changed", (unsigned)nonfinite[i], d);
+      CHECK((d = diff_momentum(&a, &b)) < 0, "scale 0x%08x: momentum of matrix %d changed", (unsigned)nonfinite[i], d);
+      CHECK(muon_set_grad_scale(a.opt, 1.0f) == MUON_OK, "scale 1");
+      run_grads(&a, 3, 1.0f, 0);
+      run_grads(&b, 3, 1.0f, 0);
+      CHECK(run_step(&a) == MUON_OK && run_step(&b) == MUON_OK, "step 3");
+      CHECK((d = diff_params(&a, &b)) < 0, "scale 0x%08x, after: params of item %d differ from the run without the incident",
+            (unsigned)nonfinite[i], d);
+      CHECK((d = diff_momentum(&a, &b)) < 0, "scale 0x%08x, after: momentum of matrix %d differs", (unsigned)nonfinite[i], d);
+      run_close(&a); run_close(&b);
+    }
   }
 }
 
@@ -1098,6 +1149,7 @@ int main(void) {
   test_bf16_definition();
   test_bf16_grads();
   test_grad_scale();
+  test_grad_scale_nonfinite();
   test_mirror_nearest();
   test_bf16_params();
   test_stochastic();
