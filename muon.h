@@ -2734,7 +2734,8 @@ MUON_API muon_status muon_set_adamw_grad(muon_optimizer *opt, int index, const v
 
 MUON_API muon_status muon_set_grad_scale(muon_optimizer *opt, float scale) {
   if (!opt) return MUON_ERR_ARG;
-  if (muon__finite(scale) && scale < 0)
+  /* the sign bit, not `scale < 0`: under -Ofast (denormals as zero) a negative subnormal compares as -0 */
+  if (muon__finite(scale) && (muon__f2u(scale) >> 31) && (muon__f2u(scale) & 0x7fffffffu))
     return muon__fail(opt, MUON_ERR_ARG,
                       "muon_set_grad_scale: scale must be >= 0 (got %g; 0, NaN and Inf say the gradient norm was "
                       "not finite)",
