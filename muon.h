@@ -236,7 +236,7 @@ typedef struct muon_hparams {
   muon_ns_algorithm ns_algorithm;  /* MUON_NS_STANDARD                                          */
   unsigned ns_restarts;            /* MUON_NS_GRAM: bit k restarts before iteration k, 1 <= k <
                                       ns_steps (X = Q X_0, R = X X^T, Q = I); default 1 << 2, the
-                                      restart at iteration 2 of DeepSpeed's Gram NS               */
+                                      restart at iteration 2 of the authors' reference and dion  */
   muon_precision precision;
   muon_normuon normuon;            /* MUON_NORMUON_OFF. After Newton-Schulz, on the owner: each
                                       row's (or column's) mean square q of O, v = lerp(v, q,
