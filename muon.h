@@ -236,7 +236,7 @@ typedef struct muon_hparams {
   muon_ns_algorithm ns_algorithm;  /* MUON_NS_STANDARD                                          */
   unsigned ns_restarts;            /* MUON_NS_GRAM: bit k restarts before iteration k, 1 <= k <
                                       ns_steps (X = Q X_0, R = X X^T, Q = I); default 1 << 2, the
-                                      restart at iteration 2 of DeepSpeed's Gram NS               */
+                                      restart at iteration 2 of the authors' reference and dion  */
   muon_precision precision;
   muon_normuon normuon;            /* MUON_NORMUON_OFF. After Newton-Schulz, on the owner: each
                                       row's (or column's) mean square q of O, v = lerp(v, q,
@@ -8438,9 +8438,12 @@ static int muon__use_cblas(const muon__cpu *cpu) {
 }
 
 /* Gram Newton-Schulz on the normalised m x n X (n >= 2m): with X_k = Q_k X_0 and R_k = X_k X_k^T,
-   iteration k forms P = a I + b R + c R^2 and moves Q <- P Q, R <- P^2 R (all polynomials in
-   R_0, so they commute); X = Q X_0 once at the end. A restart before iteration k makes X_0 = Q X_0,
-   R = X_0 X_0^T and Q = I again, which bounds the error the m x m products accumulate. */
+   iteration k forms P = a I + b R + c R^2 and moves Q <- P Q, R <- P (R P) (all polynomials in
+   R_0, so they commute); X = Q X_0 once at the end. R P first, as the authors' reference: P^2 R
+   rounds P^2, whose entries outgrow R's (Polar Express: up to 3.5e-4 of fp32 lost); and R's lower
+   triangle mirrored, as their symmetric GEMM leaves it (unmirrored, R R^T is not R^2: 2.4e-5 lost,
+   not 3e-6). A restart before iteration k makes X_0 = Q X_0, R = X_0 X_0^T and Q = I again, which
+   bounds the error the m x m products accumulate. */
 static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp, float *ws, const muon__gemm_ctx *g,
                                   int bf16) {
   size_t mn = (size_t)m * n, mm = (size_t)m * m, i;
@@ -8472,10 +8475,11 @@ static void muon__gram_iterations(float *X, int m, int n, const muon_hparams *hp
       fresh = 1;
       continue;
     }
-    muon__gram(g, m, m, 1.0f, B, m, 0.0f, S, m);                 /* S = P P^T = P^2 */
+    muon__matmul(g, m, m, m, 1.0f, R, m, B, m, 0.0f, S, m);      /* S = R P */
     if (bf16) muon__bf16_round(S, mm);
-    muon__matmul(g, m, m, m, 1.0f, S, m, R, m, 0.0f, T, m);      /* R = P^2 R */
+    muon__matmul(g, m, m, m, 1.0f, B, m, S, m, 0.0f, T, m);      /* R = P (R P) */
     if (bf16) muon__bf16_round(T, mm);
+    muon__mirror_lower(m, T, m);                                 /* exactly symmetric, as R R^T assumes */
     t = R; R = T; T = t;
   }
   {

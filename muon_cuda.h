@@ -957,8 +957,8 @@ static muon_status muon_cuda__gram(muon_cuda__ctx *c, const muon_cuda__ns_layout
 
 /* Gram Newton-Schulz on the normalised operands x, as muon.h's muon__gram_iterations: per
    iteration P = a I + b R + c R^2 (formed in fp32, rounded once in bf16 mode, like the CPU),
-   Q <- P Q, R <- P^2 R, restarts X_0 = Q X_0, R = X_0 X_0^T; X = Q X_0 at the end, into *out
-   (x's buffer or y's). Plain GEMMs: the symmetric tiles are the standard path's. */
+   Q <- P Q, R <- P (R P) (its lower triangle mirrored), restarts X_0 = Q X_0, R = X_0 X_0^T;
+   X = Q X_0 at the end, into *out (x's buffer or y's). Plain GEMMs: the symmetric tiles are the standard path's. */
 static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_layout *L, char *w, void *x, int batch,
                                       int m, int n, const muon_hparams *hp, int bf16, void **out) {
   size_t mm = (size_t)m * m;
@@ -973,6 +973,7 @@ static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_lay
     float a = hp->ns_coefficients[k][0], b = hp->ns_coefficients[k][1], cc = hp->ns_coefficients[k][2];
     int last = k + 1 == hp->ns_steps, restart_next = !last && ((hp->ns_restarts >> (k + 1)) & 1u);
     muon_cuda__add_diag_k d;
+    muon_cuda__mirror_k mk;
     if (bf16) {   /* Bf = R in fp32, the GEMM's beta term */
       muon_cuda__cast_k up;
       up.dst = Bf; up.src = R; up.dst_bf16 = 0; up.src_bf16 = 1; up.n = (size_t)batch * mm;
@@ -1009,11 +1010,13 @@ static muon_status muon_cuda__gram_ns(muon_cuda__ctx *c, const muon_cuda__ns_lay
       fresh = 1;
       continue;
     }
-    if (muon_cuda__gemm(c, 0, 1, m, m, m, 1.0f, P, m, smm, P, m, smm, 0.0f, S, m, smm, batch, type) != MUON_OK)
+    if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, R, m, smm, P, m, smm, 0.0f, S, m, smm, batch, type) != MUON_OK)
+      return MUON_ERR_BACKEND;   /* S = R P */
+    if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, P, m, smm, S, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK)
       return MUON_ERR_BACKEND;
-    if (muon_cuda__gemm(c, 0, 0, m, m, m, 1.0f, S, m, smm, R, m, smm, 0.0f, T, m, smm, batch, type) != MUON_OK)
-      return MUON_ERR_BACKEND;
-    t = R; R = T; T = t;   /* R = P^2 R */
+    mk.C = T; mk.esize = bf16 ? 2 : 4; mk.m = m; mk.total = (size_t)batch * mm;
+    MUON_CUDA__CHECK(c, muon_cuda__mirror_launch(&mk, c->stream));   /* exactly symmetric, as R R^T assumes */
+    t = R; R = T; T = t;   /* R = P (R P) */
   }
   if (muon_cuda__gemm(c, 0, 0, m, n, m, 1.0f, Q, m, smm, x0, n, smn, 0.0f, other, n, smn, batch, type) != MUON_OK)
     return MUON_ERR_BACKEND;

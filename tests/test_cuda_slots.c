@@ -631,6 +631,7 @@ static void test_ns(void) {
     ns_case_alg(1, 16, 40, (muon_precision)prec, 1, 0, 0, MUON_NS_GRAM, 1u << 2);   /* the default restart */
     ns_case_alg(3, 5, 13, (muon_precision)prec, 0, 0, 0, MUON_NS_GRAM, 0);         /* batched, no restart */
     ns_case_alg(2, 10, 24, (muon_precision)prec, 1, 1, 0, MUON_NS_GRAM, (1u << 1) | (1u << 3)); /* Polar Express, two restarts */
+    ns_case_alg(1, 48, 128, (muon_precision)prec, 1, 1, 0, MUON_NS_GRAM, 0);        /* Polar Express, no restart */
     ns_case_alg(1, 1, 17, (muon_precision)prec, 1, 0, 0, MUON_NS_GRAM, 1u << 2);    /* a row */
     ns_case_alg(2, 6, 9, (muon_precision)prec, 1, 0, 1, MUON_NS_GRAM, 1u << 2);     /* squarer: the standard path */
     ns_case_alg(2, 4, 12, (muon_precision)prec, 1, 0, 1, MUON_NS_GRAM, 1u << 2);    /* zeros */

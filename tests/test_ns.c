@@ -28,12 +28,9 @@
 
 #define NS_FP32_TOL 1e-5
 #define NS_BF16_TOL 4e-2
-#define NS_GRAM_FP32_TOL 3e-4   /* Gram's m x m products accumulate more rounding: 1.2e-5 measured
-                                   without restarts, 8e-5 (built-in GEMM) and 1.4e-4 (OpenBLAS)
-                                   with Polar Express over 10 steps */
-/* bf16 Gram without restarts drifts (the paper's reason for restarts): that case only checks the
-   drift is there and measures it. */
-#define NS_GRAM_DRIFTS(c) ((c)->algorithm == 1 && (c)->precision && (c)->restarts == 0)
+#define NS_GRAM_FP32_TOL 1e-5   /* as the standard iteration: 3.7e-6 measured (built-in GEMM and
+                                   OpenBLAS); R <- P^2 R in place of the reference's P (R P) loses
+                                   1.5e-4 to 3.5e-4 with Polar Express, P (R P) unmirrored 2.4e-5 */
 
 static double worst_fp32, worst_bf16;
 
@@ -184,8 +181,8 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
     }
     rel = test_rel_err(out, c->out, n, NULL);
     if (rel > worst) worst = rel;
-    CHECK(rel <= tol || NS_GRAM_DRIFTS(c), "symmetric %d: rel err %.3g > %.3g", sym, rel, tol);
-    if (rel > tol && !NS_GRAM_DRIFTS(c)) {
+    CHECK(rel <= tol, "symmetric %d: rel err %.3g > %.3g", sym, rel, tol);
+    if (rel > tol) {
       double m = 1e-30;
       size_t i;
       for (i = 0; i < n; i++) if (fabs(c->out[i]) > m) m = fabs(c->out[i]);
@@ -208,14 +205,14 @@ static void run_variant(const ns_case *c, muon_gemm gemm) {
       hp.ns_algorithm = MUON_NS_STANDARD;
       st = ns_with(gemm, in, c->rows, c->cols, out2, &hp);
       ds = polar_distance(out2, c->polar, n);
-      if (NS_GRAM_DRIFTS(c)) CHECK(st == MUON_OK && dg > ds, "symmetric %d: bf16 Gram without restarts should drift from the polar factor: Gram %.6g, standard %.6g", sym, dg, ds);
-      else CHECK(st == MUON_OK && fabs(dg - ds) <= lim, "symmetric %d: distance to the polar factor: Gram %.6g, standard %.6g (limit %.0e apart)", sym, dg, ds, lim);
+      CHECK(st == MUON_OK && fabs(dg - ds) <= lim,
+            "symmetric %d: distance to the polar factor: Gram %.6g, standard %.6g (limit %.0e apart)", sym, dg, ds,
+            lim);
       if (sym) printf("  [ns] %-45s gemm %-7s distance to the polar factor: Gram %.6f, standard %.6f (%s)\n", c->name, gemm_name(gemm), dg, ds,
                       c->precision ? "bf16" : "fp32");
     }
   }
-  if (NS_GRAM_DRIFTS(c)) {}
-  else if (c->precision) { if (worst > worst_bf16) worst_bf16 = worst; }
+  if (c->precision) { if (worst > worst_bf16) worst_bf16 = worst; }
   else if (worst > worst_fp32) worst_fp32 = worst;
   printf("  [ns] %-45s gemm %-7s worst rel err %.2e\n", c->name, gemm_name(gemm), worst);
   free(out);
