@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs each test command given as an argument, shows its output, and adds up the
 # "N passed, M failed" lines into one closing line. A command that prints no such line
-# but exits non-zero counts as one failure.
+# but exits non-zero counts as one failure. A line may carry a label ("fsdp --gram: 1 passed, ...").
 passed=0; failed=0; skipped=0
 log=$(mktemp)
 for cmd in "$@"; do
@@ -12,9 +12,9 @@ for cmd in "$@"; do
   t1=$(date +%s%N)
   cat "$log"
   echo "== $(( (t1 - t0) / 1000000 )) ms"
-  line=$(grep -E '^(\[[0-9]+\] )?([A-Za-z_-]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 | sed -E 's/^\[[0-9]+\] //')
+  line=$(grep -E '^(\[[0-9]+\] )?([^:]+: )?[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1 | sed -E 's/^\[[0-9]+\] //')
   if [ -n "$line" ]; then
-    p=$(echo "$line" | sed -E 's/^([A-Za-z_-]+: )?([0-9]+) passed.*/\2/')
+    p=$(echo "$line" | sed -E 's/^([^:]+: )?([0-9]+) passed.*/\2/')
     f=$(echo "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
     s=$(echo "$line" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + ${s:-0}))
