@@ -293,8 +293,9 @@ TESTS_dist := \
   $(call ranks,1 2 3 4,$(BUILD)/test_partial $(BUILD)/partial) "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
-  "tests/run_wrong_dim.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/tp_fsdp
+  "tests/run_wrong_dim.sh $(BUILD)" \
+  "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
+NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
