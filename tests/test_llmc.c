@@ -210,7 +210,7 @@ static muon_status trainer_register(trainer *x) {
       m.mirror_stride = n;
       m.grad = g;
       m.grad_dtype = MUON_DTYPE_BF16;
-      m.grad_stride = n;
+      m.grad_stride = bf16 ? 0 : n;   /* 0: the param stride, n here */
       st = muon_add_matrix(x->opt, &m, &x->first[t]);
     } else {
       muon_adamw_param a = muon_default_adamw_param();
@@ -227,7 +227,7 @@ static muon_status trainer_register(trainer *x) {
         a.count = s->layers;
         a.stride = bf16 ? n : 0;
         a.mirror_stride = n;
-        a.grad_stride = n;
+        a.grad_stride = bf16 ? 0 : n;   /* 0: the param stride, n here */
         st = muon_add_adamw_param(x->opt, &a, &x->first[t]);
       } else {
         const char *base = (const char *)w;
