@@ -675,7 +675,7 @@ typedef struct muon_dist_config {
      without its own muon_matrix.layout. NULL: the whole matrix. */
   muon_status (*layout)(void *state, int index, const struct muon_matrix *m, muon_layout *out);
   /* Optional: the same for AdamW params without their own muon_adamw_param.layout (PARTIAL
-     levels only). NULL: none. */
+     levels only; a stack's pieces one by one, each as its own param). NULL: none. */
   muon_status (*adamw_layout)(void *state, int index, const struct muon_adamw_param *p, muon_layout *out);
   void *state;
   int round_robin;                 /* default owners: round-robin over holders (debugging)      */
@@ -2701,7 +2701,8 @@ static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_par
   for (k = 0; k < 2 * count; k++) {
     size_t n = r[k / 2].hi - r[k / 2].lo;
     if (!(m[k] = (float *)muon__compute_alloc(opt, n * sizeof(float)))) break;
-    if ((st = muon__compute_zero(opt, m[k], n * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
+    st = muon__compute_zero(opt, m[k], n * sizeof(float), "muon_add_adamw_param: zeroing the moments");
+    if (st != MUON_OK) {
       k++;
       break;
     }

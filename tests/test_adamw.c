@@ -599,7 +599,8 @@ static void test_stacks(void) {
     for (l = 0; l < SK_N; l++) memcpy(gs + l * SK_SIZE, g + l * SK_GS, SK_SIZE * sizeof(float));
     if (muon_step(o1) != MUON_OK || muon_step(o2) != MUON_OK) ok = 0;
     for (l = 0; l < SK_N; l++) {
-      CHECK(adw_same(w + l * SK_PS, ws + l * SK_SIZE, SK_SIZE * sizeof(float)), "step %d, piece %d: params differ", t, l);
+      CHECK(adw_same(w + l * SK_PS, ws + l * SK_SIZE, SK_SIZE * sizeof(float)), "step %d, piece %d: params differ", t,
+            l);
       CHECK(adw_same(mir + l * SK_MS, mirs + l * SK_SIZE, SK_SIZE * 2), "step %d, piece %d: mirrors differ", t, l);
       CHECK(adw_same(w + l * SK_PS + SK_SIZE, start + l * SK_PS + SK_SIZE, (SK_PS - SK_SIZE) * sizeof(float)) &&
                 mir[l * SK_MS + SK_SIZE] == 0, "step %d, piece %d: written between the pieces", t, l);

@@ -155,7 +155,8 @@ static void trainer_init(trainer *x, int mode, int dist, int separate) {
       for (k = 0; k < x->n[t]; k++) {
         size_t e = (size_t)l * x->n[t] + k;
         p[x->off[t] + e] = to_bf16(init_w(t, e));
-        if (k >= x->lo[t] && k < x->lo[t] + x->len[t]) m[x->moff[t] + (size_t)l * x->len[t] + k - x->lo[t]] = init_w(t, e);
+        if (k >= x->lo[t] && k < x->lo[t] + x->len[t])
+          m[x->moff[t] + (size_t)l * x->len[t] + k - x->lo[t]] = init_w(t, e);
       }
   x->params = (uint16_t *)dev_alloc(x->N * 2);
   to_dev(x->params, p, x->N * 2);
