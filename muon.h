@@ -2678,6 +2678,7 @@ static muon_status muon__adamw_stack_check(muon_optimizer *opt, const muon_adamw
 /* Piece l of a stack as its own registration; its messages' name in name[64] ("name[l]"). */
 static muon_adamw_param muon__adamw_piece(const muon_adamw_param *p, const muon__adamw_stack *s, int l, char *name) {
   muon_adamw_param q = *p;
+  memset(name, 0, 64);
   if (s->count > 1) snprintf(name, 64, "%.50s[%d]", p->name ? p->name : "", l);
   else muon__copy_name(name, 64, p->name);
   q.name = name;
@@ -2723,13 +2724,13 @@ static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_par
   return MUON_OK;
 }
 
-/* Commit: piece p (named `stack`, its piece `slice`; -1: not a stack) becomes AdamW param i;
-   cannot fail. */
+/* Commit: piece p (of the stack named `stack`, its piece `slice`; -1: not a stack; p->name is
+   muon__adamw_piece's 64 bytes) becomes AdamW param i; cannot fail. */
 static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, const char *stack, int slice, int i,
                                const muon__new_adamw *r, float *m1, float *m2) {
   muon__adamw *x = &opt->adamw[i];
   memset(x, 0, sizeof *x);
-  muon__copy_name(x->name, sizeof x->name, p->name);
+  memcpy(x->name, p->name, sizeof x->name);
   /* a stack piece's full name is "name[slice]", as a matrix stack's slice's */
   if (stack && stack[0]) x->name_hash = muon__name_hash(stack, slice);
   else { char anon[24]; snprintf(anon, sizeof anon, "#%d", i); x->name_hash = muon__name_hash(anon, -1); }
@@ -2768,6 +2769,7 @@ MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
+  memset(&s, 0, sizeof s);   /* gcc -Ofast cannot see that the check sets it */
   if ((st = muon__adamw_stack_check(opt, p, &s)) != MUON_OK) return st;
   first = opt->n_adamw;
   r = (muon__new_adamw *)muon__alloc(&opt->allocator, (size_t)s.count * sizeof *r);
