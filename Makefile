@@ -88,7 +88,7 @@ endif
 #   (gpu/: muon_nccl.o and libnccl; the stand-ins' self-tests: nccl_standin.o).
 WITH_PTHREAD := test_threads test_faults test_misuse test_parallel test_nccl_standin
 WITH_POSIX   := muonrun test_dist test_agree test_verify test_reshard test_partial
-WITH_GLOO    := test_gloo test_dist test_agree test_verify test_reshard test_partial bench_dist bench_partial
+WITH_GLOO    := test_gloo test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
 WITH_NCCL    := test_nccl bench_nccl test_nccl_standin
 # ThreadSanitizer is slow: test_parallel's small problems, with the pool's split thresholds lowered.
 TSAN.test_parallel  := -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256
@@ -291,6 +291,7 @@ TESTS_dist := \
   "MUON_GLOO_BLOCKING=1 $(BUILD)/test_dist --fault kill 3 overlap" \
   $(call ranks,1 2 3 4,$(BUILD)/test_agree) "$(RUN) -n 3 $(BUILD)/test_agree_san" \
   $(call ranks,1 2 3 4,$(BUILD)/test_partial $(BUILD)/partial) "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
+  $(call ranks,1 2 3 4,$(BUILD)/test_llmc) "$(RUN) -n 2 $(BUILD)/test_llmc_san" \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
@@ -331,6 +332,7 @@ TESTS_cuda := \
   "tests/run_examples.sh --one-size $(BUILD)/cuda $(STRATEGIES)" \
   $(foreach n,1 2 3 4 8,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/cuda/test_nccl_standin") \
   $(foreach n,1 2 3 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_nccl") \
+  $(foreach n,1 2 4,"$(BUILD)/muonrun -n $(n) --timeout 120 $(BUILD)/nccl/test_llmc") \
   "MUON_STANDIN_AHEAD=1 $(BUILD)/muonrun -n 3 --timeout 120 $(BUILD)/nccl/test_nccl_san" \
   "$(BUILD)/muonrun -n 2 $(BUILD)/nccl/bench_nccl --smoke >/dev/null && echo 'bench_nccl --smoke on the stand-ins: 1 passed, 0 failed'" \
   "tests/run_examples.sh --one-size --same-bytes-as $(BUILD)/cuda $(BUILD)/nccl $(STRATEGIES)" \

@@ -675,7 +675,7 @@ typedef struct muon_dist_config {
      without its own muon_matrix.layout. NULL: the whole matrix. */
   muon_status (*layout)(void *state, int index, const struct muon_matrix *m, muon_layout *out);
   /* Optional: the same for AdamW params without their own muon_adamw_param.layout (PARTIAL
-     levels only). NULL: none. */
+     levels only; a stack's pieces one by one, each as its own param). NULL: none. */
   muon_status (*adamw_layout)(void *state, int index, const struct muon_adamw_param *p, muon_layout *out);
   void *state;
   int round_robin;                 /* default owners: round-robin over holders (debugging)      */
@@ -803,6 +803,14 @@ typedef struct muon_adamw_param {
      applied. REPLICATE levels say which ranks hold other, independent sets of the same parts.
      Not with MUON_ROUND_STOCHASTIC (its bits would depend on the chunking). */
   const struct muon_layout *layout;
+  /* A stack of `count` pieces in one registration (llm.c's [L, C] tensors, or each layer's
+     ZeRO-1 shard of them). Piece l is AdamW param *index_out + l, named "name[l]", its own
+     tensor of full_size elements holding [offset, offset + size): exactly as if registered
+     alone under that name (stochastic rounding's bits, checkpoints, resharding, ranks). */
+  int count;                       /* 0 or 1: one piece, named `name`                           */
+  size_t stride;                   /* elements between param pieces; 0 = size                   */
+  size_t grad_stride;              /* elements between grad pieces; 0 = stride                  */
+  size_t mirror_stride;            /* elements between mirror pieces; 0 = stride                */
 } muon_adamw_param;
 
 MUON_API muon_adamw_param muon_default_adamw_param(void);
@@ -2577,9 +2585,10 @@ typedef struct muon__new_adamw {
   long long replica;
 } muon__new_adamw;
 
-/* Validate: every field of p and its layout, before anything is allocated. */
-static muon_status muon__adamw_check(muon_optimizer *opt, const muon_adamw_param *p, int i, muon__new_adamw *r) {
-  const char *name = p->name ? p->name : "";
+/* Validate: every field of one piece p (named `name` in messages) and its layout, before anything
+   is allocated. */
+static muon_status muon__adamw_check(muon_optimizer *opt, const muon_adamw_param *p, int i, const char *name,
+                                     muon__new_adamw *r) {
   const char *src = p->layout ? "muon_adamw_param.layout" : "the layout from muon_dist_config.adamw_layout";
   muon_layout layout;
   muon__piece unused;
@@ -2634,44 +2643,96 @@ static muon_status muon__adamw_check(muon_optimizer *opt, const muon_adamw_param
   return MUON_OK;
 }
 
-/* Reserve: the verdicts, the moments of this rank's chunk (zeroed) and the grown array, so that a
-   failure leaves the optimizer as it was. */
-static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_param *p, int i, const muon__new_adamw *r,
-                                       float **m1_out, float **m2_out) {
-  size_t n = r->hi - r->lo;
-  float *m1, *m2;
-  muon__adamw *grown;
-  muon_status st;
-  if ((st = muon__reserve_verdicts(opt, opt->n_matrices + i + 1, "muon_add_adamw_param")) != MUON_OK) return st;
-  m1 = (float *)muon__compute_alloc(opt, n * sizeof(float));
-  m2 = m1 ? (float *)muon__compute_alloc(opt, n * sizeof(float)) : NULL;
-  grown = m2 ? (muon__adamw *)muon__grow(&opt->allocator, opt->adamw, i, sizeof *grown) : NULL;
-  if (!grown) {
-    muon__compute_free(opt, m1);
-    muon__compute_free(opt, m2);
-    return muon__fail(opt, MUON_ERR_NOMEM,
-                      "muon_add_adamw_param: allocating moments of %zu floats failed (param %d, '%s')", p->size, i,
-                      p->name ? p->name : "");
-  }
-  opt->adamw = grown;   /* only room: n_adamw still counts the old ones */
-  if ((st = muon__compute_zero(opt, m1, n * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK ||
-      (st = muon__compute_zero(opt, m2, n * sizeof(float), "muon_add_adamw_param: zeroing the moments")) != MUON_OK) {
-    muon__compute_free(opt, m1);
-    muon__compute_free(opt, m2);
-    return st;
-  }
-  *m1_out = m1;
-  *m2_out = m2;
+/* A stack's count and strides (muon_adamw_param.count, .stride, ...), resolved and checked. */
+typedef struct muon__adamw_stack {
+  int count;
+  size_t stride, grad_stride, mirror_stride;
+} muon__adamw_stack;
+
+static muon_status muon__adamw_stack_check(muon_optimizer *opt, const muon_adamw_param *p, muon__adamw_stack *s) {
+  const char *name = p->name ? p->name : "";
+  size_t size = p->size ? p->size : 1, n;
+#define MUON__BAD(...) do { char what_[400]; snprintf(what_, sizeof what_, __VA_ARGS__); \
+    return muon__fail(opt, MUON_ERR_SHAPE, "muon_add_adamw_param: %s (param %d, '%s')", what_, opt->n_adamw, name); \
+  } while (0)
+  if (p->count < 0) MUON__BAD("muon_adamw_param.count must be >= 0 (got %d)", p->count);
+  s->count = p->count ? p->count : 1;
+  /* every piece is an AdamW param and has a verdict slot next to the matrices' */
+  if (s->count > INT_MAX - opt->n_adamw - opt->n_matrices || (size_t)s->count > MUON__MAX_FLOATS / size)
+    MUON__BAD("muon_adamw_param.count %d of %zu elements each is too large", s->count, p->size);
+  s->stride = p->stride ? p->stride : p->size;
+  s->grad_stride = p->grad_stride ? p->grad_stride : s->stride;
+  s->mirror_stride = p->mirror_stride ? p->mirror_stride : s->stride;
+  if (s->count == 1) return MUON_OK;
+  if (s->stride < p->size || s->grad_stride < p->size || s->mirror_stride < p->size)
+    MUON__BAD("muon_adamw_param strides (param %zu, grad %zu, mirror %zu) make the %d stacked pieces of %zu elements "
+              "overlap (each needs >= size)", s->stride, s->grad_stride, s->mirror_stride, s->count, p->size);
+  n = (size_t)(s->count - 1);
+  if (n > MUON__MAX_FLOATS / s->stride || n > MUON__MAX_FLOATS / s->grad_stride ||
+      n > MUON__MAX_FLOATS / s->mirror_stride)
+    MUON__BAD("muon_adamw_param: %d pieces at these strides overflow the address space", s->count);
+#undef MUON__BAD
   return MUON_OK;
 }
 
-/* Commit: the param becomes AdamW param i; cannot fail. */
-static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, int i, const muon__new_adamw *r,
-                               float *m1, float *m2) {
+/* Piece l of a stack as its own registration; its messages' name in name[64] ("name[l]"). */
+static muon_adamw_param muon__adamw_piece(const muon_adamw_param *p, const muon__adamw_stack *s, int l, char *name) {
+  muon_adamw_param q = *p;
+  memset(name, 0, 64);
+  if (s->count > 1) snprintf(name, 64, "%.50s[%d]", p->name ? p->name : "", l);
+  else muon__copy_name(name, 64, p->name);
+  q.name = name;
+  q.param = p->param ? (char *)p->param + (size_t)l * s->stride * muon__dtype_size(p->param_dtype) : NULL;
+  q.grad = p->grad ? (const char *)p->grad + (size_t)l * s->grad_stride * muon__dtype_size(p->grad_dtype) : NULL;
+  q.mirror = p->mirror ? (char *)p->mirror + (size_t)l * s->mirror_stride * 2 : NULL;
+  q.count = 1;
+  q.stride = q.grad_stride = q.mirror_stride = 0;
+  return q;
+}
+
+/* Reserve: the verdicts, the moments of each piece's chunk (zeroed) and the grown array, so that
+   a failure leaves the optimizer as it was. m[2l], m[2l + 1]: piece l's moments. */
+static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_param *p, int count,
+                                       const muon__new_adamw *r, float **m) {
+  int first = opt->n_adamw, l, k;
+  muon__adamw *grown;
+  muon_status st = MUON_OK;
+  if ((st = muon__reserve_verdicts(opt, opt->n_matrices + first + count, "muon_add_adamw_param")) != MUON_OK)
+    return st;
+  for (k = 0; k < 2 * count; k++) {
+    size_t n = r[k / 2].hi - r[k / 2].lo;
+    if (!(m[k] = (float *)muon__compute_alloc(opt, n * sizeof(float)))) break;
+    st = muon__compute_zero(opt, m[k], n * sizeof(float), "muon_add_adamw_param: zeroing the moments");
+    if (st != MUON_OK) {
+      k++;
+      break;
+    }
+  }
+  grown = k == 2 * count && st == MUON_OK
+              ? (muon__adamw *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof *grown)
+              : NULL;
+  if (!grown) {
+    for (l = 0; l < k; l++) muon__compute_free(opt, m[l]);
+    if (st != MUON_OK) return st;
+    return muon__fail(opt, MUON_ERR_NOMEM,
+                      "muon_add_adamw_param: allocating moments of %d x %zu floats failed (param %d, '%s')", count,
+                      p->size, first, p->name ? p->name : "");
+  }
+  if (first) memcpy(grown, opt->adamw, (size_t)first * sizeof *grown);
+  muon__free(&opt->allocator, opt->adamw);
+  opt->adamw = grown;   /* only room: n_adamw still counts the old ones */
+  return MUON_OK;
+}
+
+/* Commit: piece p (of the stack named `stack`, its piece `slice`; -1: not a stack; p->name is
+   muon__adamw_piece's 64 bytes) becomes AdamW param i; cannot fail. */
+static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, const char *stack, int slice, int i,
+                               const muon__new_adamw *r, float *m1, float *m2) {
   muon__adamw *x = &opt->adamw[i];
   memset(x, 0, sizeof *x);
-  muon__copy_name(x->name, sizeof x->name, p->name);
-  if (p->name && p->name[0]) x->name_hash = muon__name_hash(p->name, -1);
+  memcpy(x->name, p->name, sizeof x->name);
+  /* a stack piece's full name is "name[slice]", as a matrix stack's slice's */
+  if (stack && stack[0]) x->name_hash = muon__name_hash(stack, slice);
   else { char anon[24]; snprintf(anon, sizeof anon, "#%d", i); x->name_hash = muon__name_hash(anon, -1); }
   x->offset = p->offset;
   x->full_size = p->full_size ? p->full_size : p->size;
@@ -2700,17 +2761,38 @@ static void muon__adamw_commit(muon_optimizer *opt, const muon_adamw_param *p, i
 }
 
 MUON_API muon_status muon_add_adamw_param(muon_optimizer *opt, const muon_adamw_param *p, int *index_out) {
-  muon__new_adamw r;
-  float *m1 = NULL, *m2 = NULL;
+  muon__adamw_stack s;
+  muon__new_adamw *r = NULL;
+  float **m = NULL;
+  char name[64];
+  int l, first;
   muon_status st;
   if (!opt) return MUON_ERR_ARG;
   if (!p) return muon__fail(opt, MUON_ERR_ARG, "muon_add_adamw_param: p is NULL");
-  if ((st = muon__adamw_check(opt, p, opt->n_adamw, &r)) != MUON_OK ||
-      (st = muon__adamw_reserve(opt, p, opt->n_adamw, &r, &m1, &m2)) != MUON_OK)
-    return st;
-  if (index_out) *index_out = opt->n_adamw;
-  muon__adamw_commit(opt, p, opt->n_adamw, &r, m1, m2);
-  return MUON_OK;
+  memset(&s, 0, sizeof s);   /* gcc -Ofast cannot see that the check sets it */
+  if ((st = muon__adamw_stack_check(opt, p, &s)) != MUON_OK) return st;
+  first = opt->n_adamw;
+  r = (muon__new_adamw *)muon__alloc(&opt->allocator, (size_t)s.count * sizeof *r);
+  m = r ? (float **)muon__alloc(&opt->allocator, 2 * (size_t)s.count * sizeof *m) : NULL;
+  if (!m) {
+    muon__free(&opt->allocator, r);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_add_adamw_param: allocating %d pieces failed (param %d, '%s')",
+                      s.count, first, p->name ? p->name : "");
+  }
+  for (l = 0; l < s.count && st == MUON_OK; l++) {
+    muon_adamw_param q = muon__adamw_piece(p, &s, l, name);
+    st = muon__adamw_check(opt, &q, first + l, name, &r[l]);
+  }
+  if (st == MUON_OK && (st = muon__adamw_reserve(opt, p, s.count, r, m)) == MUON_OK) {
+    if (index_out) *index_out = first;
+    for (l = 0; l < s.count; l++) {
+      muon_adamw_param q = muon__adamw_piece(p, &s, l, name);
+      muon__adamw_commit(opt, &q, p->name, s.count > 1 ? l : -1, first + l, &r[l], m[2 * l], m[2 * l + 1]);
+    }
+  }
+  muon__free(&opt->allocator, r);
+  muon__free(&opt->allocator, m);
+  return st;
 }
 
 MUON_API muon_status muon_set_grad(muon_optimizer *opt, int index, const void *grad) {

@@ -57,11 +57,14 @@ while read -r md line ctx c; do
          "$B/muonrun" -n 4 --timeout 60 "$exe" >>"$log" 2>&1; then ok; else bad "$what" "$log"; fi ;;
     llmc_threads)
       if $CC $FLAGS -fopenmp -fsyntax-only -Itests -I. "$c" >"$log" 2>&1; then ok; else bad "$what" "$log"; fi ;;
-    cuda|nccl|llmc_gpu)
-      lang="$CC $FLAGS"
-      [ $ctx = llmc_gpu ] && lang="$CXX -std=c++17 -Wall -Wextra -Werror -x c++"
+    llmc_gpu|llmc_gpu_main)   # llm.c's nvcc line (the architecture aside)
+      if [ $cuda_ok = 0 ] || [ ! -x "$CUDA_HOME/bin/nvcc" ]; then skipped=$((skipped + 1)); echo "$what: no nvcc at $CUDA_HOME: skipped"
+      elif "$CUDA_HOME/bin/nvcc" --use_fast_math -std=c++17 -O3 -Xcompiler -Wall,-Wextra,-Werror -Itests -I. \
+             -x cu -c "$c" -o "$exe.o" >"$log" 2>&1; then ok
+      else bad "$what" "$log"; fi ;;
+    cuda|nccl)
       if [ $cuda_ok = 0 ]; then skipped=$((skipped + 1)); echo "$what: no CUDA toolkit at $CUDA_HOME: skipped"
-      elif $lang -fsyntax-only -isystem "$CUDA_HOME/include" -Itests -I. "$c" >"$log" 2>&1; then ok
+      elif $CC $FLAGS -fsyntax-only -isystem "$CUDA_HOME/include" -Itests -I. "$c" >"$log" 2>&1; then ok
       else bad "$what" "$log"; fi ;;
     unmarked)
       bad "$what: no <!-- snippet: CONTEXT --> line before the block" /dev/null ;;

@@ -87,9 +87,11 @@ static muon_status snippet_add_adamw_param(muon_optimizer *o, const muon_adamw_p
   int k = snippet_tensor(a->param, a->grad, a->name);
   if (k >= 0) {
     const snippet_shape *s = &snippet_shapes[k];
-    size_t n = snippet_size(k);
+    int count = a->count > 1 ? a->count : 1;
     snippet_registered[k]++;
-    CHECK(a->size == n, "%s registered with %zu elements: llm.c's has %zu", s->name, a->size, n);
+    CHECK(count == s->count && a->size * (size_t)count == snippet_size(k),
+          "%s registered as %d pieces of %zu elements: llm.c's is %d of %zu", s->name, count, a->size, s->count,
+          snippet_size(k) / (size_t)s->count);
   }
   return (muon_add_adamw_param)(o, a, index);
 }
@@ -188,17 +190,43 @@ static GPT2 model;
 #define SNIPPET_BEGIN
 #define SNIPPET_END
 
-#elif defined(SNIPPET_llmc_gpu)        /* compiled only, as C++ (llm.c's .cu), with the CUDA headers */
+#elif defined(SNIPPET_llmc_gpu) || defined(SNIPPET_llmc_gpu_main)
+/* compiled only, by nvcc as CUDA C++ with llm.c's flags: llm.c's names the blocks use (declared here
+   as llm.c defines them in train_gpt2.cu and llmc/, not copied) */
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <nccl.h>
 #include "muon_cuda.h"
+#include "muon_nccl.h"
+typedef __nv_bfloat16 floatX;
+#define ncclFloatX ncclBfloat16
+#define NUM_PARAMETER_TENSORS 16
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+#define ncclCheck(call) ((void)(call))
+typedef struct { ptrdiff_t offset; size_t size; } ShardInfo;
+typedef struct { int process_rank, num_processes, zero_stage; ncclComm_t nccl_comm; } MultiGpuConfig;
+typedef struct { int max_seq_len, vocab_size, padded_vocab_size, num_layers, num_heads, channels; } GPT2Config;
+typedef struct { GPT2Config config; void *params_memory, *grads_memory; float *master_weights; } GPT2;
+static MultiGpuConfig multi_gpu_config;
 static cudaStream_t main_stream;
-static float *master_weights, grad_scale = 1;
-static void *params_memory, *grads_memory;
-static size_t offsets[16];
-static int C = 8, L = 2;
+ShardInfo gpt2_get_tensor_at_layer(const GPT2 *model, int layer_id, int param_tensor_id);
+ShardInfo multi_gpu_get_shard_offset(size_t elements, const MultiGpuConfig *config, int shard_at_stage);
+template <class Td, class Ts>
+__global__ void copy_and_cast_kernel(Td *dst, const Ts *src, size_t n, ptrdiff_t stride_dst, ptrdiff_t stride_src);
+#if defined(SNIPPET_llmc_gpu)
+#define SNIPPET_BEGIN
+#define SNIPPET_END
+#else
+extern muon_optimizer *muon_opt;
+muon_optimizer *muon_setup(GPT2 *model, float weight_decay);
+static GPT2 model;
+static char filename_buffer[512];
+static const char *output_log_dir = "log";
+static int step, rank, resuming, resume_max_step;
+static float weight_decay, learning_rate = 3e-4f, step_learning_rate, grad_scale = 1;
 #define SNIPPET_BEGIN static void snippet(void) {
 #define SNIPPET_END }
+#endif
 
 #else
 #error "tests/snippets.h: unknown snippet context"
@@ -259,10 +287,12 @@ int main(void) {
   snippet();
   return test_summary();
 }
+#elif defined(SNIPPET_llmc_gpu)
+int main(void) { (void)test__fail; return 0; }
 #elif defined(SNIPPET_llmc_threads)
 int main(void) { muon_desc d = muon_default_desc(); muon_use_omp(&d); return d.compute == &cpu ? 0 : 1; }
 #else
-int main(void) { (void)snippet; return 0; }
+int main(void) { (void)snippet; (void)test__fail; return 0; }
 #endif
 
 #endif /* SNIPPET_PART_2 */

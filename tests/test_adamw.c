@@ -1,10 +1,12 @@
 /* test_adamw.c - the AdamW half of the optimizer on one device: non-finite gradients (error
    and skip), lr schedules and group changes checked against torch.optim.AdamW written out in
-   plain C, bad group arguments, state-load guards for a changed model, and ZeRO shards. */
+   plain C, bad group arguments, state-load guards for a changed model, ZeRO shards, and stacks
+   (muon_adamw_param.count / strides). */
 #define MUON_IMPLEMENTATION
 #include "muon.h"
 #include "test.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -495,6 +497,129 @@ static void test_shards(void) {
   muon_destroy(ow); muon_destroy(os);
 }
 
+/* ---- 6. Stacks: muon_adamw_param.count and strides ----------------------------------------
+   Catches: a bad count or stride accepted (pieces overlapping, or an address overflowing), a
+   stack registered in part, and a piece that differs in any way from the same elements
+   registered alone as "name[l]" (its buffers, its shard, its stochastic-rounding bits, its
+   state in a checkpoint). */
+enum { SK_N = 3, SK_FULL = 10, SK_OFF = 4, SK_SIZE = 5, SK_PS = 7, SK_GS = 9, SK_MS = 11, SK_STEPS = 3 };
+
+static void stack_bad(muon_optimizer *opt, const muon_adamw_param *p, muon_status want, const char *text,
+                      const char *what) {
+  muon_status st = muon_add_adamw_param(opt, p, NULL);
+  CHECK(st == want && strstr(muon_error(opt), text), "%s: %s, '%s'", what, muon_status_string(st), muon_error(opt));
+  CHECK(muon_adamw_param_count(opt) == 0, "%s: something was registered", what);
+}
+
+static void test_stacks(void) {
+  float w[SK_N * SK_PS], g[SK_N * SK_GS], ws[SK_N * SK_SIZE], gs[SK_N * SK_SIZE], start[SK_N * SK_PS];
+  uint16_t mir[SK_N * SK_MS], mirs[SK_N * SK_SIZE];
+  muon_optimizer *o1 = NULL, *o2 = NULL;
+  muon_desc d = muon_default_desc();
+  muon_adamw_param p = muon_default_adamw_param(), q;
+  fail_alloc fa;
+  int l, t, k, first = -1, ok = 1;
+  size_t n1, n2;
+  unsigned char *b1, *b2;
+
+  TEST_CASE("AdamW stack: bad count, strides and pieces are refused, naming the stack; nothing registered");
+  CHECK(muon_create(&o1, &d) == MUON_OK, "create");
+  if (!o1) return;
+  p.name = "ln"; p.param = w; p.grad = g; p.mirror = mir; p.size = SK_SIZE; p.count = SK_N;
+  p.stride = SK_PS; p.grad_stride = SK_GS; p.mirror_stride = SK_MS; p.offset = SK_OFF; p.full_size = SK_FULL;
+  q = p; q.count = -1;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "count must be >= 0", "count -1");
+  q = p; q.stride = SK_SIZE - 1;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "overlap", "param stride < size");
+  q = p; q.grad_stride = SK_SIZE - 1;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "overlap", "grad stride < size");
+  q = p; q.mirror_stride = SK_SIZE - 1;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "overlap", "mirror stride < size");
+  q = p; q.grad_stride = 0; q.stride = SK_SIZE - 1;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "overlap", "grad stride 0 (= a param stride < size)");
+  q = p; q.stride = (size_t)-1 / 8;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "overflow", "count x stride overflows");
+  q = p; q.count = 2; q.mirror_stride = (size_t)-1 / 8;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "overflow", "count x mirror stride overflows");
+  q = p; q.count = 1 << 20; q.size = ((size_t)-1 / 16) >> 19; q.stride = q.grad_stride = q.mirror_stride = 0;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "too large", "count x size beyond any buffer");
+  q = p; q.offset = SK_FULL - SK_SIZE + 1;
+  stack_bad(o1, &q, MUON_ERR_SHAPE, "'ln[0]'", "a piece beyond full_size");
+  q = p; q.param = NULL;
+  stack_bad(o1, &q, MUON_ERR_ARG, "'ln[0]'", "param NULL");
+  q = p; q.group = 1;
+  stack_bad(o1, &q, MUON_ERR_ARG, "group", "no such group");
+  q = p; q.count = 1; q.stride = 1; q.grad_stride = 1; q.mirror_stride = 1;   /* one piece: strides unused */
+  CHECK(muon_add_adamw_param(o1, &q, &first) == MUON_OK && first == 0 && muon_adamw_param_count(o1) == 1,
+        "count 1 with small strides: %s", muon_error(o1));
+  q = p; q.count = 0x7fffffff;   /* one more AdamW param than an int counts */
+  CHECK(muon_add_adamw_param(o1, &q, NULL) == MUON_ERR_SHAPE && strstr(muon_error(o1), "too large") &&
+            muon_adamw_param_count(o1) == 1, "count INT_MAX after one param: %s", muon_error(o1));
+  CHECK(muon_add_adamw_param(o1, &p, &first) == MUON_OK && first == 1 && muon_adamw_param_count(o1) == 1 + SK_N,
+        "the stack: %s (first %d, count %d)", muon_error(o1), first, muon_adamw_param_count(o1));
+  muon_destroy(o1); o1 = NULL;
+
+  TEST_CASE("AdamW stack: every allocation failing in turn registers nothing and leaks nothing");
+  for (k = 0; ok; k++) {
+    muon_status st;
+    fa.calls = 0; fa.fail_at = k; fa.live = 0;
+    d.allocator.alloc = fa_alloc; d.allocator.free = fa_free; d.allocator.user_data = &fa;
+    if (muon_create(&o1, &d) != MUON_OK) continue;
+    st = muon_add_adamw_param(o1, &p, NULL);
+    CHECK(st == MUON_OK || (st == MUON_ERR_NOMEM && muon_adamw_param_count(o1) == 0), "fail_at %d: %s, %d params", k,
+          muon_status_string(st), muon_adamw_param_count(o1));
+    if (st == MUON_OK) ok = 0;
+    muon_destroy(o1); o1 = NULL;
+    CHECK(fa.live == 0, "fail_at %d: %ld blocks leaked", k, fa.live);
+  }
+  d = muon_default_desc();
+
+  TEST_CASE("AdamW stack of 3 strided shards with bf16 mirrors, stochastic rounding: bitwise 3 params named ln[l]");
+  d.adamw.lr = 1e-2f;
+  d.rounding = MUON_ROUND_STOCHASTIC;
+  d.seed = 99;
+  adw_rng = 4242u;
+  adw_fill(w, SK_N * SK_PS);
+  memcpy(start, w, sizeof w);
+  memset(mir, 0, sizeof mir);
+  for (l = 0; l < SK_N; l++) memcpy(ws + l * SK_SIZE, w + l * SK_PS, SK_SIZE * sizeof(float));
+  CHECK(muon_create(&o1, &d) == MUON_OK && muon_create(&o2, &d) == MUON_OK, "create");
+  if (!o1 || !o2) { muon_destroy(o1); muon_destroy(o2); return; }
+  CHECK(muon_add_adamw_param(o1, &p, NULL) == MUON_OK, "the stack: %s", muon_error(o1));
+  for (l = 0; l < SK_N; l++) {
+    char name[16];
+    snprintf(name, sizeof name, "ln[%d]", l);
+    q = muon_default_adamw_param();
+    q.name = name; q.param = ws + l * SK_SIZE; q.grad = gs + l * SK_SIZE; q.mirror = mirs + l * SK_SIZE;
+    q.size = SK_SIZE; q.offset = SK_OFF; q.full_size = SK_FULL;
+    CHECK(muon_add_adamw_param(o2, &q, NULL) == MUON_OK, "piece %d alone: %s", l, muon_error(o2));
+  }
+  for (t = 0, ok = 1; t < SK_STEPS; t++) {
+    adw_fill(g, SK_N * SK_GS);
+    for (l = 0; l < SK_N; l++) memcpy(gs + l * SK_SIZE, g + l * SK_GS, SK_SIZE * sizeof(float));
+    if (muon_step(o1) != MUON_OK || muon_step(o2) != MUON_OK) ok = 0;
+    for (l = 0; l < SK_N; l++) {
+      CHECK(adw_same(w + l * SK_PS, ws + l * SK_SIZE, SK_SIZE * sizeof(float)), "step %d, piece %d: params differ", t,
+            l);
+      CHECK(adw_same(mir + l * SK_MS, mirs + l * SK_SIZE, SK_SIZE * 2), "step %d, piece %d: mirrors differ", t, l);
+      CHECK(adw_same(w + l * SK_PS + SK_SIZE, start + l * SK_PS + SK_SIZE, (SK_PS - SK_SIZE) * sizeof(float)) &&
+                mir[l * SK_MS + SK_SIZE] == 0, "step %d, piece %d: written between the pieces", t, l);
+    }
+  }
+  CHECK(ok, "a step failed: %s / %s", muon_error(o1), muon_error(o2));
+  CHECK(!adw_same(w, start, SK_SIZE * sizeof(float)), "the params did not move");
+  n1 = muon_state_size(o1);
+  n2 = muon_state_size(o2);
+  b1 = (unsigned char *)malloc(n1);
+  b2 = (unsigned char *)malloc(n2);
+  CHECK(b1 && b2 && n1 == n2 && muon_state_save(o1, b1, n1) == MUON_OK && muon_state_save(o2, b2, n2) == MUON_OK &&
+            test_same_state(b1, b2, n1), "the checkpoints differ (%zu, %zu bytes)", n1, n2);
+  free(b1);
+  free(b2);
+  muon_destroy(o1);
+  muon_destroy(o2);
+}
+
 int main(void) {
   test_nonfinite_error();
   test_nonfinite_skip();
@@ -502,5 +627,6 @@ int main(void) {
   test_bad_group_args();
   test_state_guards();
   test_shards();
+  test_stacks();
   return test_summary();
 }

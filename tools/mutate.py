@@ -52,6 +52,7 @@ STEPS = [
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
     ("test_dist -n 3", ["build/test_dist", "build/muonrun"], RUN + " -n 3 build/test_dist", GLOO),
     ("test_agree -n 2", ["build/test_agree", "build/muonrun"], RUN + " -n 2 build/test_agree", GLOO),
+    ("test_llmc -n 2", ["build/test_llmc", "build/muonrun"], RUN + " -n 2 build/test_llmc", GLOO),
     ("examples --sr", ["build/fsdp", "build/pp", "build/muonrun"],
      RUN + " -n 2 build/fsdp --sr --quiet && " + RUN + " -n 4 build/pp --sr --quiet", GLOO),
     ("test_cuda_slots", ["build/cuda/test_cuda_slots"], "build/cuda/test_cuda_slots", CUDA),
