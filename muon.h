@@ -284,7 +284,10 @@ typedef struct muon_logger {
   void *user_data;
 } muon_logger;
 
-/* What to do with a gradient holding NaN or Inf. */
+/* What to do with a non-finite verdict: a gradient holding NaN or Inf, a non-finite Newton-Schulz
+   output, or finite values whose update would overflow (a momentum, AdamW moment, NorMuon second
+   moment, parameter or its bf16 copy that would become NaN or Inf). A step with MUON_OK never
+   leaves a state muon_state_load refuses, nor a non-finite parameter. */
 typedef enum muon_nonfinite {
   MUON_NONFINITE_ERROR = 0,        /* the step returns MUON_ERR_NONFINITE, nothing is applied   */
   MUON_NONFINITE_SKIP              /* that matrix (or AdamW param, matched by name) is skipped
@@ -998,6 +1001,13 @@ MUON__HD float muon__u2f(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return
 
 /* By the exponent bits, so -ffast-math cannot fold it away. */
 MUON__HD int muon__finite(float x) { return (muon__f2u(x) & 0x7f800000u) != 0x7f800000u; }
+/* What a state element may hold, the one rule of muon_state_load and of a step: finite, and a
+   second moment not negative (-0 is fine). A step checks finiteness of all it writes with
+   muon__finite (muon__check_commit); a second moment cannot turn negative, being a sum of
+   non-negative products. */
+MUON__HD int muon__state_ok(float x, int second_moment) {
+  return muon__finite(x) && !(second_moment && (muon__f2u(x) >> 31) && (muon__f2u(x) & 0x7fffffffu));
+}
 
 /* IEEE arithmetic, each operation rounded to nearest on its own. On the GPU they are PTX
    instructions without .ftz, so a trainer's nvcc flags (--use_fast_math: flushed subnormals,
@@ -6461,13 +6471,11 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   return MUON_OK;
 }
 
-/* n little-endian floats of a blob: all finite (and not negative, for a second moment)? */
+/* n little-endian floats of a blob: each one a state a step could leave (muon__state_ok)? */
 static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
   size_t i;
-  for (i = 0; i < n; i++) {
-    uint32_t u = muon__get32(&p);
-    if ((u & 0x7f800000u) == 0x7f800000u || (nonneg && (u >> 31) && (u & 0x7fffffffu))) return 0;
-  }
+  for (i = 0; i < n; i++)
+    if (!muon__state_ok(muon__u2f(muon__get32(&p)), nonneg)) return 0;
   return 1;
 }
 
@@ -9053,8 +9061,7 @@ static muon_status muon__cpu_nonfinite(void *ctx, const void *x, muon_dtype dtyp
   int bad = 0;
   (void)ctx;
   for (i = 0; i < n && !bad; i++)
-    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u
-                                   : !muon__finite(((const float *)x)[i]);
+    bad = !muon__finite(muon__load(x, dtype == MUON_DTYPE_BF16, i));   /* as muon_cuda.h's kernel */
   *flag = bad;
   return MUON_OK;
 }
