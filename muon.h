@@ -6044,9 +6044,9 @@ static muon_status muon__check_commit(muon_optimizer *opt) {
       if (p->parts > 1) {   /* already in scratch: the chunk's moments, the whole new parameter */
         if (lo < p->hi - p->lo) {
           size_t cm = MUON__MIN(c, p->hi - p->lo - lo);
-          MUON__TRY(muon__compute_nonfinite(opt, pl->aw_m + p->roff + lo, MUON_DTYPE_FP32, cm, fl + MUON__CHECKS * k, op));
-          MUON__TRY(
-              muon__compute_nonfinite(opt, pl->aw_v + p->roff + lo, MUON_DTYPE_FP32, cm, fl + MUON__CHECKS * k + 1, op));
+          int *f = fl + MUON__CHECKS * k;
+          MUON__TRY(muon__compute_nonfinite(opt, pl->aw_m + p->roff + lo, MUON_DTYPE_FP32, cm, f, op));
+          MUON__TRY(muon__compute_nonfinite(opt, pl->aw_v + p->roff + lo, MUON_DTYPE_FP32, cm, f + 1, op));
         }
         MUON__TRY(muon__compute_nonfinite(opt, pl->aw_full + p->foff + lo, MUON_DTYPE_FP32, c,
                                           fl + MUON__CHECKS * k + 2, op));
@@ -6185,16 +6185,18 @@ static muon_status muon__vote(muon_optimizer *opt) {
                         "restore every rank from the last checkpoint",
                         me, P, native && *native ? native : muon_status_string(st));
     }
-    for (r = 0, n_bad = 0, n_aw = 0; r < P && st == MUON_OK; r++) {
+    /* One message everywhere: the lowest failing global (every rank's reasons for it), the
+       lowest rank's first AdamW param. */
+    for (r = 0, n_bad = 0, n_aw = 0, first_bad = first_aw = -1, why = 0; r < P && st == MUON_OK; r++) {
       const long long *v = all + (size_t)MUON__VOTE * r;
       if (v[0] != MUON_OK)
         st = r == me ? (muon_status)v[0]
                      : muon__fail(opt, v[0] > 0 && v[0] < MUON_STATUS_COUNT ? (muon_status)v[0] : MUON_ERR_BACKEND,
                                   "muon_step: rank %d failed this step (%s); nothing was applied on any rank", r,
                                   muon_status_string((muon_status)v[0]));
-      if (v[1] && first_bad < 0) {
+      if (v[1] && (first_bad < 0 || v[2] <= first_bad)) {
+        why = first_bad == (int)v[2] ? why | (int)v[3] : (int)v[3];
         first_bad = (int)v[2];
-        why = (int)v[3];
       }
       if (v[4] && first_aw < 0) {
         first_aw = (int)v[5];

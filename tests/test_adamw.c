@@ -520,8 +520,9 @@ static void test_overflow_adamw(void) {
     size_t n0 = 0, n1 = 0;
     muon_status st;
     char name[160];
-    snprintf(name, sizeof name, "AdamW: a finite gradient of %g never leaves +Inf in v: ERROR changes nothing, SKIP skips "
-             "that param alone and the saved state loads", (double)big[k]);
+    snprintf(name, sizeof name,
+             "AdamW: a finite gradient of %g never leaves +Inf in v: ERROR changes nothing, SKIP skips that param "
+             "alone and the saved state loads", (double)big[k]);
     TEST_CASE(name);
     adw_model_init(a, 61u);
     oa = adw_make(a, ADW_BASE, MUON_NONFINITE_ERROR);
