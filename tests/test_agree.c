@@ -1277,6 +1277,39 @@ static void case_overflow_matrix(int skip) {
   model_close(&B);
 }
 
+/* 6k: a replica that is not its matrix's source (the owner sends U) overflows its own momentum:
+   SGD without nesterov, gradient 3e38 twice on that rank only. Only the commit check sees it
+   (the owner's U and O are finite); catches that replica writing +Inf momentum with MUON_OK. */
+static void case_overflow_replica(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  snap s;
+  size_t e;
+  int ci, owner = -1, q;
+  muon_status st;
+  if (W.size < 2) return;
+  TEST_CASE("6k. momentum overflow on a replica that sends no U: MUON_ERR_NONFINITE everywhere naming 'c', nothing "
+            "applied");
+  d.hparams.momentum_style = MUON_MOMENTUM_SGD;
+  d.hparams.nesterov = 0;
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  ci = find(&A, "c");
+  CHECK(muon_plan(A.opt) == MUON_OK && muon_get_owner(A.opt, A.idx[ci], &owner) == MUON_OK, "owner: %s",
+        muon_error(A.opt));
+  q = (owner + 1) % W.size;
+  if (W.rank == q)
+    for (e = 0; e < A.t[ci].n; e++) A.t[ci].g[e] = 3e38f;
+  step_both("step 1 (B = 3e38 on the replica)", &A, NULL);
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("the replica's momentum overflows", st, MUON_ERR_NONFINITE, A.opt);
+  CHECK(has(muon_error(A.opt), "'c'"), "rank %d: message '%s' does not name 'c'", W.rank, muon_error(A.opt));
+  expect_unchanged("the replica's momentum overflow", &A, &s);
+  snap_free(&s);
+  model_close(&A);
+}
+
 /* ==== 6e. a gradient never bound, on one rank only =============================================
    The last rank registers matrix 'a' (then, in a second optimizer, AdamW param 'bias') with grad
    NULL and never calls muon_set_grad. Catches: a step that trains nothing silently (MUON_OK); the
@@ -1407,6 +1440,7 @@ int main(int argc, char **argv) {
   case_overflow_adamw(1);
   case_overflow_matrix(0);
   case_overflow_matrix(1);
+  case_overflow_replica();
   case_unbound_grad();
   case_scale_zero(0);
   case_scale_zero(1);
