@@ -897,7 +897,8 @@ typedef struct muon_stats {
   long long control_bytes;         /* planning and skip agreement (allgathers)                    */
   size_t state_bytes;              /* momentum + AdamW moments held by this rank                 */
   size_t workspace_bytes;          /* step buffers beyond the state, allocated at planning: the
-                                      O stash, exchange buffers, gathered operands, NS workspace */
+                                      O stash, exchange buffers, gathered operands, NS workspace,
+                                      the commit check's chunk (up to 2^20 elements, 16 B each) */
   size_t ns_workspace_bytes;       /* peak NS workspace beyond its m x n operand                 */
   size_t gathered_bytes;           /* peak bytes of full matrices held at once (owner side)      */
   size_t exchange_bytes;           /* exchange buffers: send/recv + the O stash (local size)     */
@@ -4295,6 +4296,7 @@ static muon_status muon__plan_checks(muon_optimizer *opt) {
   if (!pl->checks || !pl->host_checks || !pl->check_ws)
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes for the commit checks failed",
                       n * sizeof(int) + chunk * (3 * sizeof(float) + 2 * sizeof(uint16_t)));
+  opt->stats.workspace_bytes += n * sizeof(int) + chunk * (3 * sizeof(float) + 2 * sizeof(uint16_t));
   return MUON_OK;
 }
 
