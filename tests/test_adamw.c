@@ -2,6 +2,8 @@
    and skip), lr schedules and group changes checked against torch.optim.AdamW written out in
    plain C, bad group arguments, state-load guards for a changed model, and ZeRO shards. */
 #define MUON_IMPLEMENTATION
+/* The commit check in chunks of 7 elements, so that its loop over chunks runs (2^20 elsewhere). */
+#define MUON__CHECK_CHUNK ((size_t)7)
 #include "muon.h"
 #include "test.h"
 
@@ -531,7 +533,7 @@ static void test_overflow_adamw(void) {
     adw_model_grads(a, 601u);
     CHECK(muon_step(oa) == MUON_OK, "step 1: %s", muon_error(oa));
     adw_model_grads(a, 602u);
-    a->ge[3] = big[k];
+    a->ge[8] = big[k];   /* in the second chunk */
     *before = *a;
     blob0 = adw_save(oa, &n0);
     st = muon_step(oa);
@@ -559,7 +561,7 @@ static void test_overflow_adamw(void) {
       adw_model_grads(a, 601u); adw_model_grads(ref, 601u);
       CHECK(muon_step(oa) == MUON_OK && muon_step(oref) == MUON_OK, "step 1");
       adw_model_grads(a, 602u); adw_model_grads(ref, 602u);
-      a->ge[3] = big[k];
+      a->ge[8] = big[k];   /* in the second chunk */
       *before = *a;
       CHECK(muon_step(oa) == MUON_OK && muon_step(oref) == MUON_OK, "SKIP step: %s", muon_error(oa));
       if (k == 0) CHECK(adw_same(a->e, before->e, sizeof a->e), "the overflowing param e moved under SKIP");
@@ -596,14 +598,16 @@ static void test_overflow_loaded(void) {
   CHECK(blob && n > 8 + 80, "save");
   if (blob) {
     /* 'e' (10 floats) is the last AdamW entry: its m, its v, then the checksum */
-    const float huge = 3e38f;
+    const float huge = 3e38f, zero = 0.0f;
     uint64_t sum;
     int i;
-    memcpy(blob + n - 8 - 80 + 2 * 4, &huge, 4);
+    memcpy(blob + n - 8 - 80 + 9 * 4, &huge, 4);   /* m[9]: the second chunk */
+    memcpy(blob + n - 8 - 40 + 9 * 4, &zero, 4);   /* v[9] = 0: m / (sqrt(v) / bc2 + eps) then overflows */
     sum = muon__fnv1a(blob, n - 8);
     for (i = 0; i < 8; i++) blob[n - 8 + i] = (unsigned char)(sum >> (8 * i));
     CHECK(muon_state_load(oa, blob, n) == MUON_OK, "a finite moment must load: %s", muon_error(oa));
     adw_model_grads(a, 702u);
+    a->ge[9] = 0.5f;
     *before = *a;
     st = muon_step(oa);
     CHECK(st == MUON_ERR_NONFINITE && strstr(muon_error(oa), "'e'"), "status %s: %s", muon_status_string(st),
