@@ -4794,8 +4794,9 @@ static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
 }
 
 /* The records of P ranks, their wire form, and the commit vote. */
+#define MUON__VOTE 7   /* the vote's numbers: status; matrices: count, first, why; AdamW: count, first, name hash */
 static size_t muon__agree_bytes(int P) {
-  return (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES + 7 * sizeof(long long));   /* MUON__VOTE */
+  return (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES + MUON__VOTE * sizeof(long long));
 }
 
 /* This rank's settings: everything two ranks must share for their updates to be one update. */
@@ -6141,7 +6142,6 @@ static int muon__checked(const muon__plan *pl, size_t first, size_t n) {
    not finite (momentum overflow, extreme NS coefficients) and which matrices and AdamW params its
    commit would make non-finite (muon__check_commit); all apply or none does. Without a dist
    config, or with unchecked_commit, each rank decides alone. */
-#define MUON__VOTE 7   /* status, matrices: count, first, why; AdamW: count, first, its name hash */
 static muon_status muon__vote(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, r, g, i, n_bad = 0, first_bad = -1, why = 0, n_aw = 0, first_aw = -1, aw_rank = me;
