@@ -284,7 +284,10 @@ typedef struct muon_logger {
   void *user_data;
 } muon_logger;
 
-/* What to do with a gradient holding NaN or Inf. */
+/* What to do with a non-finite verdict: a gradient holding NaN or Inf, a non-finite Newton-Schulz
+   output, or finite values whose update would overflow (a momentum, AdamW moment, NorMuon second
+   moment, parameter or its bf16 copy that would become NaN or Inf). A step with MUON_OK never
+   leaves a state muon_state_load refuses, nor a non-finite parameter. */
 typedef enum muon_nonfinite {
   MUON_NONFINITE_ERROR = 0,        /* the step returns MUON_ERR_NONFINITE, nothing is applied   */
   MUON_NONFINITE_SKIP              /* that matrix (or AdamW param, matched by name) is skipped
@@ -902,7 +905,8 @@ typedef struct muon_stats {
   long long control_bytes;         /* planning and skip agreement (allgathers)                    */
   size_t state_bytes;              /* momentum + AdamW moments held by this rank                 */
   size_t workspace_bytes;          /* step buffers beyond the state, allocated at planning: the
-                                      O stash, exchange buffers, gathered operands, NS workspace */
+                                      O stash, exchange buffers, gathered operands, NS workspace,
+                                      the commit check's chunk (up to 2^20 elements, 16 B each) */
   size_t ns_workspace_bytes;       /* peak NS workspace beyond its m x n operand                 */
   size_t gathered_bytes;           /* peak bytes of full matrices held at once (owner side)      */
   size_t exchange_bytes;           /* exchange buffers: send/recv + the O stash (local size)     */
@@ -1006,6 +1010,13 @@ MUON__HD float muon__u2f(uint32_t u) { float x; memcpy(&x, &u, sizeof x); return
 
 /* By the exponent bits, so -ffast-math cannot fold it away. */
 MUON__HD int muon__finite(float x) { return (muon__f2u(x) & 0x7f800000u) != 0x7f800000u; }
+/* What a state element may hold, the one rule of muon_state_load and of a step: finite, and a
+   second moment not negative (-0 is fine). A step checks finiteness of all it writes with
+   muon__finite (muon__check_commit); a second moment cannot turn negative, being a sum of
+   non-negative products. */
+MUON__HD int muon__state_ok(float x, int second_moment) {
+  return muon__finite(x) && !(second_moment && (muon__f2u(x) >> 31) && (muon__f2u(x) & 0x7fffffffu));
+}
 
 /* IEEE arithmetic, each operation rounded to nearest on its own. On the GPU they are PTX
    instructions without .ftz, so a trainer's nvcc flags (--use_fast_math: flushed subnormals,
@@ -1468,6 +1479,7 @@ typedef struct muon__matrix {
   muon__piece piece;
   int global;           /* index in the plan's global list */
   size_t stash;         /* offset of this matrix's O in the plan's stash */
+  size_t check, checks; /* its flags in the plan's commit checks: first, count */
   float *normuon;       /* backend memory, owner only: NorMuon's second moment v (normuon_len
                            floats), then room for the step's new one, committed with the rest */
   int normuon_len;
@@ -1584,6 +1596,12 @@ typedef struct muon__plan {
   int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
   int *host_out;
   unsigned char *out_skips; /* (size + 1) x globals: which non-finite outputs each rank skips */
+  /* The commit, tried first on copies (muon__check_commit): per local item, MUON__CHECKS flags
+     per chunk of check_chunk elements (backend memory), set where a state or parameter would
+     become non-finite; check_ws: room for one chunk of each buffer the commit writes. */
+  int *checks, *host_checks;
+  size_t n_checks, check_chunk;
+  void *check_ws;
 } muon__plan;
 
 typedef struct muon__adamw {
@@ -1606,6 +1624,7 @@ typedef struct muon__adamw {
   float part_scale;
   size_t lo, hi;
   int members;
+  size_t check, checks; /* its flags in the plan's commit checks: first, count */
   long long replica;                 /* REPLICATE levels: which set of parts it belongs to */
   size_t state_offset, state_size;   /* the range of the flattened parameter its moments cover */
   size_t roff, foff;                 /* Partial: its chunk and its whole in the plan's buffers */
@@ -3281,6 +3300,9 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__compute_free(opt, pl->aw_full);
   muon__compute_free(opt, pl->aw_flags);
   muon__free(a, pl->aw_host_flags);
+  muon__compute_free(opt, pl->checks);
+  muon__free(a, pl->host_checks);
+  muon__compute_free(opt, pl->check_ws);
   memset(pl, 0, sizeof *pl);
 }
 
@@ -4320,6 +4342,46 @@ static muon_status muon__plan_adamw(muon_optimizer *opt, const muon__adamw_entry
   return MUON_OK;
 }
 
+/* Room for muon__check_commit: flags for every chunk of every local item (MUON__CHECKS each:
+   momentum or m, v, parameter, bf16 mirror; a matrix's fourth is its NorMuon v), and one chunk of
+   scratch per buffer the commit writes (3 fp32, 2 bf16). */
+#define MUON__CHECKS 4
+#ifndef MUON__CHECK_CHUNK
+#define MUON__CHECK_CHUNK ((size_t)1 << 20)
+#endif
+static size_t muon__check_count(size_t n, size_t *chunk) {
+  if (MUON__MIN(n, MUON__CHECK_CHUNK) > *chunk) *chunk = MUON__MIN(n, MUON__CHECK_CHUNK);
+  return MUON__CHECKS * (n ? (n + MUON__CHECK_CHUNK - 1) / MUON__CHECK_CHUNK : 1);
+}
+static muon_status muon__plan_checks(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t n = 0, chunk = 0;
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    size_t full = (size_t)x->rows * x->cols;
+    x->check = n;
+    x->checks = muon__check_count(x->parts > 1 && muon__owns(opt, x) && full > x->size ? full : x->size, &chunk);
+    n += x->checks;
+  }
+  for (i = 0; i < opt->n_adamw; i++) {
+    muon__adamw *p = &opt->adamw[i];
+    p->check = n;
+    p->checks = muon__check_count(p->size, &chunk);
+    n += p->checks;
+  }
+  pl->n_checks = n;
+  pl->check_chunk = chunk;
+  pl->checks = (int *)muon__compute_alloc(opt, n * sizeof(int));
+  pl->host_checks = (int *)muon__alloc(&opt->allocator, n * sizeof(int) + 1);
+  pl->check_ws = muon__compute_alloc(opt, chunk * (3 * sizeof(float) + 2 * sizeof(uint16_t)));
+  if (!pl->checks || !pl->host_checks || !pl->check_ws)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes for the commit checks failed",
+                      n * sizeof(int) + chunk * (3 * sizeof(float) + 2 * sizeof(uint16_t)));
+  opt->stats.workspace_bytes += n * sizeof(int) + chunk * (3 * sizeof(float) + 2 * sizeof(uint16_t));
+  return MUON_OK;
+}
+
 /* ---- >>impl-plan-run Planning: one device, and every rank together --------------------------- */
 /* A fresh run identity: not a secret, only unlikely to repeat (the clock, where this optimizer
    and this thread's stack lie; no shared counter, so threads may call it at once). Never 0. */
@@ -4364,6 +4426,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   st = muon__build_plan(opt, e, &n, n);
   muon__free(&opt->allocator, e);
   if (st == MUON_OK) st = muon__normuon_prepare(opt);
+  if (st == MUON_OK) st = muon__plan_checks(opt);
   if (st != MUON_OK) muon__plan_free(opt);
   else { muon__normuon_finish(opt, NULL); opt->plan.ready = 1; muon__log_plan(opt); }
   return st;
@@ -4458,6 +4521,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   }
   if (got == MUON_OK) got = muon__partial_prepare(opt);
   if (got == MUON_OK) got = muon__normuon_prepare(opt);
+  if (got == MUON_OK) got = muon__plan_checks(opt);
   if (got == MUON_OK && (moving = muon__normuon_counts(opt, all, max_local)) != 0) {
     got = muon__normuon_buffers(opt, &nm_send, &nm_recv);
     if (got == MUON_OK && !(moved = (unsigned char *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices + 1)))
@@ -4812,8 +4876,9 @@ static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
 }
 
 /* The records of P ranks, their wire form, and the commit vote. */
+#define MUON__VOTE 7   /* the vote's numbers: status; matrices: count, first, why; AdamW: count, first, name hash */
 static size_t muon__agree_bytes(int P) {
-  return (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES + 3 * sizeof(long long));
+  return (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES + MUON__VOTE * sizeof(long long));
 }
 
 /* This rank's settings: everything two ranks must share for their updates to be one update. */
@@ -5058,6 +5123,33 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   return st;
 }
 
+/* This rank's list of AdamW name hashes to skip (max_adamw, zeroed), for muon__adamw_skip_named. */
+static uint64_t *muon__adamw_mine(muon_optimizer *opt) {
+  uint64_t *mine = opt->plan.adamw_names + (size_t)opt->plan.P * opt->plan.max_adamw;
+  memset(mine, 0, (size_t)opt->plan.max_adamw * sizeof(uint64_t));
+  return mine;
+}
+
+/* Every rank's list: an AdamW param some rank skips is skipped on every rank that holds a piece
+   of it (matched by name), so replicas and shards keep one state. */
+static muon_status muon__adamw_skip_named(muon_optimizer *opt, const char *op) {
+  muon__plan *pl = &opt->plan;
+  int i, r, k;
+  muon_status st;
+  if (!pl->max_adamw) return MUON_OK;
+  if ((st = muon__allgather(opt, pl->adamw_names + (size_t)pl->P * pl->max_adamw, pl->adamw_names,
+                            (size_t)pl->max_adamw * sizeof(uint64_t), op)) != MUON_OK)
+    return st;
+  for (i = 0; i < opt->n_adamw; i++)
+    for (r = 0; r < pl->P && !opt->adamw[i].skip; r++)
+      for (k = 0; k < pl->max_adamw; k++)
+        if (pl->adamw_names[(size_t)r * pl->max_adamw + k] == opt->adamw[i].name_hash) {
+          opt->adamw[i].skip = 1;
+          break;
+        }
+  return MUON_OK;
+}
+
 /* Which matrices this step skips (absent or non-finite gradients, with on_nonfinite SKIP), the
    same on every rank: the per-matrix flags are exchanged only when some rank has a skip. */
 static muon_status muon__agree_skips(muon_optimizer *opt) {
@@ -5103,20 +5195,10 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
   /* An AdamW param one rank skips is skipped on every rank that holds a piece of it (matched by
      name), so replicas and shards keep one state. */
   if (pl->any_adamw_skip && pl->max_adamw) {
-    uint64_t *mine_names = pl->adamw_names + (size_t)P * pl->max_adamw;
-    int n = 0, r, k;
-    memset(mine_names, 0, (size_t)pl->max_adamw * sizeof(uint64_t));
+    uint64_t *mine_names = muon__adamw_mine(opt);
+    int n = 0;
     for (i = 0; i < opt->n_adamw && n < pl->max_adamw; i++) if (v[nm + i]) mine_names[n++] = opt->adamw[i].name_hash;
-    if ((st = muon__allgather(opt, mine_names, pl->adamw_names, (size_t)pl->max_adamw * sizeof(uint64_t),
-                              "muon_step: agreeing on skipped AdamW params")) != MUON_OK)
-      return st;
-    for (i = 0; i < opt->n_adamw; i++)
-      for (r = 0; r < P && !opt->adamw[i].skip; r++)
-        for (k = 0; k < pl->max_adamw; k++)
-          if (pl->adamw_names[(size_t)r * pl->max_adamw + k] == opt->adamw[i].name_hash) {
-            opt->adamw[i].skip = 1;
-            break;
-          }
+    return muon__adamw_skip_named(opt, "muon_step: agreeing on skipped AdamW params");
   }
   return MUON_OK;
 }
@@ -5965,26 +6047,127 @@ static muon_status muon__adamw_exchange(muon_optimizer *opt) {
 }
 
 /* ---- >>impl-commit Commit and vote: every rank applies, or none does ------------------------- */
+static muon_apply_args muon__apply_args(const muon_optimizer *opt, const muon__matrix *x) {
+  const muon_hparams *hp = &opt->groups[x->group];
+  muon_apply_args a;
+  a.decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
+  a.cautious = hp->cautious_wd;
+  a.step = muon__adjusted_lr(hp, x->rows, x->cols);
+  a.param_dtype = x->param_dtype;
+  a.mirror = x->mirror;
+  a.rounding = opt->rounding;
+  a.seed = muon__sr_seed(opt, x->name_hash);
+  a.piece = muon__whole(x->rows, x->cols, 0, 0);
+  a.piece.r0 = x->piece.r0; a.piece.c0 = x->piece.c0; a.piece.h = x->piece.h;
+  a.piece.w = x->piece.w; a.piece.f0 = x->piece.f0; a.piece.f1 = x->piece.f1;
+  return a;
+}
+
+/* The commit, tried first: every momentum, second moment, parameter and bf16 copy it would
+   write, computed chunk by chunk into scratch by the same slots (so the same bits) and checked.
+   A non-finite one is a non-finite verdict at the vote, as a non-finite NS output is, so a state
+   the loader refuses is never written. Why recompute at the commit rather than keep the results:
+   keeping them would cost a second copy of every state the step writes (AdamW's m, v and the
+   parameters); this costs one chunk of scratch and one more element-wise pass. */
+static muon_status muon__check_commit(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  const size_t C = pl->check_chunk;
+  float *f0 = (float *)pl->check_ws, *f1 = f0 + C, *f2 = f1 + C;
+  uint16_t *h0 = (uint16_t *)(void *)(f2 + C), *h1 = h0 + C;
+  const char *op = "muon_step: checking the update";
+  size_t lo, c, k, es;
+  int i;
+  if (!pl->n_checks) return MUON_OK;
+  MUON__TRY(muon__compute_zero(opt, pl->checks, pl->n_checks * sizeof(int), op));
+  for (i = 0; i < opt->n_matrices; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    muon_momentum_args m = muon__momentum_args(opt, x);
+    muon_apply_args a = muon__apply_args(opt, x), b;
+    int *fl = pl->checks + x->check;
+    const void *grad = x->grad;
+    size_t n = x->parts == 1 ? x->size : 0;
+    void *w = x->param_dtype == MUON_DTYPE_BF16 ? (void *)h0 : (void *)f2;
+    if (x->skip) continue;
+    if (x->parts > 1 && muon__owns(opt, x)) {   /* as muon__commit moves it */
+      m.grad_scale *= x->part_scale;
+      m.grad_dtype = MUON_DTYPE_FP32;
+      grad = pl->reduced + pl->globals[x->global].roff;
+      n = x->momentum_size;
+    }
+    for (lo = 0, k = 0; lo < n; lo += C, k++) {
+      c = MUON__MIN(C, n - lo);
+      MUON__TRY(muon__compute_copy(opt, f0, x->momentum + lo, c * sizeof(float), 0, 0, op));
+      MUON__TRY(muon__compute_momentum(opt, c, f0, (const char *)grad + lo * muon__dtype_size(m.grad_dtype), &m, 1,
+                                       NULL, op));
+      MUON__TRY(muon__compute_nonfinite(opt, f0, MUON_DTYPE_FP32, c, fl + MUON__CHECKS * k, op));
+    }
+    es = muon__dtype_size(x->param_dtype);
+    for (lo = 0, k = 0; lo < x->size; lo += C, k++) {
+      c = MUON__MIN(C, x->size - lo);
+      b = a;
+      b.piece.f0 += (long long)lo;   /* where chunk element 0 sits: the same random bits */
+      b.piece.f1 = b.piece.f0 + (long long)c;
+      b.mirror = a.mirror ? h1 : NULL;
+      MUON__TRY(muon__compute_copy(opt, w, (const char *)x->param + lo * es, c * es, 0, 0, op));
+      MUON__TRY(muon__compute_apply(opt, c, w, pl->stash + x->stash + lo, &b, op));
+      MUON__TRY(muon__compute_nonfinite(opt, w, x->param_dtype, c, fl + MUON__CHECKS * k + 1, op));
+      if (b.mirror) MUON__TRY(muon__compute_nonfinite(opt, h1, MUON_DTYPE_BF16, c, fl + MUON__CHECKS * k + 2, op));
+    }
+    if (muon__normuon_owned(opt, x))   /* the v staged this step */
+      MUON__TRY(muon__compute_nonfinite(opt, x->normuon + x->normuon_len, MUON_DTYPE_FP32, (size_t)x->normuon_len,
+                                        fl + 3, op));
+  }
+  for (i = 0; i < opt->n_adamw; i++) {
+    const muon__adamw *p = &opt->adamw[i];
+    muon_adamw_args a = muon__adamw_args(opt, p), b;
+    int *fl = pl->checks + p->check;
+    void *w = p->param_dtype == MUON_DTYPE_BF16 ? (void *)h0 : (void *)f2;
+    if (p->skip) continue;
+    es = muon__dtype_size(p->param_dtype);
+    for (lo = 0, k = 0; lo < p->size; lo += C, k++) {
+      c = MUON__MIN(C, p->size - lo);
+      if (p->parts > 1) {   /* already in scratch: the chunk's moments, the whole new parameter */
+        if (lo < p->hi - p->lo) {
+          size_t cm = MUON__MIN(c, p->hi - p->lo - lo);
+          int *f = fl + MUON__CHECKS * k;
+          MUON__TRY(muon__compute_nonfinite(opt, pl->aw_m + p->roff + lo, MUON_DTYPE_FP32, cm, f, op));
+          MUON__TRY(muon__compute_nonfinite(opt, pl->aw_v + p->roff + lo, MUON_DTYPE_FP32, cm, f + 1, op));
+        }
+        MUON__TRY(muon__compute_nonfinite(opt, pl->aw_full + p->foff + lo, MUON_DTYPE_FP32, c,
+                                          fl + MUON__CHECKS * k + 2, op));
+        if (p->mirror) {
+          MUON__TRY(muon__compute_cast(opt, h1, MUON_DTYPE_BF16, pl->aw_full + p->foff + lo, MUON_DTYPE_FP32, c, op));
+          MUON__TRY(muon__compute_nonfinite(opt, h1, MUON_DTYPE_BF16, c, fl + MUON__CHECKS * k + 3, op));
+        }
+        continue;
+      }
+      b = a;
+      b.offset += lo;
+      b.mirror = a.mirror ? h1 : NULL;
+      MUON__TRY(muon__compute_copy(opt, w, (const char *)p->param + lo * es, c * es, 0, 0, op));
+      MUON__TRY(muon__compute_copy(opt, f0, p->exp_avg + lo, c * sizeof(float), 0, 0, op));
+      MUON__TRY(muon__compute_copy(opt, f1, p->exp_avg_sq + lo, c * sizeof(float), 0, 0, op));
+      MUON__TRY(muon__compute_adamw(opt, c, w, (const char *)p->grad + lo * muon__dtype_size(p->grad_dtype), f0, f1,
+                                    &b, op));
+      MUON__TRY(muon__compute_nonfinite(opt, f0, MUON_DTYPE_FP32, c, fl + MUON__CHECKS * k, op));
+      MUON__TRY(muon__compute_nonfinite(opt, f1, MUON_DTYPE_FP32, c, fl + MUON__CHECKS * k + 1, op));
+      MUON__TRY(muon__compute_nonfinite(opt, w, p->param_dtype, c, fl + MUON__CHECKS * k + 2, op));
+      if (b.mirror) MUON__TRY(muon__compute_nonfinite(opt, h1, MUON_DTYPE_BF16, c, fl + MUON__CHECKS * k + 3, op));
+    }
+  }
+  return muon__compute_copy(opt, pl->host_checks, pl->checks, pl->n_checks * sizeof(int), 1, 0,
+                            "muon_step: reading the update checks");
+}
+
 /* Apply: momentum and parameters from the stashed O, then AdamW, once everything before has
    succeeded. On a device the work is queued; a failure surfaces at the next step's first sync. */
 static muon_status muon__commit(muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
     muon__matrix *x = &opt->matrices[i];
-    const muon_hparams *hp = &opt->groups[x->group];
     muon_momentum_args m = muon__momentum_args(opt, x);
-    muon_apply_args a;
+    muon_apply_args a = muon__apply_args(opt, x);
     if (x->skip) continue;
-    a.decay = (float)(1.0 - (double)hp->lr * hp->weight_decay);
-    a.cautious = hp->cautious_wd;
-    a.step = muon__adjusted_lr(hp, x->rows, x->cols);
-    a.param_dtype = x->param_dtype;
-    a.mirror = x->mirror;
-    a.rounding = opt->rounding;
-    a.seed = muon__sr_seed(opt, x->name_hash);
-    a.piece = muon__whole(x->rows, x->cols, 0, 0);
-    a.piece.r0 = x->piece.r0; a.piece.c0 = x->piece.c0; a.piece.h = x->piece.h;
-    a.piece.w = x->piece.w; a.piece.f0 = x->piece.f0; a.piece.f1 = x->piece.f1;
     if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
@@ -6030,23 +6213,53 @@ static muon_status muon__commit(muon_optimizer *opt) {
   return MUON_OK;
 }
 
-/* The commit vote: every rank says whether all its work succeeded and which of the O it owns
-   are not finite (momentum overflow, extreme NS coefficients); all apply or none does. Without a
-   dist config, or with unchecked_commit, each rank decides alone. */
+/* Any flag of [first, first + n) of the commit checks set? */
+static int muon__checked(const muon__plan *pl, size_t first, size_t n) {
+  size_t k;
+  for (k = 0; k < n; k++) if (pl->host_checks[first + k]) return 1;
+  return 0;
+}
+
+/* The commit vote: every rank says whether all its work succeeded, which of the O it owns are
+   not finite (momentum overflow, extreme NS coefficients) and which matrices and AdamW params its
+   commit would make non-finite (muon__check_commit); all apply or none does. Without a dist
+   config, or with unchecked_commit, each rank decides alone. */
 static muon_status muon__vote(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, me = pl->me, r, g, n_bad = 0, first_bad = -1, skip = opt->on_nonfinite == MUON_NONFINITE_SKIP;
-  long long mine[3], *all = NULL;
+  int P = pl->P, me = pl->me, r, g, i, n_bad = 0, first_bad = -1, why = 0, n_aw = 0, first_aw = -1, aw_rank = me;
+  int skip = opt->on_nonfinite == MUON_NONFINITE_SKIP, agreed = opt->distributed && !opt->dist.unchecked_commit;
+  unsigned long long aw_hash = 0;
+  long long mine[MUON__VOTE], *all = NULL;
   muon_status st = MUON_OK;
-  for (g = 0; opt->step_status == MUON_OK && g < pl->n_globals; g++)
-    if (pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g]) {
-      n_bad++;
-      if (first_bad < 0) first_bad = g;
+  if (opt->step_status == MUON_OK) {
+    /* host_out[g] becomes why global g fails here: 1 its NS output (owner), 2 a local commit */
+    for (g = 0; g < pl->n_globals; g++)
+      pl->host_out[g] = pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g];
+    for (i = 0; i < opt->n_matrices; i++) {
+      const muon__matrix *x = &opt->matrices[i];
+      if (!x->skip && x->global >= 0 && muon__checked(pl, x->check, x->checks)) pl->host_out[x->global] |= 2;
     }
-  if (opt->distributed && !opt->dist.unchecked_commit) {
+    for (g = 0; g < pl->n_globals; g++)
+      if (pl->host_out[g]) {
+        n_bad++;
+        if (first_bad < 0) first_bad = g;
+      }
+    for (i = 0; i < opt->n_adamw; i++)
+      if (!opt->adamw[i].skip && muon__checked(pl, opt->adamw[i].check, opt->adamw[i].checks)) {
+        n_aw++;
+        if (first_aw < 0) first_aw = i;
+      }
+    if (first_bad >= 0) why = pl->host_out[first_bad];
+    if (first_aw >= 0) aw_hash = opt->adamw[first_aw].name_hash;
+  }
+  if (agreed) {
     mine[0] = opt->step_status;
     mine[1] = n_bad;
     mine[2] = first_bad;
+    mine[3] = why;
+    mine[4] = n_aw;
+    mine[5] = first_aw;
+    mine[6] = (long long)aw_hash;
     all = (long long *)((unsigned char *)opt->agree + (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES));
     if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) {
       const char *native = muon__comm_error(opt);
@@ -6056,42 +6269,74 @@ static muon_status muon__vote(muon_optimizer *opt) {
                         "restore every rank from the last checkpoint",
                         me, P, native && *native ? native : muon_status_string(st));
     }
-    for (r = 0, n_bad = 0; r < P && st == MUON_OK; r++) {
-      if (all[3 * r] != MUON_OK)
-        st = r == me ? (muon_status)all[3 * r]
-                     : muon__fail(opt,
-                                  all[3 * r] > 0 && all[3 * r] < MUON_STATUS_COUNT ? (muon_status)all[3 * r]
-                                                                                   : MUON_ERR_BACKEND,
+    /* One message everywhere: the lowest failing global (every rank's reasons for it), the
+       lowest rank's first AdamW param. */
+    for (r = 0, n_bad = 0, n_aw = 0, first_bad = first_aw = -1, why = 0; r < P && st == MUON_OK; r++) {
+      const long long *v = all + (size_t)MUON__VOTE * r;
+      if (v[0] != MUON_OK)
+        st = r == me ? (muon_status)v[0]
+                     : muon__fail(opt, v[0] > 0 && v[0] < MUON_STATUS_COUNT ? (muon_status)v[0] : MUON_ERR_BACKEND,
                                   "muon_step: rank %d failed this step (%s); nothing was applied on any rank", r,
-                                  muon_status_string((muon_status)all[3 * r]));
-      if (all[3 * r + 1] && first_bad < 0) first_bad = (int)all[3 * r + 2];
-      n_bad += (int)all[3 * r + 1];
+                                  muon_status_string((muon_status)v[0]));
+      if (v[1] && (first_bad < 0 || v[2] <= first_bad)) {
+        why = first_bad == (int)v[2] ? why | (int)v[3] : (int)v[3];
+        first_bad = (int)v[2];
+      }
+      if (v[4] && first_aw < 0) {
+        first_aw = (int)v[5];
+        aw_hash = (unsigned long long)v[6];
+        aw_rank = r;
+      }
+      n_bad += (int)v[1];
+      n_aw += (int)v[4];
     }
     if (opt->step_status != MUON_OK) st = opt->step_status;   /* this rank's own message stands */
   } else {
     st = opt->step_status;
   }
-  if (st != MUON_OK || !n_bad) return st;
-  if (!skip)
+  if (st != MUON_OK || (!n_bad && !n_aw)) return st;
+  if (!skip && n_bad && (why & 1))
     return muon__fail(
         opt, MUON_ERR_NONFINITE,
         "muon_step: the Newton-Schulz output of matrix '%s' (global %d) is not finite (momentum overflow or extreme ns_coefficients?); nothing was applied",
         pl->globals[first_bad].name, first_bad);
-  /* Skip them: which ones is known to their owners, so say it once more, only now. */
-  if (opt->distributed && !opt->dist.unchecked_commit) {
+  if (!skip && n_bad)
+    return muon__fail(opt, MUON_ERR_NONFINITE,
+                      "muon_step: the update of matrix '%s' (global %d) would make its momentum, parameter, bf16 copy "
+                      "or NorMuon state non-finite (it overflows); nothing was applied",
+                      pl->globals[first_bad].name, first_bad);
+  if (!skip) {
+    const char *name = "?";
+    for (i = 0; i < opt->n_adamw; i++)
+      if (opt->adamw[i].name_hash == aw_hash) { name = opt->adamw[i].name; break; }
+    return muon__fail(opt, MUON_ERR_NONFINITE,
+                      "muon_step: the update of AdamW param '%s' (rank %d, param %d there) would make its moments or "
+                      "value non-finite (it overflows); nothing was applied",
+                      name, aw_rank, first_aw);
+  }
+  /* Skip them: which ones is known to the ranks that found them, so say it once more, only now. */
+  if (agreed && n_bad) {
     unsigned char *flags = pl->out_skips;
-    for (g = 0; g < pl->n_globals; g++)
-      flags[(size_t)P * pl->n_globals + g] = pl->globals[g].owner == me && !pl->globals[g].skip && pl->host_out[g];
+    for (g = 0; g < pl->n_globals; g++) flags[(size_t)P * pl->n_globals + g] = pl->host_out[g] != 0;
     st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals,
                          "muon_step: agreeing on non-finite outputs");
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
       for (r = 0; r < P; r++) if (flags[(size_t)r * pl->n_globals + g]) pl->globals[g].skip = 1;
     if (st != MUON_OK) return st;
   } else {
-    for (g = 0; g < pl->n_globals; g++) if (pl->globals[g].owner == me && pl->host_out[g]) pl->globals[g].skip = 1;
+    for (g = 0; g < pl->n_globals; g++) if (pl->host_out[g]) pl->globals[g].skip = 1;
   }
   for (g = 0; g < opt->n_matrices; g++)
     if (opt->matrices[g].global >= 0 && pl->globals[opt->matrices[g].global].skip) opt->matrices[g].skip = 1;
+  if (agreed && n_aw) {   /* every rank that holds a piece of it skips it: replicas keep one state */
+    uint64_t *names = muon__adamw_mine(opt);
+    for (i = 0, r = 0; i < opt->n_adamw && r < pl->max_adamw; i++)
+      if (!opt->adamw[i].skip && muon__checked(pl, opt->adamw[i].check, opt->adamw[i].checks))
+        names[r++] = opt->adamw[i].name_hash;
+    return muon__adamw_skip_named(opt, "muon_step: agreeing on AdamW params that overflow");
+  }
+  for (i = 0; i < opt->n_adamw; i++)
+    if (muon__checked(pl, opt->adamw[i].check, opt->adamw[i].checks)) opt->adamw[i].skip = 1;
   return MUON_OK;
 }
 
@@ -6132,6 +6377,7 @@ MUON_API muon_status muon_step(muon_optimizer *opt) {
     if ((st = muon__exchange_rounds(opt)) != MUON_OK) return st;
   }
   if ((st = muon__adamw_exchange(opt)) != MUON_OK) return st;
+  if (opt->step_status == MUON_OK) muon__local(opt, muon__check_commit(opt));
   if (opt->step_status == MUON_OK && opt->plan.n_globals) {
     muon__local(
         opt, muon__compute_copy(opt, opt->plan.host_out, opt->plan.out_flags, (size_t)opt->plan.n_globals * sizeof(int),
@@ -6311,13 +6557,11 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   return MUON_OK;
 }
 
-/* n little-endian floats of a blob: all finite (and not negative, for a second moment)? */
+/* n little-endian floats of a blob: each one a state a step could leave (muon__state_ok)? */
 static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
   size_t i;
-  for (i = 0; i < n; i++) {
-    uint32_t u = muon__get32(&p);
-    if ((u & 0x7f800000u) == 0x7f800000u || (nonneg && (u >> 31) && (u & 0x7fffffffu))) return 0;
-  }
+  for (i = 0; i < n; i++)
+    if (!muon__state_ok(muon__u2f(muon__get32(&p)), nonneg)) return 0;
   return 1;
 }
 
@@ -8907,8 +9151,7 @@ static muon_status muon__cpu_nonfinite(void *ctx, const void *x, muon_dtype dtyp
   int bad = 0;
   (void)ctx;
   for (i = 0; i < n && !bad; i++)
-    bad = dtype == MUON_DTYPE_BF16 ? (((const uint16_t *)x)[i] & 0x7f80u) == 0x7f80u
-                                   : !muon__finite(((const float *)x)[i]);
+    bad = !muon__finite(muon__load(x, dtype == MUON_DTYPE_BF16, i));   /* as muon_cuda.h's kernel */
   *flag = bad;
   return MUON_OK;
 }

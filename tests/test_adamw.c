@@ -3,10 +3,13 @@
    plain C, bad group arguments, state-load guards for a changed model, ZeRO shards, and stacks
    (muon_adamw_param.count / strides). */
 #define MUON_IMPLEMENTATION
+/* The commit check in chunks of 7 elements, so that its loop over chunks runs (2^20 elsewhere). */
+#define MUON__CHECK_CHUNK ((size_t)7)
 #include "muon.h"
 #include "test.h"
 
 #include <stdint.h>
+#include <float.h>
 #include <stdlib.h>
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -620,6 +623,192 @@ static void test_stacks(void) {
   muon_destroy(o2);
 }
 
+/* ---- 7. finite values that overflow: the commit's own check -------------------------------
+   Catches: a finite gradient whose square overflows the second moment (+Inf written with
+   MUON_OK: the element never moves again and the next checkpoint does not load), a loaded first
+   moment that drives the param to -Inf, a matrix whose update or bf16 mirror overflows, a step
+   that writes anything before noticing, and a SKIP that leaks into the other params or leaves a
+   state muon_state_load refuses. */
+static int adw_all_finite(const float *x, size_t n) {
+  size_t i;
+  for (i = 0; i < n; i++) if (!muon__finite(x[i])) return 0;
+  return 1;
+}
+
+static void test_overflow_adamw(void) {
+  /* 6e20 squared overflows however the product is grouped; 2e19 only where g*g comes first */
+  const float big[2] = { 1e30f, 2e19f };
+  int k;
+  for (k = 0; k < 2; k++) {
+    adw_model *a = (adw_model *)calloc(1, sizeof *a), *ref = (adw_model *)calloc(1, sizeof *ref),
+              *before = (adw_model *)calloc(1, sizeof *before);
+    muon_optimizer *oa = NULL, *oref = NULL, *ol = NULL;
+    unsigned char *blob0 = NULL, *blob1 = NULL;
+    size_t n0 = 0, n1 = 0;
+    muon_status st;
+    char name[160];
+    snprintf(name, sizeof name,
+             "AdamW: a finite gradient of %g never leaves +Inf in v: ERROR changes nothing, SKIP skips that param "
+             "alone and the saved state loads", (double)big[k]);
+    TEST_CASE(name);
+    adw_model_init(a, 61u);
+    oa = adw_make(a, ADW_BASE, MUON_NONFINITE_ERROR);
+    CHECK(oa != NULL, "create");
+    if (!oa) { free(a); free(ref); free(before); continue; }
+    adw_model_grads(a, 601u);
+    CHECK(muon_step(oa) == MUON_OK, "step 1: %s", muon_error(oa));
+    adw_model_grads(a, 602u);
+    a->ge[8] = big[k];   /* in the second chunk */
+    *before = *a;
+    blob0 = adw_save(oa, &n0);
+    st = muon_step(oa);
+    if (k == 0 || st != MUON_OK) {   /* 2e19 may fit: then the state is finite and loads */
+      CHECK(st == MUON_ERR_NONFINITE, "status %s, want MUON_ERR_NONFINITE", muon_status_string(st));
+      CHECK(strstr(muon_error(oa), "'e'") != NULL, "the message does not name 'e': %s", muon_error(oa));
+      CHECK(adw_same(a, before, sizeof *a), "a failed step changed a parameter");
+      blob1 = adw_save(oa, &n1);
+      CHECK(blob0 && blob1 && n0 == n1 && adw_same(blob0, blob1, n0), "a failed step changed the state");
+      free(blob1); blob1 = NULL;
+    }
+    blob1 = adw_save(oa, &n1);
+    CHECK(blob1 && muon_state_load(oa, blob1, n1) == MUON_OK, "the state after the step does not load: %s",
+          muon_error(oa));
+    CHECK(adw_all_finite(a->e, 10), "a non-finite param after MUON_OK");
+    muon_destroy(oa);
+    free(blob0); free(blob1); blob0 = blob1 = NULL;
+
+    /* SKIP: 'e' keeps its value and state; the others move as in a run where e's gradient is tame */
+    adw_model_init(a, 61u); adw_model_init(ref, 61u);
+    oa = adw_make(a, ADW_BASE, MUON_NONFINITE_SKIP);
+    oref = adw_make(ref, ADW_BASE, MUON_NONFINITE_SKIP);
+    CHECK(oa && oref, "create");
+    if (oa && oref) {
+      adw_model_grads(a, 601u); adw_model_grads(ref, 601u);
+      CHECK(muon_step(oa) == MUON_OK && muon_step(oref) == MUON_OK, "step 1");
+      adw_model_grads(a, 602u); adw_model_grads(ref, 602u);
+      a->ge[8] = big[k];   /* in the second chunk */
+      *before = *a;
+      CHECK(muon_step(oa) == MUON_OK && muon_step(oref) == MUON_OK, "SKIP step: %s", muon_error(oa));
+      if (k == 0) CHECK(adw_same(a->e, before->e, sizeof a->e), "the overflowing param e moved under SKIP");
+      CHECK(adw_same(a->w1, ref->w1, sizeof a->w1) && adw_same(a->w2, ref->w2, sizeof a->w2) &&
+                adw_same(a->b, ref->b, sizeof a->b), "the other params differ from a run without the overflow");
+      CHECK(adw_all_finite(a->e, 10), "a non-finite param after MUON_OK");
+      blob0 = adw_save(oa, &n0);
+      ol = adw_make(before, ADW_BASE, MUON_NONFINITE_SKIP);
+      CHECK(ol != NULL, "create loader");
+      CHECK(blob0 && ol && muon_state_load(ol, blob0, n0) == MUON_OK, "the state saved after SKIP does not load: %s",
+            ol ? muon_error(ol) : "");
+    }
+    muon_destroy(oa); muon_destroy(oref); muon_destroy(ol);
+    free(blob0);
+    free(a); free(ref); free(before);
+  }
+}
+
+/* A blob whose first moment is finite but extreme: the next step would make the param -Inf. */
+static void test_overflow_loaded(void) {
+  adw_model *a = (adw_model *)calloc(1, sizeof *a), *before = (adw_model *)calloc(1, sizeof *before);
+  muon_optimizer *oa;
+  unsigned char *blob, *blob1 = NULL;
+  size_t n = 0, n1 = 0;
+  muon_status st;
+  TEST_CASE("AdamW: a loaded first moment of 3e38 makes the next step MUON_ERR_NONFINITE, not a -Inf param");
+  adw_model_init(a, 71u);
+  oa = adw_make(a, ADW_BASE, MUON_NONFINITE_ERROR);
+  CHECK(oa != NULL, "create");
+  if (!oa) { free(a); free(before); return; }
+  adw_model_grads(a, 701u);
+  CHECK(muon_step(oa) == MUON_OK, "step 1: %s", muon_error(oa));
+  blob = adw_save(oa, &n);
+  CHECK(blob && n > 8 + 80, "save");
+  if (blob) {
+    /* 'e' (10 floats) is the last AdamW entry: its m, its v, then the checksum */
+    const float huge = 3e38f, zero = 0.0f;
+    uint64_t sum;
+    int i;
+    memcpy(blob + n - 8 - 80 + 9 * 4, &huge, 4);   /* m[9]: the second chunk */
+    memcpy(blob + n - 8 - 40 + 9 * 4, &zero, 4);   /* v[9] = 0: m / (sqrt(v) / bc2 + eps) then overflows */
+    sum = muon__fnv1a(blob, n - 8);
+    for (i = 0; i < 8; i++) blob[n - 8 + i] = (unsigned char)(sum >> (8 * i));
+    CHECK(muon_state_load(oa, blob, n) == MUON_OK, "a finite moment must load: %s", muon_error(oa));
+    adw_model_grads(a, 702u);
+    a->ge[9] = 0.5f;
+    *before = *a;
+    st = muon_step(oa);
+    CHECK(st == MUON_ERR_NONFINITE && strstr(muon_error(oa), "'e'"), "status %s: %s", muon_status_string(st),
+          muon_error(oa));
+    CHECK(adw_same(a, before, sizeof *a), "a failed step changed a parameter");
+    blob1 = adw_save(oa, &n1);
+    CHECK(blob1 && n1 == n && adw_same(blob, blob1, n), "a failed step changed the state");
+  }
+  free(blob); free(blob1);
+  muon_destroy(oa);
+  free(a); free(before);
+}
+
+/* The Muon side: p*decay - step*O overflowing, and a bf16 mirror that rounds to Inf. */
+static void test_overflow_matrix(void) {
+  int k;
+  for (k = 0; k < 2; k++) {
+    adw_model *a = (adw_model *)calloc(1, sizeof *a), *before = (adw_model *)calloc(1, sizeof *before);
+    uint16_t mirror[30 * 10], mirror0[30 * 10];
+    muon_optimizer *oa = NULL;
+    muon_desc d = muon_default_desc();
+    muon_matrix w = muon_default_matrix();
+    unsigned char *blob0 = NULL, *blob1 = NULL;
+    size_t n0 = 0, n1 = 0, i;
+    muon_status st;
+    int mode;
+    TEST_CASE(k == 0 ? "Muon: a parameter at FLT_MAX whose update overflows: MUON_ERR_NONFINITE naming it, nothing "
+                       "applied; SKIP skips it alone"
+                     : "Muon: a bf16 mirror that would round to Inf: MUON_ERR_NONFINITE naming it, nothing applied");
+    for (mode = 0; mode < 2; mode++) {
+      adw_model_init(a, 81u);
+      for (i = 0; i < 30 * 10; i++) a->w2[i] = k == 0 ? FLT_MAX : 3.4e38f;
+      memset(mirror, 0, sizeof mirror);
+      d.hparams.lr = k == 0 ? 1e33f : 2e-2f;
+      d.hparams.weight_decay = 0.0f;
+      d.on_nonfinite = mode ? MUON_NONFINITE_SKIP : MUON_NONFINITE_ERROR;
+      CHECK(muon_create(&oa, &d) == MUON_OK, "create");
+      if (!oa) break;
+      w.name = "w2"; w.param = a->w2; w.grad = a->g2; w.rows = 30; w.cols = 10;
+      w.mirror = k == 1 ? mirror : NULL;
+      CHECK(muon_add_matrix(oa, &w, NULL) == MUON_OK, "add: %s", muon_error(oa));
+      w.name = "w1"; w.param = a->w1; w.grad = a->g1; w.rows = 24; w.cols = 20; w.mirror = NULL;
+      CHECK(muon_add_matrix(oa, &w, NULL) == MUON_OK, "add: %s", muon_error(oa));
+      adw_model_grads(a, 801u);
+      *before = *a;
+      memcpy(mirror0, mirror, sizeof mirror);
+      blob0 = adw_save(oa, &n0);
+      st = muon_step(oa);
+      if (!mode) {
+        CHECK(st == MUON_ERR_NONFINITE && strstr(muon_error(oa), "'w2'"), "status %s: %s", muon_status_string(st),
+              muon_error(oa));
+        CHECK(adw_same(a, before, sizeof *a) && adw_same(mirror, mirror0, sizeof mirror),
+              "a failed step changed a parameter or the mirror");
+      } else {
+        CHECK(st == MUON_OK, "SKIP: %s", muon_error(oa));
+        CHECK(adw_same(a->w2, before->w2, sizeof a->w2) && adw_same(mirror, mirror0, sizeof mirror),
+              "the overflowing matrix moved under SKIP");
+        CHECK(!adw_same(a->w1, before->w1, sizeof a->w1), "the other matrix did not move under SKIP");
+      }
+      blob1 = adw_save(oa, &n1);
+      if (!mode) CHECK(blob0 && blob1 && n0 == n1 && adw_same(blob0, blob1, n0), "a failed step changed the state");
+      {
+        const float *mom = NULL;
+        size_t nm = 0;
+        CHECK(muon_get_momentum(oa, 0, &mom, &nm) == MUON_OK && nm == 300 && adw_all_finite(mom, nm), "momentum");
+        for (i = 0; mom && i < nm; i++) if (mom[i] != 0.0f) break;
+        CHECK(mom && i == nm, "the momentum of w2 moved");
+      }
+      CHECK(blob1 && muon_state_load(oa, blob1, n1) == MUON_OK, "the state does not load: %s", muon_error(oa));
+      free(blob0); free(blob1); blob0 = blob1 = NULL;
+      muon_destroy(oa); oa = NULL;
+    }
+    free(a); free(before);
+  }
+}
+
 int main(void) {
   test_nonfinite_error();
   test_nonfinite_skip();
@@ -628,5 +817,8 @@ int main(void) {
   test_state_guards();
   test_shards();
   test_stacks();
+  test_overflow_adamw();
+  test_overflow_loaded();
+  test_overflow_matrix();
   return test_summary();
 }

@@ -20,6 +20,7 @@
 #include "../examples/common.h"
 #include "test.h"
 
+#include <float.h>
 #include <signal.h>
 #include <time.h>
 
@@ -1185,6 +1186,130 @@ static void case_nan_adamw(int skip) {
   model_close(&A);
 }
 
+/* ==== 6g-6j. finite values that overflow, on one rank only ======================================
+   The last rank's AdamW gradient is 1e30 (v would be +Inf), or its piece of matrix 'a' sits at
+   FLT_MAX under an lr whose step then overflows. Catches: the overflowing rank failing (or
+   skipping) alone while the others apply, so replicas and shards diverge; +Inf written with
+   MUON_OK; a message that does not name the param; a SKIP whose state then does not load. */
+static void case_overflow_adamw(int skip) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  muon_adamw_param bp = muon_default_adamw_param();
+  float bias[10], dbias[10], before[10], *all = (float *)malloc(10 * sizeof(float) * (size_t)W.size);
+  unsigned char *b0 = NULL, *b1 = NULL;
+  size_t n0 = 0, n1 = 0;
+  int k, last = W.size - 1, same = 1;
+  muon_status st;
+  TEST_CASE(skip ? "6h. AdamW gradient 1e30 on one rank, SKIP: the replicated param skipped on every rank, the rest "
+                   "updates, the state loads"
+                 : "6g. AdamW gradient 1e30 on one rank, ERROR: MUON_ERR_NONFINITE on every rank naming the param, "
+                   "nothing applied");
+  d.on_nonfinite = skip ? MUON_NONFINITE_SKIP : MUON_NONFINITE_ERROR;
+  if (!all || !model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); free(all); return; }
+  for (k = 0; k < 10; k++) { bias[k] = 0.1f * (float)k; dbias[k] = 0.01f * (float)(k + 1); }
+  bp.name = "bias"; bp.param = bias; bp.grad = dbias; bp.size = 10;
+  CHECK(muon_add_adamw_param(A.opt, &bp, NULL) == MUON_OK, "add: %s", muon_error(A.opt));
+  step_both("step 1", &A, NULL);
+  memcpy(before, bias, sizeof bias);
+  if (W.rank == last) dbias[3] = 1e30f;
+  b0 = saved(&A, &n0);
+  st = muon_step(A.opt);
+  b1 = saved(&A, &n1);
+  if (!skip) {
+    expect_all("overflowing AdamW step", st, MUON_ERR_NONFINITE, A.opt);
+    CHECK(has(muon_error(A.opt), "'bias'"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+    CHECK(all_true(memcmp(bias, before, sizeof bias) == 0 && n0 == n1 && memcmp(b0, b1, n0) == 0),
+          "an AdamW param or the state changed on some rank");
+  } else {
+    expect_all("overflowing AdamW step (SKIP)", st, MUON_OK, A.opt);
+    CHECK(all_true(memcmp(bias, before, sizeof bias) == 0), "the skipped replicated param 'bias' changed on some rank");
+    CHECK(all_true(changed(&A.t[0])), "matrix 'a' was not updated on some rank");
+    CHECK(all_true(muon_state_load(A.opt, b1, n1) == MUON_OK), "the state after the SKIP does not load on some rank");
+  }
+  dbias[3] = 0.04f;
+  CHECK(all_true(muon_step(A.opt) == MUON_OK), "the step after: %s", muon_error(A.opt));
+  if (W.world.vt->allgather(W.world.ctx, bias, all, sizeof bias) != MUON_OK) CHECK(0, "allgather");
+  for (k = 1; k < W.size; k++) same &= memcmp(all, all + 10 * k, sizeof bias) == 0;
+  CHECK(same, "the replicas of 'bias' differ between ranks");
+  free(all); free(b0); free(b1);
+  model_close(&A);
+}
+
+static void case_overflow_matrix(int skip) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A, B;
+  snap s;
+  size_t e;
+  int ai, last = W.size - 1;
+  muon_status st;
+  TEST_CASE(skip ? "6j. matrix 'a' at FLT_MAX on one rank, its update overflows, SKIP: 'a' skipped everywhere, "
+                   "others = run without its gradient"
+                 : "6i. matrix 'a' at FLT_MAX on one rank, its update overflows, ERROR: MUON_ERR_NONFINITE everywhere "
+                   "naming 'a', nothing applied");
+  d.hparams.lr = 1e33f;
+  d.hparams.weight_decay = 0.0f;
+  d.on_nonfinite = skip ? MUON_NONFINITE_SKIP : MUON_NONFINITE_ERROR;
+  if (!model_open(&A, &d, STD, 3) || !model_open(&B, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  ai = find(&A, "a");
+  if (W.rank == last)
+    for (e = 0; e < A.t[ai].n; e++) A.t[ai].w[e] = B.t[ai].w[e] = FLT_MAX;
+  muon_set_grad(B.opt, B.idx[ai], NULL);   /* the reference: that matrix's gradient absent */
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  if (!skip) {
+    expect_all("overflowing update", st, MUON_ERR_NONFINITE, A.opt);
+    CHECK(has(muon_error(A.opt), "'a'"), "rank %d: message '%s' does not name 'a'", W.rank, muon_error(A.opt));
+    expect_unchanged("the overflowing update", &A, &s);
+  } else {
+    int mine;
+    expect_all("overflowing update, SKIP", st, MUON_OK, A.opt);
+    st = muon_step(B.opt);
+    expect_all("reference step", st, MUON_OK, B.opt);
+    mine = snap_same_one(&A, &s, ai);
+    CHECK(all_true(mine), "matrix 'a' was applied on some rank");
+    expect_equal("skipped overflow vs absent gradient", &A, &B, 3);
+  }
+  CHECK(all_true(all_finite(&A)), "some rank holds a non-finite parameter");
+  snap_free(&s);
+  model_close(&A);
+  model_close(&B);
+}
+
+/* 6k: a replica that is not its matrix's source (the owner sends U) overflows its own momentum:
+   SGD without nesterov, gradient 3e38 twice on that rank only. Only the commit check sees it
+   (the owner's U and O are finite); catches that replica writing +Inf momentum with MUON_OK. */
+static void case_overflow_replica(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  model A;
+  snap s;
+  size_t e;
+  int ci, owner = -1, q;
+  muon_status st;
+  if (W.size < 2) return;
+  TEST_CASE("6k. momentum overflow on a replica that sends no U: MUON_ERR_NONFINITE everywhere naming 'c', nothing "
+            "applied");
+  d.hparams.momentum_style = MUON_MOMENTUM_SGD;
+  d.hparams.nesterov = 0;
+  if (!model_open(&A, &d, STD, 3)) { CHECK(0, "setup"); return; }
+  ci = find(&A, "c");
+  CHECK(muon_plan(A.opt) == MUON_OK && muon_get_owner(A.opt, A.idx[ci], &owner) == MUON_OK, "owner: %s",
+        muon_error(A.opt));
+  q = (owner + 1) % W.size;
+  if (W.rank == q)
+    for (e = 0; e < A.t[ci].n; e++) A.t[ci].g[e] = 3e38f;
+  step_both("step 1 (B = 3e38 on the replica)", &A, NULL);
+  snap_take(&A, &s);
+  st = muon_step(A.opt);
+  expect_all("the replica's momentum overflows", st, MUON_ERR_NONFINITE, A.opt);
+  CHECK(has(muon_error(A.opt), "'c'"), "rank %d: message '%s' does not name 'c'", W.rank, muon_error(A.opt));
+  expect_unchanged("the replica's momentum overflow", &A, &s);
+  snap_free(&s);
+  model_close(&A);
+}
+
 /* ==== 6e. a gradient never bound, on one rank only =============================================
    The last rank registers matrix 'a' (then, in a second optimizer, AdamW param 'bias') with grad
    NULL and never calls muon_set_grad. Catches: a step that trains nothing silently (MUON_OK); the
@@ -1311,6 +1436,11 @@ int main(int argc, char **argv) {
   case_nan_grad();
   case_nan_adamw(0);
   case_nan_adamw(1);
+  case_overflow_adamw(0);
+  case_overflow_adamw(1);
+  case_overflow_matrix(0);
+  case_overflow_matrix(1);
+  case_overflow_replica();
   case_unbound_grad();
   case_scale_zero(0);
   case_scale_zero(1);

@@ -196,6 +196,7 @@ typedef struct trainer {
   int index[MAXM];
   void *aparam, *agrad, *amirror;
   int aindex;
+  float poison;               /* what tr_grads plants (0: a NaN) */
 } trainer;
 
 static void *tr_mem(const trainer *t, size_t bytes) { return t->cuda ? dev_alloc(bytes) : xmalloc(bytes); }
@@ -378,7 +379,7 @@ static void tr_grads(trainer *t, int step, int nan_mat, int nan_adamw) {
       f[e] = 0.1f * rnd(4, 99, (unsigned)step, e);
       f[e] *= t->gmul;
     }
-    if (nan_adamw >= 0) f[(size_t)nan_adamw % n] = bits_f(0x7fc00000u);
+    if (nan_adamw >= 0) f[(size_t)nan_adamw % n] = t->poison != 0.0f ? t->poison : bits_f(0x7fc00000u);
     encode(h, t->s.grad_dtype, f, n);
     tr_put(t, t->agrad, h, n * dsize(t->s.grad_dtype));
     free(f);
@@ -896,6 +897,65 @@ static void case_nonfinite(void) {
     snap_free(&b);
     snap_free(&before);
   }
+  tr_free(&sk);
+  tr_free(&ref);
+}
+
+/* =============================================================================================
+   5b. Finite values that overflow: an AdamW gradient of 1e30 (v would be +Inf), then a matrix at
+   3.4e38 whose bf16 mirror would round to Inf. The CUDA backend gives the CPU's verdict: ERROR
+   fails naming the item with nothing changed; SKIP skips that item alone, bitwise a run where
+   its gradient is absent.
+   ============================================================================================= */
+static void case_overflow(void) {
+  trainer t[2], sk, ref;
+  setup s = base_setup("");
+  snap before, after, a, b;
+  muon_status st[2];
+  int c, k;
+  TEST_CASE("5b. overflow: CUDA and CPU give one verdict (AdamW v, a bf16 mirror), nothing applied; SKIP skips it");
+  s.mirror = 1;
+  s.hp.weight_decay = 0.0f;   /* so that the update keeps 3.4e38 above the largest bf16 */
+  for (k = 0; k < 2; k++) {
+    for (c = 0; c < 2; c++) {
+      if (!tr_init(&t[c], &M_SMALL, &s, c)) return;
+      t[c].poison = 1e30f;
+      tr_step(&t[c], 0);
+      if (k == 1) {   /* matrix 0 at 3.4e38: finite, but past the largest bf16 */
+        size_t e, n = mat_total(&t[c].md.m[0]);
+        float *f = (float *)xmalloc(n * 4);
+        for (e = 0; e < n; e++) f[e] = 3.4e38f;
+        tr_put(&t[c], t[c].param[0], f, n * 4);
+        free(f);
+      }
+      snap_take(&before, &t[c], 1);
+      tr_grads(&t[c], 1, -1, k == 0 ? 3 : -1);
+      st[c] = muon_step(t[c].opt);
+      CHECK(st[c] == MUON_ERR_NONFINITE, "%s, %s: %s, expected MUON_ERR_NONFINITE (%s)", k ? "mirror" : "AdamW",
+            c ? "cuda" : "cpu", muon_status_string(st[c]), muon_error(t[c].opt));
+      CHECK(strstr(muon_error(t[c].opt), k ? "'m0'" : "'bias'") != NULL, "message does not name it: %s",
+            muon_error(t[c].opt));
+      snap_take(&after, &t[c], 1);
+      snap_same(&before, &after, k ? "after an overflowing mirror (ERROR)" : "after an overflowing AdamW v (ERROR)");
+      snap_free(&after);
+      snap_free(&before);
+      tr_free(&t[c]);
+    }
+  }
+  s.on_nonfinite = MUON_NONFINITE_SKIP;
+  if (!tr_init(&sk, &M_SMALL, &s, 1) || !tr_init(&ref, &M_SMALL, &s, 1)) return;
+  sk.poison = 1e30f;
+  tr_step(&sk, 0);
+  tr_step(&ref, 0);
+  tr_grads(&sk, 1, -1, 3);
+  tr_grads(&ref, 1, -1, -1);
+  muon_set_adamw_grad(ref.opt, ref.aindex, NULL);
+  CHECK(muon_step(sk.opt) == MUON_OK && muon_step(ref.opt) == MUON_OK, "SKIP: %s", muon_error(sk.opt));
+  snap_take(&a, &sk, 1);
+  snap_take(&b, &ref, 1);
+  snap_same(&a, &b, "SKIP of an overflowing AdamW param vs its gradient absent");
+  snap_free(&a);
+  snap_free(&b);
   tr_free(&sk);
   tr_free(&ref);
 }
@@ -1532,6 +1592,7 @@ int main(void) {
   case_batching();
   drain();
   case_nonfinite();
+  case_overflow();
   drain();
 #ifdef MUON_CUDA_STANDIN
   case_faults();

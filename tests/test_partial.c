@@ -1450,6 +1450,43 @@ static void test_aw_skip_nonfinite(void) {
     } else if (W.rank == 0 && mode == 0) {
       printf("  (Partial AdamW overflowing parts: needs P >= 2, skipped at P = 1)\n");
     }
+
+    {   /* a finite sum of 1e30 whose square overflows v in one rank's chunk only */
+      int k;
+      TEST_CASE(mode ? "Partial AdamW, SKIP: a summed gradient of 1e30 (v would be +Inf in one chunk) skips that param "
+                       "on every rank, the others step; then bitwise on"
+                     : "Partial AdamW: a summed gradient of 1e30 (v would be +Inf in one chunk) is MUON_ERR_NONFINITE "
+                       "on every rank, nothing applied; then bitwise on");
+      bad = 0;
+      muon_get_stats(opt, &s);
+      steps0 = s.steps;
+      for (k = 0; k < 3; k++) { aw_grads(&a[k], t); snap[k] = aw_take(&a[k]); }
+      if (W.rank == 0) a[0].g[7] = 1e30f;
+      st = muon_step(opt);
+      CHECK(same_all(st), "step statuses differ between ranks");
+      if (mode == 0) {
+        CHECK(st == MUON_ERR_NONFINITE && strstr(muon_error(opt), "nf_aw_a"), "rank %d: step returned %s: %s",
+              W.rank, muon_status_string(st), muon_error(opt));
+        for (k = 0, changed = 0; k < 3; k++) changed += !aw_same(&a[k], &snap[k]);
+        CHECK(sum_all(changed) == 0, "a param changed on some rank");
+        muon_get_stats(opt, &s);
+        CHECK(s.steps == steps0, "rank %d: stats.steps %lld after a failed step, was %lld", W.rank, s.steps, steps0);
+        aw_grads(&a[0], t);
+        st = aw_step(opt, both, 2);
+        CHECK(st == MUON_OK, "rank %d: the step after the overflow: %s", W.rank, muon_error(opt));
+      } else {
+        CHECK(st == MUON_OK, "rank %d: step returned %s: %s", W.rank, muon_status_string(st), muon_error(opt));
+        CHECK(sum_all(!aw_same(&a[0], &snap[0])) == 0, "the overflowing param changed on some rank");
+        CHECK(!aw_same(&a[1], &snap[1]) && !aw_same(&a[2], &snap[2]), "rank %d: the other params did not step",
+              W.rank);
+        muon_set_adamw_grad(ref, a[0].ri, NULL);
+        CHECK(muon_step(ref) == MUON_OK && muon_step(refm) == MUON_OK, "reference step");
+        muon_set_adamw_grad(ref, a[0].ri, a[0].rg);
+      }
+      for (k = 0; k < 3; k++) { bad += aw_check(&a[k], "after the overflowing sum"); aw_drop(&snap[k]); }
+      CHECK(sum_all(bad) == 0, "some rank differs from one device");
+      t++;
+    }
     for (i = 0; i < 3; i++) aw_free(&a[i]);
     muon_destroy(opt); muon_destroy(ref); muon_destroy(refm);
   }

@@ -901,10 +901,20 @@ static void test_nonfinite_bf16(void) {
     run_grads(&a, 2, 1.0f, 0); run_grads(&r, 2, 1.0f, 0);
     CHECK(run_step(&a) == MUON_OK && run_step(&r) == MUON_OK, "step 2");
     CHECK((d = diff_params(&a, &r)) < 0 && diff_mirrors(&a, &r) < 0 && same_state(&a, &r), "after the failed steps: item %d differs from a clean run", d);
-    /* The largest finite bf16 is not flagged. */
+    /* The largest finite bf16 is not a non-finite gradient; in AdamW its square overflows v. */
+    run_grads(&a, 3, 1.0f, 0);
+    ((uint16_t *)a.g[a.n])[3] = 0xff7fu;
+    {
+      snap before = snap_take(&a), after;
+      muon_status st = muon_step(a.opt);
+      after = snap_take(&a);
+      CHECK(st == MUON_ERR_NONFINITE && strstr(muon_error(a.opt), "overflows") &&
+                strstr(muon_error(a.opt), a.name[a.n]), "largest finite bf16 in AdamW: %s", muon_error(a.opt));
+      CHECK(snap_same(&before, &after), "an overflowing AdamW step changed params, mirrors or state");
+      free(before.bytes); free(after.bytes);
+    }
     run_grads(&a, 3, 1.0f, 0);
     ((uint16_t *)a.g[1])[3] = 0x7f7fu;
-    ((uint16_t *)a.g[a.n])[3] = 0xff7fu;
     CHECK(muon_step(a.opt) == MUON_OK, "largest finite bf16 flagged: %s", muon_error(a.opt));
   }
   run_close(&a); run_close(&r);
