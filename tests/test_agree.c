@@ -313,7 +313,8 @@ static void case_ns_change(void) {
   st = muon_step(A.opt);
   expect_all("step with different ns_steps on one rank", st, MUON_ERR_MISMATCH, A.opt);
   snprintf(ranks, sizeof ranks, "ranks 0 and %d", last);
-  CHECK(has(muon_error(A.opt), "Newton-Schulz settings of group 0"), "rank %d: message '%s' does not name the NS settings of group 0", W.rank, muon_error(A.opt));
+  CHECK(has(muon_error(A.opt), "muon_hparams.ns_steps of group 0"), "rank %d: message '%s' does not name ns_steps",
+        W.rank, muon_error(A.opt));
   CHECK(has(muon_error(A.opt), ranks), "rank %d: message '%s' does not name %s", W.rank, muon_error(A.opt), ranks);
   expect_unchanged("the mismatched step", &A, &s);
   snap_free(&s);
@@ -341,7 +342,8 @@ static void mismatch_case(int kind) {
     "3e. round_bytes differs at creation: MUON_ERR_MISMATCH naming round_bytes (not a custom assign), nothing applied",
     "3f. the wire format differs at creation (bf16 on one rank): MUON_ERR_MISMATCH naming wire, nothing applied",
     "3g. prefetch differs at creation (another order of collectives): MUON_ERR_MISMATCH naming prefetch, nothing applied" };
-  static const char *const needles[7] = { "lr of group 0", "weight_decay, momentum", "on_nonfinite", "gradient scale", "round_bytes",
+  static const char *const needles[7] = { "muon_hparams.lr of group 0", "muon_hparams.weight_decay of group 0",
+                                          "on_nonfinite", "gradient scale", "round_bytes",
                                           "muon_dist_config.wire", "muon_dist_config.prefetch" };
   muon_dist_config cfg = muon_layout_config();
   muon_desc d;
@@ -431,7 +433,7 @@ static void case_state_ns(void) {
   snap_take(&A, &s);
   st = muon_step(A.opt);
   expect_all("step after the load", st, MUON_ERR_MISMATCH, A.opt);
-  CHECK(has(muon_error(A.opt), "Newton-Schulz settings of group 0"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+  CHECK(has(muon_error(A.opt), "muon_hparams.ns_steps of group 0"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
   expect_unchanged("the step after the load", &A, &s);
   snap_free(&s);
   model_close(&A);
