@@ -8804,7 +8804,9 @@ static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const m
   size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
   size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
   int T = muon__cpu_threads(ctx);
-  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
+  /* the CBLAS balancer (newton_schulz_many) runs up to min(batch, T) operands side by side */
+  int side = batch >= T ? T : muon__use_cblas((const muon__cpu *)ctx) && batch > 1 ? batch : 0;
+  return (side && side * one > split ? side * one : split) * sizeof(float);
 }
 
 static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp,
