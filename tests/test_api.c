@@ -5,6 +5,7 @@
 #include "muon.h"
 #include "test.h"
 #include "settings.h"
+#include "cautious.h"
 
 #include <stdlib.h>
 #if defined(__unix__) || defined(__APPLE__)
@@ -1566,6 +1567,33 @@ static void test_alloc_sweep(void) {
   CHECK(ends_differ == 0, "%d runs with a retried failure ended elsewhere than the clean run", ends_differ);
 }
 
+/* The CPU backend's apply slot at the signs of zero (tests/cautious.h): every (w, O) of +-0,
+   +-1e-30 and larger values, bitwise the cautious_wd formula; fp32, one element per case. */
+static void test_cautious_zeros(void) {
+  muon_compute c;
+  muon_cpu_desc cd = muon_cpu_default_desc();
+  muon_apply_args a;
+  float w[CAUTIOUS_N], o[CAUTIOUS_N];
+  int i;
+  TEST_CASE("cautious weight decay with weights and updates of +0 and -0: decays exactly where w*O >= 0");
+  if (muon_cpu_create(&c, &cd) != MUON_OK) { CHECK(0, "muon_cpu_create: %s", muon_error(NULL)); return; }
+  memset(&a, 0, sizeof a);
+  a.decay = 1.0f - 0.5f * 0.25f; a.step = 0.125f;
+  a.param_dtype = MUON_DTYPE_FP32;
+  a.cautious = 1;
+  a.piece.h = 1; a.piece.w = CAUTIOUS_N; a.piece.f1 = CAUTIOUS_N; a.piece.rows = 1; a.piece.cols = CAUTIOUS_N;
+  for (i = 0; i < CAUTIOUS_N; i++) cautious_case(i, &w[i], &o[i]);
+  CHECK(c.vt->apply(c.ctx, CAUTIOUS_N, w, o, &a) == MUON_OK && c.vt->sync(c.ctx) == MUON_OK, "apply");
+  for (i = 0; i < CAUTIOUS_N; i++) {
+    float w0, o0, want;
+    cautious_case(i, &w0, &o0);
+    want = cautious_ref(w0, o0, a.decay, a.step);
+    CHECK(memcmp(&w[i], &want, 4) == 0, "w %g, O %g: got %a, want %a (w*O %s 0)", (double)w0, (double)o0,
+          (double)w[i], (double)want, (double)w0 * o0 >= 0 ? ">=" : "<");
+  }
+  muon_compute_destroy(&c);
+}
+
 /* Every field of muon.h's settings lists (tests/settings.h) survives the state blob: saved with
    its non-default value, it comes back through muon_state_load and muon_state_reshard into a
    fresh optimizer with defaults. And every field of the two structs is in a list. */
@@ -1638,6 +1666,7 @@ int main(void) {
   test_reshard_blobs();
   test_settings_saved();
   test_cautious();
+  test_cautious_zeros();
   test_normuon();
   test_state_guards();
   test_adamw_resume_absent();

@@ -6,7 +6,8 @@
    2, 3 and 4 threads through muon's pool, a user parallel_for that runs the tasks backwards on
    the calling thread, and one that starts a POSIX thread per task. Parameters, momenta and AdamW
    moments must be bitwise those of the single-thread run. The built-in GEMM's row split is also
-   checked alone against the unsplit GEMM, and bad thread counts are clear errors.
+   checked alone against the unsplit GEMM, the Newton-Schulz balancer alone at 0, 1, 2, 3 and 5
+   operands (CBLAS too), and bad thread counts are clear errors.
    Built also with ThreadSanitizer (test_parallel_tsan) and with MUON_NO_THREADS. */
 #define _POSIX_C_SOURCE 200809L
 #if defined(MUON_COVERAGE) && !defined(TEST_SMALL)   /* at -O0 the full model takes minutes: the small one, split alike */
