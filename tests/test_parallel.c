@@ -311,7 +311,8 @@ static int bal_run(int many, int count, int T, void (*hook)(void *, int, muon_ta
     X[i] = many && i > 1 ? out[i] : batch + (size_t)i * 24 * 40;   /* many: 0 and 1 one batch */
     bal_fill(X[i], (size_t)m[i] * n[i], 100u + (unsigned)i);
     hpp[i] = i == 1 ? &hp[0] : &hp[i];
-    if (c.vt->ns_workspace(c.ctx, count, m[i], n[i], &hp[i]) > ws) ws = c.vt->ns_workspace(c.ctx, count, m[i], n[i], &hp[i]);
+    if (c.vt->ns_workspace(c.ctx, count, m[i], n[i], &hp[i]) > ws)
+      ws = c.vt->ns_workspace(c.ctx, count, m[i], n[i], &hp[i]);
   }
   w = malloc(ws);
   ok = (many ? c.vt->newton_schulz_many(c.ctx, count, X, m, n, hpp, w)
@@ -333,7 +334,8 @@ static void balancer_case(void) {
   for (many = 0; many < 2; many++)
     for (ci = 0; ci < 5; ci++) {
       int count = counts[ci];
-      CHECK(bal_run(many, count, 1, NULL, ref), "%s of %d on one thread", many ? "newton_schulz_many" : "newton_schulz", count);
+      CHECK(bal_run(many, count, 1, NULL, ref), "%s of %d on one thread",
+            many ? "newton_schulz_many" : "newton_schulz", count);
       for (T = 2; T <= 5; T++)
         for (hook = 0; hook < 2; hook++) {
 #ifdef MUON_NO_THREADS
@@ -344,7 +346,8 @@ static void balancer_case(void) {
             size_t e = many ? (size_t)bal_shape[i][0] * bal_shape[i][1] : (size_t)24 * 40;
             CHECK(same(ref[i], got[i], e * sizeof(float)),
                   "%s of %d operands on %d threads (%s): operand %d differs from one thread",
-                  many ? "newton_schulz_many" : "newton_schulz", count, T, hook ? "a thread per task" : "muon's pool", i);
+                  many ? "newton_schulz_many" : "newton_schulz", count, T,
+                  hook ? "a thread per task" : "muon's pool", i);
           }
         }
     }
@@ -376,7 +379,8 @@ int main(void) {
       }
   }
 
-  TEST_CASE("the Newton-Schulz balancer: 0, 1, 2, 3 and 5 operands, one shape or several, on 2-5 threads: bitwise one thread");
+  TEST_CASE("the Newton-Schulz balancer: 0, 1, 2, 3 and 5 operands, one shape or several, on 2-5 threads: "
+            "bitwise one thread");
   balancer_case();
 
   make_state(&ref);
