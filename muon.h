@@ -112,7 +112,7 @@
        >>compute    compute vtable           >>impl-configs   muon_auto_config, layout_config
        >>cpu        the CPU backend's desc   >>impl-create    create, groups, registration
        >>layouts    levels, muon_layout      >>impl-compute-wrappers, >>impl-serial,
-       >>dist       muon_dist_config         >>impl-comm-wrappers
+       >>dist       muon_dist_config         >>impl-settings (what ranks share), >>impl-comm-wrappers
        >>optimizer  desc, matrices, step     >>impl-plan (-owners, -rounds, -build, -run),
        >>state      save, load, reshard        >>impl-normuon, >>impl-partial, >>impl-plan-text
        >>verify     plan text, dumps         >>impl-step      momentum, U, the verdicts
@@ -4716,10 +4716,10 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
 
 /* >>impl-agree --------------------------------------------------------------------------------
    Agreement. Every distributed step (and muon_plan) starts with one allgather of a fixed-size
-   record per rank: whether the rank steps or plans, whether its plan is current, digests of
-   every setting that must match, and its gradient verdicts. Every rank reads the same records
-   and so takes the same branch: step; re-plan together (a rank added matrices or changed NS
-   settings); or fail with the same error, naming the setting, the group and the ranks. */
+   record per rank: whether the rank steps or plans, whether its plan is current, one digest of
+   every setting of the lists (>>impl-settings), and its gradient verdicts. Every rank reads the
+   same records and so takes the same branch: step; re-plan together (a rank added matrices or
+   changed NS settings); or fail with the same error, naming the field, the group and the ranks. */
 #define MUON__RECORD_BYTES (4 * 4 + 8 * 2 + 4 * 2 + 8 * 5)
 /* Per rank, the larger of a record and a detail exchange's slot (muon__name_difference). */
 #define MUON__AGREE_SLOT (MUON__GROUP_MAX > MUON__RECORD_BYTES ? MUON__GROUP_MAX : MUON__RECORD_BYTES)
@@ -6187,8 +6187,8 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
      | u64 run (the run's identity; 0 before its first step and in a world of one)
      | u32 rank | u32 world size                                     (0 and 1 on one device)
      u32 groups | u32 AdamW groups
-     | per group: u32 bytes | its muon_hparams (muon__put_hparams; ns_steps triples inside)
-     | per AdamW group: u32 bytes | lr, beta1, beta2, eps, weight_decay, cautious_wd
+     | per group: u32 bytes | its muon_hparams (MUON__HPARAMS_FIELDS; ns_steps triples inside)
+     | per AdamW group: u32 bytes | its muon_adamw_hparams (MUON__ADAMW_FIELDS)
                                                                 (torch keeps param_groups too)
      per matrix:      u32 rows | u32 cols | u64 size | u64 name hash | size x f32 momentum
                         (a Partial matrix: rows x cols on its owner, else size 0)
