@@ -414,6 +414,7 @@ static void case_every_group_setting(void) {
   muon_hparams g1 = d.hparams;
   model A, B;
   int list, i, last = W.size - 1;
+  TEST_CASE("3z. the settings lists cover every byte of muon_hparams and muon_adamw_hparams");
   CHECK(tset_bytes(TSET_HPARAMS, TSET_N(TSET_HPARAMS)) == sizeof(muon_hparams) &&
             tset_bytes(TSET_ADAMW, TSET_N(TSET_ADAMW)) == sizeof(muon_adamw_hparams),
         "a field of muon_hparams or muon_adamw_hparams is missing from its list in muon.h: it has no case here");
