@@ -2895,7 +2895,8 @@ static void muon__put_float(unsigned char **p, float x) { muon__put_floats(p, &x
    not know (a newer one), so lines are only ever appended (tests/run_state_grow.sh appends one).
    A new field: its default in muon_default_hparams (or _adamw_), then one line at the end.
    X(field, C type, wire kind, a valid value other than the default, for the tests). Kinds: F
-   float, U an int or enum as u32, U64, NS the ns_steps triples of ns_coefficients. */
+   float, U an int or enum as u32, U64, NS the ns_steps triples of ns_coefficients (so it comes
+   after ns_steps). */
 #define MUON__HPARAMS_FIELDS(X)                                      \
   X(lr, float, F, 0.01f)                                             \
   X(weight_decay, float, F, 0.05f)                                   \
