@@ -112,7 +112,7 @@
        >>compute    compute vtable           >>impl-configs   muon_auto_config, layout_config
        >>cpu        the CPU backend's desc   >>impl-create    create, groups, registration
        >>layouts    levels, muon_layout      >>impl-compute-wrappers, >>impl-serial,
-       >>dist       muon_dist_config         >>impl-comm-wrappers
+       >>dist       muon_dist_config         >>impl-settings (what ranks share), >>impl-comm-wrappers
        >>optimizer  desc, matrices, step     >>impl-plan (-owners, -rounds, -build, -run),
        >>state      save, load, reshard        >>impl-normuon, >>impl-partial, >>impl-plan-text
        >>verify     plan text, dumps         >>impl-step      momentum, U, the verdicts
@@ -2988,12 +2988,56 @@ static void muon__put_floats(unsigned char **p, const float *x, size_t n) {
   for (i = 0; i < n; i++) { uint32_t u; memcpy(&u, &x[i], 4); muon__put32(p, u); }
 }
 static void muon__put_float(unsigned char **p, float x) { muon__put_floats(p, &x, 1); }
-/* A group's hyperparameters in a blob (and the digests) are a length-prefixed record: u32 bytes,
-   then the fields in the order they were added to muon.h. A reader defaults the fields a record
-   lacks (an older blob) and skips the bytes it does not know (a newer one). A new field costs its
-   default, one line at the end of the writer and one at the end of the reader (sizes follow from
-   the writer); tests/run_state_grow.sh does exactly that in a scratch copy of this header. A
-   setting ranks must share also goes into muon__settings. */
+/* >>impl-settings: every setting that ranks must share, one line each. The state blob's group
+   records (muon__put_hparams / muon__get_hparams), the agreement's digest and its MISMATCH text
+   are all generated from these lists, and test_agree / test_api iterate them, so a field missing
+   here is neither saved nor agreed nor tested. A group record is u32 bytes, then the fields in
+   list order: a reader defaults the fields a record lacks (an older blob) and skips those it does
+   not know (a newer one), so lines are only ever appended (tests/run_state_grow.sh appends one).
+   A new field: its default in muon_default_hparams (or _adamw_), then one line at the end.
+   X(field, C type, wire kind, a valid value other than the default, for the tests). Kinds: F
+   float, U an int or enum as u32, U64, NS the ns_steps triples of ns_coefficients (so it comes
+   after ns_steps). */
+#define MUON__HPARAMS_FIELDS(X)                                      \
+  X(lr, float, F, 0.01f)                                             \
+  X(weight_decay, float, F, 0.05f)                                   \
+  X(momentum, float, F, 0.9f)                                        \
+  X(nesterov, int, U, 0)                                             \
+  X(momentum_style, muon_momentum_style, U, MUON_MOMENTUM_SGD)       \
+  X(adjust_lr, muon_adjust_lr, U, MUON_ADJUST_LR_MATCH_RMS_ADAMW)    \
+  X(ns_steps, int, U, 4)                                             \
+  X(ns_coefficients, float, NS, 3.0f)                                \
+  X(eps, float, F, 1e-6f)                                            \
+  X(precision, muon_precision, U, MUON_PRECISION_BF16)               \
+  X(symmetric, int, U, 0)                                            \
+  X(cautious_wd, int, U, 1)                                          \
+  X(ns_algorithm, muon_ns_algorithm, U, MUON_NS_GRAM)                \
+  X(ns_restarts, unsigned, U, 1u << 1)                               \
+  X(normuon, muon_normuon, U, MUON_NORMUON_ROWS)                     \
+  X(normuon_beta2, float, F, 0.9f)
+#define MUON__ADAMW_FIELDS(X)                                        \
+  X(lr, float, F, 0.01f)                                             \
+  X(beta1, float, F, 0.8f)                                           \
+  X(beta2, float, F, 0.99f)                                          \
+  X(eps, float, F, 1e-6f)                                            \
+  X(weight_decay, float, F, 0.05f)                                   \
+  X(cautious_wd, int, U, 1)
+/* The optimizer's own settings (muon_desc, muon_dist_config, muon_set_grad_scale), agreed but
+   not saved: X(field, name in messages, wire kind, its value in muon_optimizer *o). The custom
+   callbacks count by presence; the tests perturb each by its field name. */
+#define MUON__RUN_FIELDS(X)                                                                          \
+  X(on_nonfinite, "muon_desc.on_nonfinite", U, o->on_nonfinite)                                      \
+  X(rounding, "muon_desc.rounding", U, o->rounding)                                                  \
+  X(seed, "muon_desc.seed", U64, o->seed)                                                            \
+  X(grad_scale, "the gradient scale (muon_set_grad_scale)", F, o->grad_scale)                        \
+  X(round_bytes, "muon_dist_config.round_bytes", U64, o->dist.round_bytes)                           \
+  X(round_robin, "muon_dist_config.round_robin", U, o->dist.round_robin != 0)                        \
+  X(assign, "muon_dist_config.assign (set or NULL)", U, o->dist.assign != NULL)                      \
+  X(gather, "muon_dist_config.gather/redistribute (set or NULL)", U, o->dist.gather != NULL)         \
+  X(wire, "muon_dist_config.wire", U, o->dist.wire)                                                  \
+  X(prefetch, "muon_dist_config.prefetch (the order of the collectives)", U, o->dist.prefetch)       \
+  X(unchecked_commit, "muon_dist_config.unchecked_commit", U, o->dist.unchecked_commit != 0)
+
 #define MUON__GROUP_HEAD 28u                        /* lr .. ns_steps, before the triples */
 #define MUON__GROUP_MAX (4u * (64u + 3u * MUON_NS_MAX_STEPS))   /* room for 64 fields and the triples */
 static unsigned char *muon__record_begin(unsigned char **p) { unsigned char *at = *p; *p += 4; return at; }
@@ -3001,18 +3045,18 @@ static void muon__record_end(unsigned char **p, unsigned char *at) {
   unsigned char *q = at;
   muon__put32(&q, (uint32_t)(*p - at - 4));
 }
-static void muon__put_hparams(unsigned char **p, const muon_hparams *hp) {
-  unsigned char *at = muon__record_begin(p);
+static void muon__put_triples(unsigned char **p, const float (*x)[3], int n) {
   int k;
-  muon__put_float(p, hp->lr); muon__put_float(p, hp->weight_decay); muon__put_float(p, hp->momentum);
-  muon__put32(p, (uint32_t)hp->nesterov); muon__put32(p, (uint32_t)hp->momentum_style);
-  muon__put32(p, (uint32_t)hp->adjust_lr); muon__put32(p, (uint32_t)hp->ns_steps);
-  for (k = 0; k < hp->ns_steps; k++) muon__put_floats(p, hp->ns_coefficients[k], 3);
-  muon__put_float(p, hp->eps); muon__put32(p, (uint32_t)hp->precision);
-  muon__put32(p, (uint32_t)hp->symmetric);
-  muon__put32(p, (uint32_t)hp->cautious_wd);
-  muon__put32(p, (uint32_t)hp->ns_algorithm); muon__put32(p, (uint32_t)hp->ns_restarts);
-  muon__put32(p, (uint32_t)hp->normuon); muon__put_float(p, hp->normuon_beta2);
+  for (k = 0; k < n; k++) muon__put_floats(p, x[k], 3);
+}
+#define MUON__PUT_F(p, v) muon__put_float(p, v)
+#define MUON__PUT_U(p, v) muon__put32(p, (uint32_t)(v))
+#define MUON__PUT_U64(p, v) muon__put64(p, (uint64_t)(v))
+#define MUON__PUT_NS(p, v) muon__put_triples(p, (const float(*)[3])(v), s->ns_steps)
+#define MUON__PUT_FIELD(f, type, kind, alt) MUON__PUT_##kind(p, s->f);
+static void muon__put_hparams(unsigned char **p, const muon_hparams *s) {
+  unsigned char *at = muon__record_begin(p);
+  MUON__HPARAMS_FIELDS(MUON__PUT_FIELD)
   muon__record_end(p, at);
 }
 static uint32_t muon__get32(const unsigned char **p) {
@@ -3033,12 +3077,10 @@ static void muon__get_floats(const unsigned char **p, float *x, size_t n) {
   size_t i;
   for (i = 0; i < n; i++) { uint32_t u = muon__get32(p); memcpy(&x[i], &u, 4); }
 }
-static float muon__get_float(const unsigned char **p) { float x; muon__get_floats(p, &x, 1); return x; }
 /* An AdamW group on the wire: the state blob and the agreement digest. */
-static void muon__put_adamw_hparams(unsigned char **p, const muon_adamw_hparams *a) {
+static void muon__put_adamw_hparams(unsigned char **p, const muon_adamw_hparams *s) {
   unsigned char *at = muon__record_begin(p);
-  muon__put_float(p, a->lr); muon__put_float(p, a->beta1); muon__put_float(p, a->beta2);
-  muon__put_float(p, a->eps); muon__put_float(p, a->weight_decay); muon__put32(p, (uint32_t)a->cautious_wd);
+  MUON__ADAMW_FIELDS(MUON__PUT_FIELD)
   muon__record_end(p, at);
 }
 
@@ -3063,37 +3105,30 @@ static float muon__record_float(muon__record_in *r, float dflt) {
   memcpy(&x, &u, 4);
   return x;
 }
-static void muon__get_adamw_hparams(const unsigned char **p, muon_adamw_hparams *a) {
+static uint64_t muon__record_u64(muon__record_in *r, uint64_t dflt) {
+  return r->end - r->p >= 8 ? muon__get64(&r->p) : dflt;
+}
+static void muon__record_triples(muon__record_in *r, float (*x)[3], const float (*dflt)[3], int n) {
+  int k, j;
+  for (k = 0; k < n && k < MUON_NS_MAX_STEPS; k++)
+    for (j = 0; j < 3; j++) x[k][j] = muon__record_float(r, dflt[k][j]);
+}
+#define MUON__GET_F(v, d, type) (v) = muon__record_float(&r, d)
+#define MUON__GET_U(v, d, type) (v) = (type)muon__record_u32(&r, (uint32_t)(d))
+#define MUON__GET_U64(v, d, type) (v) = (type)muon__record_u64(&r, (uint64_t)(d))
+#define MUON__GET_NS(v, d, type) muon__record_triples(&r, v, (const float(*)[3])(d), s->ns_steps)
+#define MUON__GET_FIELD(f, type, kind, alt) MUON__GET_##kind(s->f, dflt.f, type);
+static void muon__get_adamw_hparams(const unsigned char **p, muon_adamw_hparams *s) {
   muon__record_in r = muon__record_open(p);
-  muon_adamw_hparams d = muon_default_adamw_hparams();
-  a->lr = muon__record_float(&r, d.lr); a->beta1 = muon__record_float(&r, d.beta1);
-  a->beta2 = muon__record_float(&r, d.beta2); a->eps = muon__record_float(&r, d.eps);
-  a->weight_decay = muon__record_float(&r, d.weight_decay);
-  a->cautious_wd = (int)muon__record_u32(&r, (uint32_t)d.cautious_wd);
+  muon_adamw_hparams dflt = muon_default_adamw_hparams();
+  MUON__ADAMW_FIELDS(MUON__GET_FIELD)
 }
 /* Reads a group written by muon__put_hparams. The blob's parser has checked that the record holds
    at least the fields up to the ns_steps triples (MUON__GROUP_HEAD), with ns_steps in range. */
-static void muon__get_hparams(const unsigned char **p, muon_hparams *hp) {
+static void muon__get_hparams(const unsigned char **p, muon_hparams *s) {
   muon__record_in r = muon__record_open(p);
-  muon_hparams d = muon_default_hparams();
-  int k;
-  hp->lr = muon__record_float(&r, d.lr); hp->weight_decay = muon__record_float(&r, d.weight_decay);
-  hp->momentum = muon__record_float(&r, d.momentum); hp->nesterov = (int)muon__record_u32(&r, (uint32_t)d.nesterov);
-  hp->momentum_style = (muon_momentum_style)muon__record_u32(&r, (uint32_t)d.momentum_style);
-  hp->adjust_lr = (muon_adjust_lr)muon__record_u32(&r, (uint32_t)d.adjust_lr);
-  hp->ns_steps = (int)muon__record_u32(&r, (uint32_t)d.ns_steps);
-  for (k = 0; k < hp->ns_steps && k < MUON_NS_MAX_STEPS; k++) {
-    hp->ns_coefficients[k][0] = muon__record_float(&r, d.ns_coefficients[k][0]);
-    hp->ns_coefficients[k][1] = muon__record_float(&r, d.ns_coefficients[k][1]);
-    hp->ns_coefficients[k][2] = muon__record_float(&r, d.ns_coefficients[k][2]);
-  }
-  hp->eps = muon__record_float(&r, d.eps); hp->precision = (muon_precision)muon__record_u32(&r, (uint32_t)d.precision);
-  hp->symmetric = (int)muon__record_u32(&r, (uint32_t)d.symmetric);
-  hp->cautious_wd = (int)muon__record_u32(&r, (uint32_t)d.cautious_wd);
-  hp->ns_algorithm = (muon_ns_algorithm)muon__record_u32(&r, (uint32_t)d.ns_algorithm);
-  hp->ns_restarts = muon__record_u32(&r, d.ns_restarts);
-  hp->normuon = (muon_normuon)muon__record_u32(&r, (uint32_t)d.normuon);
-  hp->normuon_beta2 = muon__record_float(&r, d.normuon_beta2);
+  muon_hparams dflt = muon_default_hparams();
+  MUON__HPARAMS_FIELDS(MUON__GET_FIELD)
 }
 /* >>impl-comm-wrappers ------------------------------------------------------------------------
    Communication wrappers: every collective goes through these, which count and explain. The
@@ -4828,12 +4863,13 @@ static muon_status muon__verdicts(muon_optimizer *opt) {
 
 /* >>impl-agree --------------------------------------------------------------------------------
    Agreement. Every distributed step (and muon_plan) starts with one allgather of a fixed-size
-   record per rank: whether the rank steps or plans, whether its plan is current, digests of
-   every setting that must match, and its gradient verdicts. Every rank reads the same records
-   and so takes the same branch: step; re-plan together (a rank added matrices or changed NS
-   settings); or fail with the same error, naming the setting, the group and the ranks. */
-#define MUON__AGREE_GROUPS 8    /* groups named individually in a mismatch message */
-#define MUON__RECORD_BYTES (4 * 4 + 8 * 4 + MUON__AGREE_GROUPS * 20 + 8 + 4 * 8 + 8 * 2 + 8 * 3)
+   record per rank: whether the rank steps or plans, whether its plan is current, one digest of
+   every setting of the lists (>>impl-settings), and its gradient verdicts. Every rank reads the
+   same records and so takes the same branch: step; re-plan together (a rank added matrices or
+   changed NS settings); or fail with the same error, naming the field, the group and the ranks. */
+#define MUON__RECORD_BYTES (4 * 4 + 8 * 2 + 4 * 2 + 8 * 5)
+/* Per rank, the larger of a record and a detail exchange's slot (muon__name_difference). */
+#define MUON__AGREE_SLOT (MUON__GROUP_MAX > MUON__RECORD_BYTES ? MUON__GROUP_MAX : MUON__RECORD_BYTES)
 
 typedef struct muon__record {
   uint32_t kind;                /* 1 muon_step, 2 muon_plan */
@@ -4841,14 +4877,8 @@ typedef struct muon__record {
   uint32_t skips;               /* matrices here whose gradient is absent or non-finite */
   uint32_t bad;                 /* 1 + local index of the first non-finite gradient (ERROR mode) */
   uint64_t plan;                /* fingerprint of this rank's plan, 0 if it must be rebuilt */
-  uint64_t settings;            /* digest of everything below and of every group */
-  uint64_t adamw_groups;        /* digest of the AdamW groups */
-  uint64_t seed;
-  float lr[MUON__AGREE_GROUPS];
-  uint64_t ns[MUON__AGREE_GROUPS], rest[MUON__AGREE_GROUPS];
-  uint64_t round_bytes;
-  uint32_t n_groups, n_adamw_groups, on_nonfinite, rounding, round_robin, custom, vote;
-  float grad_scale;
+  uint64_t settings;            /* digest of every setting of the lists (>>impl-settings) */
+  uint32_t n_groups, n_adamw_groups;
   uint64_t bad_adamw;           /* 1 + index of the first non-finite AdamW gradient (ERROR mode) */
   uint64_t adamw_skips;         /* AdamW params here whose gradient is absent or non-finite */
   uint64_t steps;               /* steps taken (a checkpoint restores it) */
@@ -4858,133 +4888,199 @@ typedef struct muon__record {
 static void muon__record_io(muon__record *r, unsigned char *buf, int write) {
   unsigned char *p = buf;
   const unsigned char *q = buf;
-  int g;
 #define MUON__IO32(v) do { if (write) muon__put32(&p, (uint32_t)(v)); else (v) = muon__get32(&q); } while (0)
 #define MUON__IO64(v) do { if (write) muon__put64(&p, (uint64_t)(v)); else (v) = muon__get64(&q); } while (0)
-#define MUON__IOF(v) do { if (write) muon__put_float(&p, (v)); else (v) = muon__get_float(&q); } while (0)
   MUON__IO32(r->kind); MUON__IO32(r->status); MUON__IO32(r->skips); MUON__IO32(r->bad);
-  MUON__IO64(r->plan); MUON__IO64(r->settings); MUON__IO64(r->adamw_groups); MUON__IO64(r->seed);
-  for (g = 0; g < MUON__AGREE_GROUPS; g++) { MUON__IOF(r->lr[g]); MUON__IO64(r->ns[g]); MUON__IO64(r->rest[g]); }
-  MUON__IO64(r->round_bytes);
-  MUON__IO32(r->n_groups); MUON__IO32(r->n_adamw_groups); MUON__IO32(r->on_nonfinite); MUON__IO32(r->rounding);
-  MUON__IO32(r->round_robin); MUON__IO32(r->custom); MUON__IO32(r->vote); MUON__IOF(r->grad_scale);
+  MUON__IO64(r->plan); MUON__IO64(r->settings);
+  MUON__IO32(r->n_groups); MUON__IO32(r->n_adamw_groups);
   MUON__IO64(r->bad_adamw); MUON__IO64(r->adamw_skips);
   MUON__IO64(r->steps); MUON__IO64(r->run); MUON__IO64(r->proposal);
 #undef MUON__IO32
 #undef MUON__IO64
-#undef MUON__IOF
 }
 
-/* The records of P ranks, their wire form, and the commit vote. */
+/* The records of P ranks, their wire form (or a detail exchange), and the commit vote. */
 #define MUON__VOTE 7   /* the vote's numbers: status; matrices: count, first, why; AdamW: count, first, name hash */
 static size_t muon__agree_bytes(int P) {
-  return (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES + MUON__VOTE * sizeof(long long));
+  return (size_t)P * (sizeof(muon__record) + MUON__AGREE_SLOT + MUON__VOTE * sizeof(long long));
+}
+
+/* The optimizer's own settings (MUON__RUN_FIELDS), as a struct to compare and a record to send. */
+#define MUON__TYPE_F float
+#define MUON__TYPE_U uint32_t
+#define MUON__TYPE_U64 uint64_t
+typedef struct muon__run_settings {
+#define MUON__X(f, name, kind, value) MUON__TYPE_##kind f;
+  MUON__RUN_FIELDS(MUON__X)
+#undef MUON__X
+} muon__run_settings;
+static void muon__run_of(const muon_optimizer *o, muon__run_settings *s) {
+#define MUON__X(f, name, kind, value) s->f = (MUON__TYPE_##kind)(value);
+  MUON__RUN_FIELDS(MUON__X)
+#undef MUON__X
+}
+static void muon__put_run(unsigned char **p, const muon__run_settings *s) {
+  unsigned char *at = muon__record_begin(p);
+#define MUON__X(f, name, kind, value) MUON__PUT_##kind(p, s->f);
+  MUON__RUN_FIELDS(MUON__X)
+#undef MUON__X
+  muon__record_end(p, at);
+}
+static void muon__get_run(const unsigned char **p, muon__run_settings *s) {
+  muon__record_in r = muon__record_open(p);
+  muon__run_settings dflt;
+  memset(&dflt, 0, sizeof dflt);
+#define MUON__X(f, name, kind, value) MUON__GET_##kind(s->f, dflt.f, MUON__TYPE_##kind);
+  MUON__RUN_FIELDS(MUON__X)
+#undef MUON__X
+}
+
+/* The agreed items: 0 the optimizer's own settings, then each Muon group, then each AdamW group.
+   Item i's record into *p (at most MUON__GROUP_MAX bytes). */
+static void muon__put_item(const muon_optimizer *opt, int i, unsigned char **p) {
+  if (i == 0) {
+    muon__run_settings s;
+    muon__run_of(opt, &s);
+    muon__put_run(p, &s);
+  } else if (i <= opt->n_groups) {
+    muon__put_hparams(p, &opt->groups[i - 1]);
+  } else {
+    muon__put_adamw_hparams(p, &opt->adamw_groups[i - 1 - opt->n_groups]);
+  }
+}
+static uint64_t muon__item_digest(const muon_optimizer *opt, int i) {
+  unsigned char buf[MUON__GROUP_MAX], *p = buf;
+  muon__put_item(opt, i, &p);
+  return muon__fnv1a(buf, (size_t)(p - buf));
 }
 
 /* This rank's settings: everything two ranks must share for their updates to be one update. */
 static void muon__settings(const muon_optimizer *opt, muon__record *r) {
-  unsigned char buf[MUON__GROUP_MAX], *p;
   uint64_t all = MUON__FNV_START;
-  int g;
+  int i;
   r->n_groups = (uint32_t)opt->n_groups;
   r->n_adamw_groups = (uint32_t)opt->n_adamw_groups;
-  for (g = 0; g < opt->n_groups; g++) {
-    const muon_hparams *hp = &opt->groups[g];
-    uint64_t ns = muon__ns_hash(hp), rest;
-    p = buf;
-    muon__put_float(&p, hp->weight_decay); muon__put_float(&p, hp->momentum);
-    muon__put32(&p, (uint32_t)hp->nesterov); muon__put32(&p, (uint32_t)hp->momentum_style);
-    muon__put32(&p, (uint32_t)hp->adjust_lr); muon__put32(&p, (uint32_t)hp->cautious_wd);
-    muon__put_float(&p, hp->normuon ? hp->normuon_beta2 : 0.0f);
-    rest = muon__fnv1a(buf, (size_t)(p - buf));
-    if (g < MUON__AGREE_GROUPS) { r->lr[g] = hp->lr; r->ns[g] = ns; r->rest[g] = rest; }
-    p = buf;
-    muon__put_float(&p, hp->lr); muon__put64(&p, ns); muon__put64(&p, rest);
-    all = (all ^ muon__fnv1a(buf, (size_t)(p - buf))) * 1099511628211ull;
-  }
-  r->adamw_groups = opt->n_adamw_groups ? muon__fnv1a((const unsigned char *)"", 0) : 0;
-  for (g = 0; g < opt->n_adamw_groups; g++) {
-    const muon_adamw_hparams *a = &opt->adamw_groups[g];
-    p = buf;
-    muon__put_adamw_hparams(&p, a);
-    r->adamw_groups = (r->adamw_groups ^ muon__fnv1a(buf, (size_t)(p - buf))) * 1099511628211ull;
-  }
-  r->on_nonfinite = (uint32_t)opt->on_nonfinite;
-  r->rounding = (uint32_t)opt->rounding;
-  r->seed = opt->seed;
-  r->grad_scale = opt->grad_scale;
-  r->round_bytes = opt->dist.round_bytes;
-  r->round_robin = (uint32_t)(opt->dist.round_robin != 0);
-  r->custom = (uint32_t)(opt->dist.gather != NULL) | (uint32_t)(opt->dist.assign != NULL) << 1 |
-              (uint32_t)opt->dist.wire << 2 | (uint32_t)opt->dist.prefetch << 4; /* the order of the collectives */
-  r->vote = (uint32_t)(opt->dist.unchecked_commit == 0);
-  p = buf;
-  muon__put64(&p, all); muon__put64(&p, r->adamw_groups); muon__put64(&p, r->seed); muon__put64(&p, r->round_bytes);
-  muon__put32(&p, r->n_groups); muon__put32(&p, r->n_adamw_groups); muon__put32(&p, r->on_nonfinite);
-  muon__put32(&p, r->rounding); muon__put32(&p, r->round_robin); muon__put32(&p, r->custom); muon__put32(&p, r->vote);
-  muon__put_float(&p, r->grad_scale);
-  r->settings = muon__fnv1a(buf, (size_t)(p - buf));
+  for (i = 0; i < 1 + opt->n_groups + opt->n_adamw_groups; i++)
+    all = (all ^ muon__item_digest(opt, i)) * 1099511628211ull;
+  r->settings = all;
 }
 
-/* The first setting in which ranks a and b differ, as "what (a value vs b value)". */
-static void muon__what_differs(const muon__record *a, const muon__record *b, char *out, size_t n) {
-  int g, ng = (int)(a->n_groups < MUON__AGREE_GROUPS ? a->n_groups : MUON__AGREE_GROUPS);
-  if (a->n_groups != b->n_groups) {
-    snprintf(out, n, "the number of Muon groups (%u vs %u)", a->n_groups, b->n_groups);
-    return;
-  }
-  if (a->n_adamw_groups != b->n_adamw_groups) {
-    snprintf(out, n, "the number of AdamW groups (%u vs %u)", a->n_adamw_groups, b->n_adamw_groups);
-    return;
-  }
-  for (g = 0; g < ng; g++) {
-    if (muon__f2u(a->lr[g]) != muon__f2u(b->lr[g])) {
-      snprintf(out, n, "muon_hparams.lr of group %d (%g vs %g)", g, (double)a->lr[g], (double)b->lr[g]);
-      return;
+/* "what (x vs y)" into out when x and y differ. */
+static int muon__differ(uint64_t x, uint64_t y, const char *what, const char *where, char *out, size_t n) {
+  if (x == y) return 0;
+  snprintf(out, n, "%s%s (%llu vs %llu)", what, where, (unsigned long long)x, (unsigned long long)y);
+  return 1;
+}
+static int muon__differ_f(float x, float y, const char *what, const char *where, char *out, size_t n) {
+  char a[32], b[32];
+  int digits = 6;
+  if (muon__f2u(x) == muon__f2u(y)) return 0;
+  do {   /* as short as tells them apart */
+    snprintf(a, sizeof a, "%.*g", digits, (double)x);
+    snprintf(b, sizeof b, "%.*g", digits, (double)y);
+  } while (!strcmp(a, b) && ++digits < 10);
+  snprintf(out, n, "%s%s (%s vs %s)", what, where, a, b);
+  return 1;
+}
+static int muon__differ_triples(const float (*x)[3], const float (*y)[3], int steps, const char *what,
+                                const char *where, char *out, size_t n) {
+  char name[80];
+  int k, j;
+  for (k = 0; k < steps && k < MUON_NS_MAX_STEPS; k++)
+    for (j = 0; j < 3; j++) {
+      snprintf(name, sizeof name, "%s[%d][%d]", what, k, j);
+      if (muon__differ_f(x[k][j], y[k][j], name, where, out, n)) return 1;
     }
-    if (a->ns[g] != b->ns[g]) {
-      snprintf(out, n,
-               "the Newton-Schulz settings of group %d (ns_steps, ns_coefficients, eps, precision, gemm or symmetric)",
-               g);
-      return;
-    }
-    if (a->rest[g] != b->rest[g]) {
-      snprintf(out, n, "weight_decay, momentum, nesterov, momentum_style or adjust_lr of group %d", g);
-      return;
-    }
+  return 0;
+}
+#define MUON__DIFF_F(x, y, what) if (muon__differ_f(x, y, what, where, out, n)) return 1;
+#define MUON__DIFF_U(x, y, what) if (muon__differ((uint32_t)(x), (uint32_t)(y), what, where, out, n)) return 1;
+#define MUON__DIFF_U64(x, y, what) if (muon__differ((uint64_t)(x), (uint64_t)(y), what, where, out, n)) return 1;
+#define MUON__DIFF_NS(x, y, what)                                                                                  \
+  if (muon__differ_triples((const float(*)[3])(x), (const float(*)[3])(y), a->ns_steps, what, where, out, n)) return 1;
+static int muon__hparams_differ(const muon_hparams *a, const muon_hparams *b, const char *where, char *out, size_t n) {
+#define MUON__X(f, type, kind, alt) MUON__DIFF_##kind(a->f, b->f, "muon_hparams." #f)
+  MUON__HPARAMS_FIELDS(MUON__X)
+#undef MUON__X
+  return 0;
+}
+static int muon__adamw_differ(const muon_adamw_hparams *a, const muon_adamw_hparams *b, const char *where, char *out,
+                              size_t n) {
+#define MUON__X(f, type, kind, alt) MUON__DIFF_##kind(a->f, b->f, "muon_adamw_hparams." #f)
+  MUON__ADAMW_FIELDS(MUON__X)
+#undef MUON__X
+  return 0;
+}
+static int muon__run_differ(const muon__run_settings *a, const muon__run_settings *b, char *out, size_t n) {
+  const char *where = "";
+#define MUON__X(f, name, kind, value) MUON__DIFF_##kind(a->f, b->f, name)
+  MUON__RUN_FIELDS(MUON__X)
+#undef MUON__X
+  return 0;
+}
+
+/* Item i's records of two ranks (slots as sent), decoded and compared field by field. */
+static int muon__item_differs(int n_groups, int i, const unsigned char *x, const unsigned char *y, char *out,
+                              size_t n) {
+  char where[48];
+  if (muon__get32(&x) > MUON__GROUP_MAX - 4 || muon__get32(&y) > MUON__GROUP_MAX - 4) return 0;
+  x -= 4; y -= 4;
+  if (i == 0) {
+    muon__run_settings a, b;
+    muon__get_run(&x, &a);
+    muon__get_run(&y, &b);
+    return muon__run_differ(&a, &b, out, n);
   }
-  if (a->adamw_groups != b->adamw_groups) { snprintf(out, n, "the AdamW groups' hyperparameters"); return; }
-  if (a->on_nonfinite != b->on_nonfinite) {
-    snprintf(out, n, "muon_desc.on_nonfinite (%u vs %u)", a->on_nonfinite, b->on_nonfinite);
-    return;
+  if (i <= n_groups) {
+    muon_hparams a = muon_default_hparams(), b = a;
+    muon__get_hparams(&x, &a);
+    muon__get_hparams(&y, &b);
+    snprintf(where, sizeof where, " of group %d", i - 1);
+    return muon__hparams_differ(&a, &b, where, out, n);
+  } else {
+    muon_adamw_hparams a = muon_default_adamw_hparams(), b = a;
+    muon__get_adamw_hparams(&x, &a);
+    muon__get_adamw_hparams(&y, &b);
+    snprintf(where, sizeof where, " of AdamW group %d", i - 1 - n_groups);
+    return muon__adamw_differ(&a, &b, where, out, n);
   }
-  if (a->rounding != b->rounding) {
-    snprintf(out, n, "muon_desc.rounding (%u vs %u)", a->rounding, b->rounding);
-    return;
+}
+
+/* Ranks 0 and r disagree on settings (records' digests): which setting, on every rank alike.
+   Only then, two small exchanges: the items' digests, in slots of MUON__AGREE_SLOT bytes, until
+   one differs; then that item's whole record, decoded by every rank, which names the field. The
+   same bytes reach every rank, so every rank takes the same path and writes the same words; a
+   rank whose group counts are not rank 0's (it differs too, but later) sends zeros. */
+static muon_status muon__name_difference(muon_optimizer *opt, const muon__record *recs, int r, char *out, size_t n) {
+  unsigned char mine[MUON__AGREE_SLOT], *all = (unsigned char *)(recs + opt->comm.size), *p;
+  int ng = (int)recs[0].n_groups, items = 1 + ng + (int)recs[0].n_adamw_groups, per = (int)(MUON__AGREE_SLOT / 8);
+  int same = opt->n_groups == ng && opt->n_adamw_groups == (int)recs[0].n_adamw_groups, i0, i, found = -1;
+  muon_status st;
+  if (recs[0].n_groups != recs[r].n_groups) {
+    snprintf(out, n, "the number of Muon groups (%u vs %u)", recs[0].n_groups, recs[r].n_groups);
+    return MUON_OK;
   }
-  if (a->seed != b->seed) { snprintf(out, n, "muon_desc.seed"); return; }
-  if (muon__f2u(a->grad_scale) != muon__f2u(b->grad_scale)) {
-    snprintf(out, n, "the gradient scale (%g vs %g)", (double)a->grad_scale, (double)b->grad_scale);
-    return;
+  if (recs[0].n_adamw_groups != recs[r].n_adamw_groups) {
+    snprintf(out, n, "the number of AdamW groups (%u vs %u)", recs[0].n_adamw_groups, recs[r].n_adamw_groups);
+    return MUON_OK;
   }
-  if (a->round_bytes != b->round_bytes) {
-    snprintf(out, n, "muon_dist_config.round_bytes (%llu vs %llu)", (unsigned long long)a->round_bytes,
-             (unsigned long long)b->round_bytes);
-    return;
+  for (i0 = 0; i0 < items && found < 0; i0 += per) {
+    memset(mine, 0, sizeof mine);
+    for (i = i0, p = mine; same && i < items && i < i0 + per; i++) muon__put64(&p, muon__item_digest(opt, i));
+    st = muon__allgather(opt, mine, all, MUON__AGREE_SLOT, "agreeing: which setting differs");
+    if (st != MUON_OK) return st;
+    for (i = i0; i < items && i < i0 + per && found < 0; i++)
+      if (memcmp(all + 8 * (i - i0), all + (size_t)r * MUON__AGREE_SLOT + 8 * (i - i0), 8)) found = i;
   }
-  if ((a->custom >> 2 & 3u) != (b->custom >> 2 & 3u)) {
-    snprintf(out, n, "muon_dist_config.wire (%u vs %u)", a->custom >> 2 & 3u, b->custom >> 2 & 3u);
-    return;
-  }
-  if (a->custom >> 4 != b->custom >> 4) {
-    snprintf(out, n, "muon_dist_config.prefetch (%u vs %u)", a->custom >> 4, b->custom >> 4);
-    return;
-  }
-  if (a->round_robin != b->round_robin || a->custom != b->custom || a->vote != b->vote) {
-    snprintf(out, n, "muon_dist_config (round_robin, assign, gather/redistribute or unchecked_commit)");
-    return;
-  }
-  snprintf(out, n, "the hyperparameters of a group numbered %d or higher", MUON__AGREE_GROUPS);
+  snprintf(out, n, "a setting (their digests differ, their records do not)");
+  if (found < 0) return MUON_OK;
+  memset(mine, 0, sizeof mine);
+  p = mine;
+  if (same) muon__put_item(opt, found, &p);
+  st = muon__allgather(opt, mine, all, MUON__AGREE_SLOT, "agreeing: which setting differs");
+  if (st != MUON_OK) return st;
+  muon__item_differs(ng, found, all, all + (size_t)r * MUON__AGREE_SLOT, out, n);
+  return MUON_OK;
 }
 
 static muon_status muon__plan_collective(muon_optimizer *opt);
@@ -5071,7 +5167,7 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   for (r = 1; r < P && st == MUON_OK; r++)
     if (recs[r].settings != recs[0].settings) {
       char what[200];
-      muon__what_differs(&recs[0], &recs[r], what, sizeof what);
+      if ((st = muon__name_difference(opt, recs, r, what, sizeof what)) != MUON_OK) break;
       st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks 0 and %d disagree on %s; nothing was applied",
                       kind == 1 ? "muon_step" : "muon_plan", r, what);
     }
@@ -6260,7 +6356,7 @@ static muon_status muon__vote(muon_optimizer *opt) {
     mine[4] = n_aw;
     mine[5] = first_aw;
     mine[6] = (long long)aw_hash;
-    all = (long long *)((unsigned char *)opt->agree + (size_t)P * (sizeof(muon__record) + MUON__RECORD_BYTES));
+    all = (long long *)((unsigned char *)opt->agree + (size_t)P * (sizeof(muon__record) + MUON__AGREE_SLOT));
     if ((st = muon__allgather(opt, mine, all, sizeof mine, "muon_step: commit vote")) != MUON_OK) {
       const char *native = muon__comm_error(opt);
       return muon__fail(opt, st,
@@ -6420,8 +6516,8 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
      | u64 run (the run's identity; 0 before its first step and in a world of one)
      | u32 rank | u32 world size                                     (0 and 1 on one device)
      u32 groups | u32 AdamW groups
-     | per group: u32 bytes | its muon_hparams (muon__put_hparams; ns_steps triples inside)
-     | per AdamW group: u32 bytes | lr, beta1, beta2, eps, weight_decay, cautious_wd
+     | per group: u32 bytes | its muon_hparams (MUON__HPARAMS_FIELDS; ns_steps triples inside)
+     | per AdamW group: u32 bytes | its muon_adamw_hparams (MUON__ADAMW_FIELDS)
                                                                 (torch keeps param_groups too)
      per matrix:      u32 rows | u32 cols | u64 size | u64 name hash | size x f32 momentum
                         (a Partial matrix: rows x cols on its owner, else size 0)
@@ -7730,7 +7826,7 @@ static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b
                                    const char *op) {
   long long mine[3];
   long long *buf = (long long *)(void *)((unsigned char *)opt->agree +
-                                         (size_t)opt->comm.size * (sizeof(muon__record) + MUON__RECORD_BYTES));
+                                         (size_t)opt->comm.size * (sizeof(muon__record) + MUON__AGREE_SLOT));
   mine[0] = a; mine[1] = b; mine[2] = c;
   *all = buf;
   return muon__allgather(opt, mine, buf, sizeof mine, op);
@@ -9039,7 +9135,9 @@ static size_t muon__cpu_ns_workspace(void *ctx, int batch, int m, int n, const m
   size_t one = muon__ns_ws_floats(m, n, muon__use_gram(hp, m, n));
   size_t split = one + (size_t)(muon__cpu_threads(ctx) - 1) * muon__ns_pack_floats(m, n);
   int T = muon__cpu_threads(ctx);
-  return (batch >= T && T * one > split ? T * one : split) * sizeof(float);
+  /* the CBLAS balancer (newton_schulz_many) runs up to min(batch, T) operands side by side */
+  int side = batch >= T ? T : muon__use_cblas((const muon__cpu *)ctx) && batch > 1 ? batch : 0;
+  return (side && side * one > split ? side * one : split) * sizeof(float);
 }
 
 static muon_status muon__cpu_newton_schulz(void *ctx, float *X, int batch, int m, int n, const muon_hparams *hp,

@@ -1,8 +1,8 @@
 #!/bin/sh
 # A hyperparameter appended to the state's group records (muon.h's rule for a new field): a
 # scratch copy of muon.h gets one more field in muon_hparams and in muon_adamw_hparams,
-# `grow_test` (defaults 0.25 and 0.125), written at the end of each group's record and read back
-# with a default, as a future muon.h would add them.
+# `grow_test` (defaults 0.25 and 0.125): the field, its default, and one line at the end of its
+# settings list (>>impl-settings), as a future muon.h would add them.
 # tests/test_state_grow.c is built against muon.h and against the copy; each build's state then
 # loads in the other and itself, and the run resumes bitwise. Usage: tests/run_state_grow.sh BUILD
 set -u
@@ -21,14 +21,16 @@ def after(anchor, text):
     global s
     if s.count(anchor) != 1: sys.exit("anchor found %d times: %r" % (s.count(anchor), anchor))
     s = s.replace(anchor, anchor + text)
+def line_after(last, line):   # a list's last line (then a newline) gets its continuation
+    global s
+    if s.count(last + "\n") != 1: sys.exit("anchor found %d times: %r" % (s.count(last + "\n"), last))
+    s = s.replace(last + "\n", last + " \\\n" + line + "\n")
 after("  float normuon_beta2;", "\n  float grow_test;")
 after("  hp.normuon_beta2 = 0.95f;", "\n  hp.grow_test = 0.25f;")
-after("  muon__put32(p, (uint32_t)hp->normuon); muon__put_float(p, hp->normuon_beta2);", "\n  muon__put_float(p, hp->grow_test);")
-after("  hp->normuon_beta2 = muon__record_float(&r, d.normuon_beta2);", "\n  hp->grow_test = muon__record_float(&r, d.grow_test);")
+line_after("  X(normuon_beta2, float, F, 0.9f)", "  X(grow_test, float, F, 0.5f)")
 after("m_hat / (sqrt(v_hat) + eps) have the same sign (zero agrees) */", "\n  float grow_test;")
 after("  hp.weight_decay = 1e-2f;", "\n  hp.grow_test = 0.125f;")
-after("muon__put32(p, (uint32_t)a->cautious_wd);", "\n  muon__put_float(p, a->grow_test);")
-after("  a->cautious_wd = (int)muon__record_u32(&r, (uint32_t)d.cautious_wd);", "\n  a->grow_test = muon__record_float(&r, d.grow_test);")
+line_after("  X(cautious_wd, int, U, 1)", "  X(grow_test, float, F, 0.5f)")
 open(sys.argv[2], "w").write(s)
 PY
 $CC $FLAGS -I. -Itests tests/test_state_grow.c -o "$B/old_prog" -lm || fail "building against muon.h failed"

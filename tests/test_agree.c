@@ -19,6 +19,7 @@
 #define MUON_IMPLEMENTATION
 #include "../examples/common.h"
 #include "test.h"
+#include "settings.h"
 
 #include <float.h>
 #include <signal.h>
@@ -314,7 +315,8 @@ static void case_ns_change(void) {
   st = muon_step(A.opt);
   expect_all("step with different ns_steps on one rank", st, MUON_ERR_MISMATCH, A.opt);
   snprintf(ranks, sizeof ranks, "ranks 0 and %d", last);
-  CHECK(has(muon_error(A.opt), "Newton-Schulz settings of group 0"), "rank %d: message '%s' does not name the NS settings of group 0", W.rank, muon_error(A.opt));
+  CHECK(has(muon_error(A.opt), "muon_hparams.ns_steps of group 0"), "rank %d: message '%s' does not name ns_steps",
+        W.rank, muon_error(A.opt));
   CHECK(has(muon_error(A.opt), ranks), "rank %d: message '%s' does not name %s", W.rank, muon_error(A.opt), ranks);
   expect_unchanged("the mismatched step", &A, &s);
   snap_free(&s);
@@ -342,7 +344,8 @@ static void mismatch_case(int kind) {
     "3e. round_bytes differs at creation: MUON_ERR_MISMATCH naming round_bytes (not a custom assign), nothing applied",
     "3f. the wire format differs at creation (bf16 on one rank): MUON_ERR_MISMATCH naming wire, nothing applied",
     "3g. prefetch differs at creation (another order of collectives): MUON_ERR_MISMATCH naming prefetch, nothing applied" };
-  static const char *const needles[7] = { "lr of group 0", "weight_decay, momentum", "on_nonfinite", "gradient scale", "round_bytes",
+  static const char *const needles[7] = { "muon_hparams.lr of group 0", "muon_hparams.weight_decay of group 0",
+                                          "on_nonfinite", "gradient scale", "round_bytes",
                                           "muon_dist_config.wire", "muon_dist_config.prefetch" };
   muon_dist_config cfg = muon_layout_config();
   muon_desc d;
@@ -381,6 +384,173 @@ static void mismatch_case(int kind) {
   if (kind == MM_ROUND_BYTES)
     CHECK(!has(muon_error(A.opt), "assign"), "rank %d: message '%s' blames an assign", W.rank, muon_error(A.opt));
   expect_unchanged(needles[kind], &A, &s);
+  snap_free(&s);
+  model_close(&A);
+}
+
+/* ==== 3z. every setting of muon.h's lists, one at a time (tests/settings.h) =====================
+   Generated from the lists the agreement digest is built from, so a field added there runs
+   here. Each group field is set to its list value on the last rank, in group (field % 2), Muon
+   group 1 and AdamW group 1 existing beside group 0: MUON_ERR_MISMATCH on every rank, the same
+   message naming that field and group, nothing applied; restored, the step equals a run that
+   never disagreed. Catches: a field left out of the digest (the step would succeed), a message
+   that names another field or group, a rank that words it differently. */
+static void expect_named(const char *what, const model *A, const char *field, const char *where) {
+  char want[160], all_same[MAXP];
+  const char *msg = muon_error(A->opt);
+  unsigned long h = 5381;
+  int hs[MAXP], r, mine;
+  snprintf(want, sizeof want, "ranks 0 and %d disagree on %s%s (", W.size - 1, field, where);
+  CHECK(has(msg, want), "%s: rank %d: message '%s' does not say '%s'", what, W.rank, msg, want);
+  for (; *msg; msg++) h = h * 33u + (unsigned char)*msg;   /* the same words on every rank */
+  mine = (int)(h & 0x7fffffff);
+  gather_int(mine, hs);
+  for (r = 0; r < W.size; r++) all_same[r] = hs[r] == hs[0];
+  for (r = 0; r < W.size; r++) CHECK(all_same[r], "%s: rank %d's message differs from rank 0's", what, r);
+}
+
+static void case_every_group_setting(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  muon_hparams g1 = d.hparams;
+  model A, B;
+  int list, i, last = W.size - 1;
+  TEST_CASE("3z. the settings lists cover every byte of muon_hparams and muon_adamw_hparams");
+  CHECK(tset_bytes(TSET_HPARAMS, TSET_N(TSET_HPARAMS)) == sizeof(muon_hparams) &&
+            tset_bytes(TSET_ADAMW, TSET_N(TSET_ADAMW)) == sizeof(muon_adamw_hparams),
+        "a field of muon_hparams or muon_adamw_hparams is missing from its list in muon.h: it has no case here");
+  if (W.size < 2) return;
+  TEST_CASE("3z. each field of MUON__HPARAMS_FIELDS / MUON__ADAMW_FIELDS differs on one rank: MISMATCH everywhere "
+            "naming it and its group, nothing applied; restored, it heals");
+  g1.lr = 0.03f;
+  if (!model_open_g(&A, &d, STD, 3, &g1) || !model_open_g(&B, &d, STD, 3, &g1)) { CHECK(0, "setup"); return; }
+  CHECK(muon_add_adamw_group(A.opt, &d.adamw, NULL) == MUON_OK &&
+            muon_add_adamw_group(B.opt, &d.adamw, NULL) == MUON_OK, "adamw group 1");
+  step_both("step 1", &A, &B);
+  for (list = 0; list < 2; list++)
+    for (i = 0; i < (list ? TSET_N(TSET_ADAMW) : TSET_N(TSET_HPARAMS)); i++) {
+      int g = i % 2;
+      char field[64], where[40], what[160];
+      muon_hparams orig, hp;
+      muon_adamw_hparams aorig = d.adamw, ahp = d.adamw;
+      snap s;
+      muon_get_group(A.opt, g, &orig);
+      hp = orig;
+      if (list) {
+        tset_field_text("muon_adamw_hparams", &TSET_ADAMW[i], field, sizeof field);
+        snprintf(where, sizeof where, " of AdamW group %d", g);
+        tset_adamw_alt(&ahp, i);
+        CHECK(memcmp(&ahp, &aorig, sizeof ahp) != 0, "%s: the list's value is the one in use", field);
+      } else {
+        tset_field_text("muon_hparams", &TSET_HPARAMS[i], field, sizeof field);
+        snprintf(where, sizeof where, " of group %d", g);
+        tset_hparams_alt(&hp, i);
+        CHECK(memcmp(&hp, &orig, sizeof hp) != 0, "%s: the list's value is the one in use", field);
+      }
+      snprintf(what, sizeof what, "%s%s differs on rank %d", field, where, last);
+      if (W.rank == last)
+        CHECK((list ? muon_set_adamw_group(A.opt, g, &ahp) : muon_set_group(A.opt, g, &hp)) == MUON_OK, "%s: set: %s",
+              what, muon_error(A.opt));
+      snap_take(&A, &s);
+      expect_all(what, muon_step(A.opt), MUON_ERR_MISMATCH, A.opt);
+      expect_named(what, &A, field, where);
+      expect_unchanged(what, &A, &s);
+      snap_free(&s);
+      if (W.rank == last)
+        CHECK((list ? muon_set_adamw_group(A.opt, g, &aorig) : muon_set_group(A.opt, g, &orig)) == MUON_OK,
+              "%s: restore: %s", what, muon_error(A.opt));
+      step_both(what, &A, &B);
+      expect_equal(what, &A, &B, 3);
+    }
+  model_close(&A);
+  model_close(&B);
+}
+
+/* ==== 3y. each setting of MUON__RUN_FIELDS differs on one rank =================================
+   The optimizer's own settings (muon_desc, muon_dist_config, muon_set_grad_scale): a list line
+   without a way to set it here fails. Each: MISMATCH everywhere, the list's name in the same
+   message on every rank, nothing applied. */
+static muon_status run_gather(void *state, const muon_matrix_info *m, const float *local, float *full, int owner) {
+  (void)state; (void)m; (void)local; (void)full; (void)owner;
+  return MUON_ERR_BACKEND;   /* never reached: the agreement fails first */
+}
+static muon_status run_redistribute(void *state, const muon_matrix_info *m, const float *full, float *local,
+                                    int owner) {
+  (void)state; (void)m; (void)full; (void)local; (void)owner;
+  return MUON_ERR_BACKEND;
+}
+static muon_status run_assign(void *state, const muon_matrix_info *m, int n, int world_size, int *owner) {
+  int i;
+  (void)state; (void)world_size;
+  for (i = 0; i < n; i++) owner[i] = m[i].holders[0];
+  return MUON_OK;
+}
+/* Sets the run setting `name` to another value than the defaults: 1 if it knows it. `opt`
+   NULL: before creation (desc, cfg); else after. */
+static int run_perturb(const char *name, muon_desc *d, muon_dist_config *cfg, muon_optimizer *opt) {
+  if (!strcmp(name, "grad_scale")) return !opt || muon_set_grad_scale(opt, 0.5f) == MUON_OK;
+  if (opt) return 1;
+  if (!strcmp(name, "on_nonfinite")) d->on_nonfinite = MUON_NONFINITE_SKIP;
+  else if (!strcmp(name, "rounding")) d->rounding = MUON_ROUND_STOCHASTIC;
+  else if (!strcmp(name, "seed")) d->seed = 12345;
+  else if (!strcmp(name, "round_bytes")) cfg->round_bytes = 1;
+  else if (!strcmp(name, "round_robin")) cfg->round_robin = 1;
+  else if (!strcmp(name, "assign")) cfg->assign = run_assign;
+  else if (!strcmp(name, "gather")) { cfg->gather = run_gather; cfg->redistribute = run_redistribute; }
+  else if (!strcmp(name, "wire")) cfg->wire = MUON_WIRE_BF16;
+  else if (!strcmp(name, "prefetch")) { cfg->prefetch = 2; cfg->async = 1; }
+  else if (!strcmp(name, "unchecked_commit")) cfg->unchecked_commit = 1;
+  else return 0;
+  return 1;
+}
+static void case_every_run_setting(void) {
+  int i, last = W.size - 1;
+  if (W.size < 2) return;
+  TEST_CASE("3y. each setting of MUON__RUN_FIELDS differs on one rank: MISMATCH everywhere naming it, nothing applied");
+  for (i = 0; i < TSET_N(TSET_RUN); i++) {
+    muon_dist_config cfg = muon_layout_config();
+    muon_desc d;
+    model A;
+    snap s;
+    char what[160];
+    int known = 1;
+    snprintf(what, sizeof what, "%s differs on rank %d", TSET_RUN[i].kind, last);
+    cfg.round_bytes = 4096;   /* several rounds: prefetch and round_bytes change their order */
+    d = desc_for(&cfg);
+    if (W.rank == last) known = run_perturb(TSET_RUN[i].name, &d, &cfg, NULL);
+    CHECK(known, "no case for the run setting '%s' of MUON__RUN_FIELDS in tests/test_agree.c's run_perturb",
+          TSET_RUN[i].name);
+    if (!model_open(&A, &d, MANY, 8)) { CHECK(0, "%s: setup", what); continue; }
+    if (W.rank == last) CHECK(run_perturb(TSET_RUN[i].name, &d, &cfg, A.opt), "%s: set", what);
+    snap_take(&A, &s);
+    expect_all(what, muon_step(A.opt), MUON_ERR_MISMATCH, A.opt);
+    expect_named(what, &A, TSET_RUN[i].kind, "");
+    expect_unchanged(what, &A, &s);
+    snap_free(&s);
+    model_close(&A);
+  }
+}
+
+/* ==== 3x. two ranks differ, in different ways ====================================================
+   Rank 1 has another normuon in group 0, the last rank (at 3 ranks or more) one group more: every
+   rank names rank 1's field (the first rank that differs) in the same words, and the rank with
+   more groups joins the naming exchanges without reading past its groups. */
+static void case_two_differ(void) {
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = desc_for(&cfg);
+  muon_hparams extra = d.hparams;
+  model A;
+  snap s;
+  char want[120];
+  if (W.size < 3) return;
+  TEST_CASE("3x. rank 1 differs in normuon, the last rank in its group count: every rank names rank 1's normuon");
+  if (W.rank == 1) d.hparams.normuon = MUON_NORMUON_LARGER;
+  if (!model_open_g(&A, &d, STD, 3, W.rank == W.size - 1 ? &extra : NULL)) { CHECK(0, "setup"); return; }
+  snap_take(&A, &s);
+  expect_all("two ranks differ", muon_step(A.opt), MUON_ERR_MISMATCH, A.opt);
+  snprintf(want, sizeof want, "ranks 0 and 1 disagree on muon_hparams.normuon of group 0 (0 vs 2)");
+  CHECK(has(muon_error(A.opt), want), "rank %d: message '%s' does not say '%s'", W.rank, muon_error(A.opt), want);
+  expect_unchanged("two ranks differ", &A, &s);
   snap_free(&s);
   model_close(&A);
 }
@@ -432,7 +602,7 @@ static void case_state_ns(void) {
   snap_take(&A, &s);
   st = muon_step(A.opt);
   expect_all("step after the load", st, MUON_ERR_MISMATCH, A.opt);
-  CHECK(has(muon_error(A.opt), "Newton-Schulz settings of group 0"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
+  CHECK(has(muon_error(A.opt), "muon_hparams.ns_steps of group 0"), "rank %d: message '%s'", W.rank, muon_error(A.opt));
   expect_unchanged("the step after the load", &A, &s);
   snap_free(&s);
   model_close(&A);
@@ -1430,6 +1600,9 @@ int main(int argc, char **argv) {
   mismatch_case(MM_ROUND_BYTES);
   mismatch_case(MM_WIRE);
   mismatch_case(MM_PREFETCH);
+  case_every_group_setting();
+  case_every_run_setting();
+  case_two_differ();
   case_state_ns();
   case_plan_vs_step();
   case_mixed_checkpoints();

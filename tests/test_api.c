@@ -4,6 +4,8 @@
 #define MUON_IMPLEMENTATION
 #include "muon.h"
 #include "test.h"
+#include "settings.h"
+#include "cautious.h"
 
 #include <stdlib.h>
 #if defined(__unix__) || defined(__APPLE__)
@@ -1565,6 +1567,85 @@ static void test_alloc_sweep(void) {
   CHECK(ends_differ == 0, "%d runs with a retried failure ended elsewhere than the clean run", ends_differ);
 }
 
+/* The CPU backend's apply slot at the signs of zero (tests/cautious.h): every (w, O) of +-0,
+   +-1e-30 and larger values, bitwise the cautious_wd formula; fp32, one element per case. */
+static void test_cautious_zeros(void) {
+  muon_compute c;
+  muon_cpu_desc cd = muon_cpu_default_desc();
+  muon_apply_args a;
+  float w[CAUTIOUS_N], o[CAUTIOUS_N];
+  int i;
+  TEST_CASE("cautious weight decay with weights and updates of +0 and -0: decays exactly where w*O >= 0");
+  if (muon_cpu_create(&c, &cd) != MUON_OK) { CHECK(0, "muon_cpu_create: %s", muon_error(NULL)); return; }
+  memset(&a, 0, sizeof a);
+  a.decay = 1.0f - 0.5f * 0.25f; a.step = 0.125f;
+  a.param_dtype = MUON_DTYPE_FP32;
+  a.cautious = 1;
+  a.piece.h = 1; a.piece.w = CAUTIOUS_N; a.piece.f1 = CAUTIOUS_N; a.piece.rows = 1; a.piece.cols = CAUTIOUS_N;
+  for (i = 0; i < CAUTIOUS_N; i++) cautious_case(i, &w[i], &o[i]);
+  CHECK(c.vt->apply(c.ctx, CAUTIOUS_N, w, o, &a) == MUON_OK && c.vt->sync(c.ctx) == MUON_OK, "apply");
+  for (i = 0; i < CAUTIOUS_N; i++) {
+    float w0, o0, want;
+    cautious_case(i, &w0, &o0);
+    want = cautious_ref(w0, o0, a.decay, a.step);
+    CHECK(memcmp(&w[i], &want, 4) == 0, "w %g, O %g: got %a, want %a (w*O %s 0)", (double)w0, (double)o0,
+          (double)w[i], (double)want, (double)w0 * o0 >= 0 ? ">=" : "<");
+  }
+  muon_compute_destroy(&c);
+}
+
+/* Every field of muon.h's settings lists (tests/settings.h) survives the state blob: saved with
+   its non-default value, it comes back through muon_state_load and muon_state_reshard into a
+   fresh optimizer with defaults. And every field of the two structs is in a list. */
+static void test_settings_saved(void) {
+  int list, i;
+  TEST_CASE("every listed hyperparameter survives save, load and reshard; every field of the structs is listed");
+  CHECK(tset_bytes(TSET_HPARAMS, TSET_N(TSET_HPARAMS)) == sizeof(muon_hparams),
+        "muon_hparams has %zu bytes, its list %zu: a field is missing from MUON__HPARAMS_FIELDS", sizeof(muon_hparams),
+        tset_bytes(TSET_HPARAMS, TSET_N(TSET_HPARAMS)));
+  CHECK(tset_bytes(TSET_ADAMW, TSET_N(TSET_ADAMW)) == sizeof(muon_adamw_hparams),
+        "muon_adamw_hparams has %zu bytes, its list %zu: a field is missing from MUON__ADAMW_FIELDS",
+        sizeof(muon_adamw_hparams), tset_bytes(TSET_ADAMW, TSET_N(TSET_ADAMW)));
+  for (list = 0; list < 2; list++)
+    for (i = 0; i < (list ? TSET_N(TSET_ADAMW) : TSET_N(TSET_HPARAMS)); i++) {
+      char name[64];
+      muon_desc d = muon_default_desc(), def = d;
+      model a, b;
+      muon_optimizer *oa, *ob;
+      void *blob;
+      size_t n;
+      int how;
+      if (list) tset_field_text("muon_adamw_hparams", &TSET_ADAMW[i], name, sizeof name);
+      else tset_field_text("muon_hparams", &TSET_HPARAMS[i], name, sizeof name);
+      if (list) tset_adamw_alt(&d.adamw, i); else tset_hparams_alt(&d.hparams, i);
+      CHECK(list ? memcmp(&d.adamw, &def.adamw, sizeof d.adamw) != 0
+                 : memcmp(&d.hparams, &def.hparams, sizeof d.hparams) != 0,
+            "%s: the list's value is the default", name);
+      model_init(&a, 5u);
+      if (!(oa = make_opt(&a, &d))) { CHECK(0, "%s: create with the list's value", name); continue; }
+      n = muon_state_size(oa);
+      blob = malloc(n);
+      CHECK(muon_state_save(oa, blob, n) == MUON_OK, "%s: save: %s", name, muon_error(oa));
+      for (how = 0; how < 2; how++) {
+        const void *blobs[1];
+        memcpy(&b, &a, sizeof b);
+        ob = make_opt(&b, NULL);
+        blobs[0] = blob;
+        CHECK(ob && (how ? muon_state_reshard(ob, blobs, &n, 1) : muon_state_load(ob, blob, n)) == MUON_OK,
+              "%s: %s: %s", name, how ? "reshard" : "load", ob ? muon_error(ob) : "create");
+        if (ob && list)
+          CHECK(memcmp(&ob->adamw_groups[0], &d.adamw, sizeof d.adamw) == 0,
+                "%s did not survive %s", name, how ? "reshard" : "load");
+        if (ob && !list)
+          CHECK(memcmp(&ob->groups[0], &d.hparams, sizeof d.hparams) == 0,
+                "%s did not survive %s", name, how ? "reshard" : "load");
+        muon_destroy(ob);
+      }
+      free(blob);
+      muon_destroy(oa);
+    }
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -1583,7 +1664,9 @@ int main(void) {
   test_spectral_unclamped();
   test_checkpoint_files();
   test_reshard_blobs();
+  test_settings_saved();
   test_cautious();
+  test_cautious_zeros();
   test_normuon();
   test_state_guards();
   test_adamw_resume_absent();

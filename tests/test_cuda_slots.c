@@ -20,7 +20,8 @@
      FLAT ranges that cut rows, empty ops, more ops than one launch carries: bit-exact against
      muon__piece_operand_index, and the packed operand equals the matrix (or its transpose);
    - momentum (lerp / sgd, nesterov, update or not, u NULL, fp32 / bf16 grad, grad_scale), apply
-     (fp32 / bf16 param, bf16 mirror, nearest / stochastic rounding of a FLAT piece), AdamW
+     (fp32 / bf16 param, bf16 mirror, nearest / stochastic rounding of a FLAT piece; cautious
+     decay at weights and updates of +-0 against the formula, tests/cautious.h), AdamW
      (fp32 / bf16 param and grad, mirror, stochastic): bit-exact against the MUON__HD functions
      on the host (nvcc -fmad=false), on sizes that need several grid-stride passes;
    - Newton-Schulz against muon_newton_schulz (the CPU) at several shapes, batch 1 and 3, both
@@ -47,6 +48,7 @@
 #include "muon.h"
 #include "muon_cuda.h"
 #include "test.h"
+#include "cautious.h"
 #ifdef MUON_CUDA_STANDIN
 #include "standin/standin.h"
 #else
@@ -478,6 +480,32 @@ static void test_apply(void) {
       }
   dfree(dp); dfree(dmirror); dfree(dO);
   free(p0); free(O); free(pw); free(gotf); free(p0b); free(pwb); free(mw); free(gotb);
+}
+
+/* apply's cautious decay at the signs of zero (tests/cautious.h): bitwise the cautious_wd formula. */
+static void test_cautious_zeros(void) {
+  muon_apply_args a;
+  float w[CAUTIOUS_N], o[CAUTIOUS_N], got[CAUTIOUS_N];
+  float *dw = (float *)dalloc(sizeof w), *dO = (float *)dalloc(sizeof o);
+  int i;
+  TEST_CASE("apply: cautious decay with weights and updates of +0 and -0, decays exactly where w*O >= 0");
+  memset(&a, 0, sizeof a);
+  a.decay = 1.0f - 0.5f * 0.25f; a.step = 0.125f;
+  a.param_dtype = MUON_DTYPE_FP32;
+  a.cautious = 1;
+  a.piece.h = 1; a.piece.w = CAUTIOUS_N; a.piece.f1 = CAUTIOUS_N; a.piece.rows = 1; a.piece.cols = CAUTIOUS_N;
+  for (i = 0; i < CAUTIOUS_N; i++) cautious_case(i, &w[i], &o[i]);
+  up(dw, w, sizeof w);
+  up(dO, o, sizeof o);
+  CHECK(G.vt->apply(G.ctx, CAUTIOUS_N, dw, dO, &a) == MUON_OK, "apply: %s", G.vt->error(G.ctx));
+  down(got, dw, sizeof got);
+  if (sync_ok())
+    for (i = 0; i < CAUTIOUS_N; i++) {
+      float want = cautious_ref(w[i], o[i], a.decay, a.step);
+      CHECK(memcmp(&got[i], &want, 4) == 0, "w %g, O %g: got %a, want %a", (double)w[i], (double)o[i],
+            (double)got[i], (double)want);
+    }
+  dfree(dw); dfree(dO);
 }
 
 /* ---- AdamW --------------------------------------------------------------------------------------- */
@@ -1115,6 +1143,7 @@ int main(void) {
   test_pack();
   test_momentum();
   test_apply();
+  test_cautious_zeros();
   test_adamw();
   test_ns_workspace();
   test_ns();

@@ -495,7 +495,7 @@ static void test_validation(void) {
   {
     muon_hparams hp = muon_default_hparams();
     if (W.rank == 1) hp.ns_steps = 6;
-    one_matrix_error("hparams", 16, 16, &l, &hp, MUON_ERR_MISMATCH, "Newton-Schulz");
+    one_matrix_error("hparams", 16, 16, &l, &hp, MUON_ERR_MISMATCH, "muon_hparams.ns_steps of group 0");
   }
   TEST_CASE("validation: the same name twice on one rank -> MUON_ERR_ARG everywhere");
   opt = make(&cfg, NULL);

@@ -6,7 +6,8 @@
    2, 3 and 4 threads through muon's pool, a user parallel_for that runs the tasks backwards on
    the calling thread, and one that starts a POSIX thread per task. Parameters, momenta and AdamW
    moments must be bitwise those of the single-thread run. The built-in GEMM's row split is also
-   checked alone against the unsplit GEMM, and bad thread counts are clear errors.
+   checked alone against the unsplit GEMM, the Newton-Schulz balancer alone at 0, 1, 2, 3 and 5
+   operands (CBLAS too), and bad thread counts are clear errors.
    Built also with ThreadSanitizer (test_parallel_tsan) and with MUON_NO_THREADS. */
 #define _POSIX_C_SOURCE 200809L
 #if defined(MUON_COVERAGE) && !defined(TEST_SMALL)   /* at -O0 the full model takes minutes: the small one, split alike */
@@ -276,6 +277,82 @@ static void gemm_split_case(int transb, int lower, int M, int N, int K, int pack
   free(A); free(B); free(C0); free(C1); free(packs);
 }
 
+/* The Newton-Schulz balancer on T threads (muon__cpu_newton_schulz: whole rounds of T side by side,
+   then the rest with split GEMMs; muon__cpu_newton_schulz_many: CBLAS operands balanced by cost,
+   built-in ones batch by batch): 0, 1, 2, 3 and 5 operands, bitwise as on one thread. A lone
+   CBLAS operand on several threads, a batch one short of or one past a round, are edges an off
+   by one in either split would get wrong (an operand run twice, skipped, or in a shared
+   workspace). */
+static const int bal_shape[5][2] = {{24, 40}, {24, 40}, {16, 16}, {8, 60}, {32, 48}};
+static void bal_fill(float *X, size_t n, uint32_t seed) {
+  size_t e;
+  for (e = 0; e < n; e++) X[e] = uniform(&seed);
+}
+/* out[i] after newton_schulz_many (many: shapes bal_shape) or newton_schulz of a batch of
+   `count` 24 x 40, on T threads. */
+static int bal_run(int many, int count, int T, void (*hook)(void *, int, muon_task_fn, void *), float **out) {
+  muon_cpu_desc cd = muon_cpu_default_desc();
+  muon_compute c;
+  muon_hparams hp[5];
+  const muon_hparams *hpp[5];
+  float *X[5], *batch;
+  int m[5], n[5], i, ok;
+  size_t ws = 1;
+  void *w;
+  cd.threads.count = T;
+  cd.threads.parallel_for = hook;
+  if (muon_cpu_create(&c, &cd) != MUON_OK) return 0;
+  batch = (float *)malloc((size_t)5 * 24 * 40 * sizeof(float));
+  for (i = 0; i < 5; i++) {
+    hp[i] = muon_default_hparams();
+    if (i == 3) hp[i].ns_algorithm = MUON_NS_GRAM;
+    m[i] = many ? bal_shape[i][0] : 24;
+    n[i] = many ? bal_shape[i][1] : 40;
+    X[i] = many && i > 1 ? out[i] : batch + (size_t)i * 24 * 40;   /* many: 0 and 1 one batch */
+    bal_fill(X[i], (size_t)m[i] * n[i], 100u + (unsigned)i);
+    hpp[i] = i == 1 ? &hp[0] : &hp[i];
+    if (c.vt->ns_workspace(c.ctx, count, m[i], n[i], &hp[i]) > ws)
+      ws = c.vt->ns_workspace(c.ctx, count, m[i], n[i], &hp[i]);
+  }
+  w = malloc(ws);
+  ok = (many ? c.vt->newton_schulz_many(c.ctx, count, X, m, n, hpp, w)
+             : c.vt->newton_schulz(c.ctx, batch, count, 24, 40, &hp[0], w)) == MUON_OK;
+  for (i = 0; i < 5; i++) if (X[i] != out[i]) memcpy(out[i], X[i], (size_t)m[i] * n[i] * sizeof(float));
+  free(w);
+  free(batch);
+  muon_compute_destroy(&c);
+  return ok;
+}
+static void balancer_case(void) {
+  static const int counts[] = {0, 1, 2, 3, 5};
+  float *ref[5], *got[5];
+  int many, ci, T, hook, i;
+  for (i = 0; i < 5; i++) {
+    ref[i] = (float *)malloc((size_t)32 * 60 * sizeof(float));
+    got[i] = (float *)malloc((size_t)32 * 60 * sizeof(float));
+  }
+  for (many = 0; many < 2; many++)
+    for (ci = 0; ci < 5; ci++) {
+      int count = counts[ci];
+      CHECK(bal_run(many, count, 1, NULL, ref), "%s of %d on one thread",
+            many ? "newton_schulz_many" : "newton_schulz", count);
+      for (T = 2; T <= 5; T++)
+        for (hook = 0; hook < 2; hook++) {
+#ifdef MUON_NO_THREADS
+          if (!hook) continue;   /* no pool: only a user's parallel_for gives threads */
+#endif
+          CHECK(bal_run(many, count, T, hook ? thread_per_task : NULL, got), "%d threads", T);
+          for (i = 0; i < 5; i++) {
+            size_t e = many ? (size_t)bal_shape[i][0] * bal_shape[i][1] : (size_t)24 * 40;
+            CHECK(same(ref[i], got[i], e * sizeof(float)),
+                  "%s of %d operands on %d threads (%s): operand %d differs from one thread",
+                  many ? "newton_schulz_many" : "newton_schulz", count, T,
+                  hook ? "a thread per task" : "muon's pool", i);
+          }
+        }
+    }
+  for (i = 0; i < 5; i++) { free(ref[i]); free(got[i]); }
+}
 
 int main(void) {
   state ref, got;
@@ -301,6 +378,10 @@ int main(void) {
         gemm_split_case(1, 1, shapes[i][0], shapes[i][0], shapes[i][2], i % 2, th);
       }
   }
+
+  TEST_CASE("the Newton-Schulz balancer: 0, 1, 2, 3 and 5 operands, one shape or several, on 2-5 threads: "
+            "bitwise one thread");
+  balancer_case();
 
   make_state(&ref);
   run(&ref, one, "1 thread");

@@ -1,0 +1,21 @@
+/* cautious.h - cautious weight decay at the signs of zero, against the formula of muon_hparams'
+   cautious_wd comment, written out here rather than taken from muon.h: w = (w*O >= 0 ?
+   w*(1 - lr*wd) : w) - adjusted_lr*O, zero agreeing with both signs. w*O is taken in double,
+   where the product of two floats is exact (in float, 1e-30 * -1e-30 would be -0 and "agree").
+   A zero weight decays to itself, so the cases that tell are a nonzero weight with O = +0 or -0
+   (must decay) and opposite signs (must not). cautious_case(i) is element i's (w, O). */
+#ifndef MUON_TEST_CAUTIOUS_H
+#define MUON_TEST_CAUTIOUS_H
+
+#define CAUTIOUS_N 48
+static void cautious_case(int i, float *w, float *o) {
+  static const float ws[8] = { 0.0f, -0.0f, 1.5f, -1.5f, 1e-30f, -1e-30f, 3.0f, -3.0f };
+  static const float os[6] = { 0.0f, -0.0f, 0.75f, -0.75f, 1e-30f, -1e-30f };
+  *w = ws[i / 6];
+  *o = os[i % 6];
+}
+static float cautious_ref(float w, float o, float decay, float step) {
+  volatile float d = (double)w * (double)o >= 0 ? w * decay : w, s = step * o;
+  return d - s;
+}
+#endif
