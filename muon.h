@@ -2676,8 +2676,10 @@ static muon_status muon__adamw_stack_check(muon_optimizer *opt, const muon_adamw
   } while (0)
   if (p->count < 0) MUON__BAD("muon_adamw_param.count must be >= 0 (got %d)", p->count);
   s->count = p->count ? p->count : 1;
-  /* every piece is an AdamW param and has a verdict slot next to the matrices' */
-  if (s->count > INT_MAX - opt->n_adamw - opt->n_matrices || (size_t)s->count > MUON__MAX_FLOATS / size)
+  /* every piece is an AdamW param and has a verdict slot next to the matrices'; one piece's size
+     is checked with its other fields (muon__adamw_check) */
+  if (s->count > INT_MAX - opt->n_adamw - opt->n_matrices ||
+      (s->count > 1 && (size_t)s->count > MUON__MAX_FLOATS / size))
     MUON__BAD("muon_adamw_param.count %d of %zu elements each is too large", s->count, p->size);
   s->stride = p->stride ? p->stride : p->size;
   s->grad_stride = p->grad_stride ? p->grad_stride : s->stride;
