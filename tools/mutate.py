@@ -51,6 +51,9 @@ STEPS = [
     ("test_parallel_cblas", ["build/test_parallel_cblas"], "OPENBLAS_NUM_THREADS=1 build/test_parallel_cblas", CORE),
     ("test_gloo -n 3", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo", GLOO),
     ("test_dist -n 3", ["build/test_dist", "build/muonrun"], RUN + " -n 3 build/test_dist", GLOO),
+    # Gloo's blocking table: the communication thread of async (make test runs it too)
+    ("test_dist blocking", ["build/test_dist", "build/muonrun"],
+     "MUON_GLOO_BLOCKING=1 " + RUN + " -n 3 build/test_dist", GLOO),
     ("test_agree -n 2", ["build/test_agree", "build/muonrun"], RUN + " -n 2 build/test_agree", GLOO),
     ("test_llmc -n 2", ["build/test_llmc", "build/muonrun"], RUN + " -n 2 build/test_llmc", GLOO),
     ("examples --sr", ["build/fsdp", "build/pp", "build/muonrun"],
