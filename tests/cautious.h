@@ -14,6 +14,15 @@ static void cautious_case(int i, float *w, float *o) {
   *w = ws[i / 6];
   *o = os[i % 6];
 }
+/* The apply slot's arguments for one row of CAUTIOUS_N fp32 elements (a needs muon.h's
+   muon_apply_args, included before this file). */
+static void cautious_args(muon_apply_args *a) {
+  memset(a, 0, sizeof *a);
+  a->decay = 1.0f - 0.5f * 0.25f; a->step = 0.125f;
+  a->param_dtype = MUON_DTYPE_FP32;
+  a->cautious = 1;
+  a->piece.h = 1; a->piece.w = CAUTIOUS_N; a->piece.f1 = CAUTIOUS_N; a->piece.rows = 1; a->piece.cols = CAUTIOUS_N;
+}
 static float cautious_ref(float w, float o, float decay, float step) {
   volatile float d = (double)w * (double)o >= 0 ? w * decay : w, s = step * o;
   return d - s;

@@ -1577,11 +1577,7 @@ static void test_cautious_zeros(void) {
   int i;
   TEST_CASE("cautious weight decay with weights and updates of +0 and -0: decays exactly where w*O >= 0");
   if (muon_cpu_create(&c, &cd) != MUON_OK) { CHECK(0, "muon_cpu_create: %s", muon_error(NULL)); return; }
-  memset(&a, 0, sizeof a);
-  a.decay = 1.0f - 0.5f * 0.25f; a.step = 0.125f;
-  a.param_dtype = MUON_DTYPE_FP32;
-  a.cautious = 1;
-  a.piece.h = 1; a.piece.w = CAUTIOUS_N; a.piece.f1 = CAUTIOUS_N; a.piece.rows = 1; a.piece.cols = CAUTIOUS_N;
+  cautious_args(&a);
   for (i = 0; i < CAUTIOUS_N; i++) cautious_case(i, &w[i], &o[i]);
   CHECK(c.vt->apply(c.ctx, CAUTIOUS_N, w, o, &a) == MUON_OK && c.vt->sync(c.ctx) == MUON_OK, "apply");
   for (i = 0; i < CAUTIOUS_N; i++) {

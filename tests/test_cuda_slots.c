@@ -489,11 +489,7 @@ static void test_cautious_zeros(void) {
   float *dw = (float *)dalloc(sizeof w), *dO = (float *)dalloc(sizeof o);
   int i;
   TEST_CASE("apply: cautious decay with weights and updates of +0 and -0, decays exactly where w*O >= 0");
-  memset(&a, 0, sizeof a);
-  a.decay = 1.0f - 0.5f * 0.25f; a.step = 0.125f;
-  a.param_dtype = MUON_DTYPE_FP32;
-  a.cautious = 1;
-  a.piece.h = 1; a.piece.w = CAUTIOUS_N; a.piece.f1 = CAUTIOUS_N; a.piece.rows = 1; a.piece.cols = CAUTIOUS_N;
+  cautious_args(&a);
   for (i = 0; i < CAUTIOUS_N; i++) cautious_case(i, &w[i], &o[i]);
   up(dw, w, sizeof w);
   up(dO, o, sizeof o);
