@@ -102,6 +102,8 @@ static void check_exchanges(const muon_comm *c, const char *what) {
   }
   if (c->vt->queued) {
     CHECK(c->vt->finish(c->ctx) == MUON_OK, "%s: finish: %s", what, err_of(c));
+    for (k = 0; k < K; k++)   /* finished: readable before the joins */
+      CHECK(xchg_bad(&x[k], c, k) == 0, "%s: exchange %d not complete after finish", what, k);
     for (k = K - 1; k >= 0; k--)
       CHECK(c->vt->join(c->ctx, x[k].ticket) == MUON_OK, "%s: join %d: %s", what, k, err_of(c));
     CHECK(c->vt->join(c->ctx, x[0].ticket) == MUON_ERR_ARG, "%s: a second join of a ticket is refused", what);
