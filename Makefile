@@ -13,12 +13,14 @@ BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
 GLOO_LIBS   := -lgloo -lstdc++ -pthread -lm
 INC      := -I. -Itests -Iexamples
-HEADERS  := muon.h muon_gloo.h muon_cuda.h muon_nccl.h
-DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev redis-server
+HEADERS  := muon.h muon_gloo.h muon_cuda.h muon_nccl.h muon_mpi.h
+DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev redis-server libopenmpi-dev openmpi-bin
 
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
 STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable
 EXAMPLES   := single distributed muonrun muoncmp $(STRATEGIES)
+# The strategies make test also runs over MPI (mpirun, 2-4 ranks: tests/run_examples.sh --mpi).
+MPI_EXAMPLES := fsdp tp_fsdp hsdp pp ep_fsdp tp_hsdp
 
 # CUDA: the toolkit's nvcc, headers and libraries (override CUDA_HOME). Without a GPU the CUDA
 # backend still compiles with nvcc, links against cudart/cuBLAS, and runs on the stand-ins
@@ -44,16 +46,19 @@ all: examples
 deps:
 	@tools/install-deps.sh $(DEPS)
 
-$(BUILD) $(BUILD)/cuda $(BUILD)/nccl $(BUILD)/gpu:
+$(BUILD) $(BUILD)/cuda $(BUILD)/nccl $(BUILD)/gpu $(BUILD)/mpi:
 	@mkdir -p $@
 
 # ---- every public header alone, as C99 and as C++17, declarations and implementation --------
 check-headers: | $(BUILD)
 	@for h in $(HEADERS); do \
 	  printf '#include "%s"\n' $$h > $(BUILD)/hdr.c; \
-	  $(CC) $(CWARN) -fsyntax-only -I. $(BUILD)/hdr.c && \
-	  $(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(BUILD)/hdr.c || exit 1; \
+	  $(CC) $(CWARN) -fsyntax-only -I. $(MPI_CFLAGS) $(BUILD)/hdr.c && \
+	  $(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(MPI_CFLAGS) $(BUILD)/hdr.c || exit 1; \
 	done
+	@printf '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#define MUON_MPI_IMPLEMENTATION\n#include "muon_mpi.h"\n' > $(BUILD)/impl_mpi.c
+	@$(CC) $(CWARN) -fsyntax-only -I. $(MPI_CFLAGS) $(BUILD)/impl_mpi.c
+	@$(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(MPI_CFLAGS) $(BUILD)/impl_mpi.c
 	@printf '#define MUON_IMPLEMENTATION\n#include "muon.h"\n' > $(BUILD)/impl.c
 	@$(CC) $(CWARN) -fsyntax-only -I. $(BUILD)/impl.c
 	@$(CXX) $(CXXWARN) -fsyntax-only -x c++ -I. $(BUILD)/impl.c
@@ -193,6 +198,20 @@ $(BUILD)/nccl/%: bench/%.c muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
 $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
 	$(CC) $(CWARN) $(O2) -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
 
+# ---- MPI (mpi/): muon_mpi.h over Open MPI, run under mpirun (tests/run_mpi.sh, run_examples.sh
+# --mpi): tests/test_mpi.c, test_dist and the strategy examples with -DEX_MPI (common.h's world is
+# muon_mpi_create). The flags are read when a recipe runs, after `deps` installed Open MPI; where
+# it is still missing the binary is not built and the scripts print a skipped line.
+MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null | sed 's/-I/-isystem /g')
+MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null)
+mpi_build  = @if pkg-config --exists ompi-c; then \
+	  echo "$(CC) ... -DEX_MPI $< -o $@"; $(CC) $(CWARN) $(OPT) $(posix) -DEX_MPI $(MPI_CFLAGS) $(INC) $< -o $@ $(MPI_LIBS) -lm; \
+	else echo "Open MPI (libopenmpi-dev) not installed: $@ not built"; fi
+$(BUILD)/mpi/%: tests/%.c $(TEST_DEPS) muon_mpi.h examples/common.h | $(BUILD)/mpi
+	$(mpi_build)
+$(BUILD)/mpi/%: examples/%.c examples/common.h muon.h muon_mpi.h | $(BUILD)/mpi
+	$(mpi_build)
+
 # ---- on a real GPU (gpu/): the same suites and benches linked against nvcc's object and the
 # real libraries (and libnccl); built by make test to prove the calls link, run by test-gpu.
 gpu_link = $(if $(call need,NCCL),$(BUILD)/nccl/muon_nccl.o) $(GPU_LINK)$(if $(call need,NCCL), $(NCCL_LIBS))
@@ -295,8 +314,9 @@ TESTS_dist := \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
+  "tests/run_mpi.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun
+NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp)
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
@@ -307,6 +327,7 @@ sr_runs = $(foreach e,$2,$(foreach n,$3,\
 # overlap, Partial gradients; each bitwise against one device.
 TESTS_examples := \
   "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
+  "tests/run_examples.sh --mpi $(BUILD)/mpi $(MPI_EXAMPLES)" \
   $(call ranks,1 2 3 4,$(BUILD)/distributed) \
   $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
   $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \
@@ -320,7 +341,7 @@ TESTS_examples := \
   "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
   "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
   $(call sr_runs,$(BUILD),fsdp fsdp_flat,1 2 4) $(call sr_runs,$(BUILD),pp tp_fsdp,4)
-NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES))
+NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES)) $(addprefix $(BUILD)/mpi/,$(MPI_EXAMPLES))
 
 # CUDA: nvcc compiles the backend and it links against cudart/cuBLAS/NCCL (gpu/ and
 # cuda/test_cuda_slots_gpu are built, not run); the same code runs on the stand-ins.

@@ -1,7 +1,8 @@
 /* common.h - what every distributed example shares, so each example shows only its strategy.
 
    - ex_init: the Gloo world from the environment muonrun (or torchrun / mpirun) sets; built
-     with -DEX_NCCL (which implies -DEX_CUDA), an NCCL world instead.
+     with -DEX_NCCL (which implies -DEX_CUDA), an NCCL world instead; with -DEX_MPI an MPI
+     world (muon_mpi_create: run under mpirun).
    - ex_mesh: the group along one dimension of a row-major device mesh.
    - ex_run: a synthetic model trained for a few steps with the given config, next to a
      single-device run of the same data in the same program, and the bitwise check. Before
@@ -48,6 +49,10 @@
 #endif
 #ifdef EX_NCCL
 #include "muon_nccl.h"
+#endif
+#ifdef EX_MPI
+#define MUON_MPI_IMPLEMENTATION   /* one translation unit per example */
+#include "muon_mpi.h"
 #endif
 
 #include <math.h>
@@ -132,6 +137,8 @@ static inline ex_world ex_init(int argc, char **argv) {
     }
     if (muon_nccl_create(&w.world, &nd) != MUON_OK) ex_die(NULL, "muon_nccl_create", muon_error(NULL));
   }
+#elif defined(EX_MPI)
+  if (muon_mpi_create(&w.world, NULL) != MUON_OK) ex_die(NULL, "muon_mpi_create", muon_error(NULL));
 #else
   {
     muon_gloo_desc gd = muon_gloo_default_desc();
@@ -148,6 +155,8 @@ static inline muon_comm ex_mesh(ex_world *w, const int *dims, int ndims, int dim
   muon_comm c;
 #ifdef EX_NCCL
   if (muon_nccl_mesh_subgroup(&c, &w->world, dims, ndims, dim) != MUON_OK) ex_die(w, "muon_nccl_mesh_subgroup", muon_error(NULL));
+#elif defined(EX_MPI)
+  if (muon_mpi_mesh_subgroup(&c, &w->world, dims, ndims, dim) != MUON_OK) ex_die(w, "muon_mpi_mesh_subgroup", muon_error(NULL));
 #else
   if (muon_gloo_mesh_subgroup(&c, &w->world, dims, ndims, dim) != MUON_OK) ex_die(w, "muon_gloo_mesh_subgroup", muon_error(NULL));
 #endif

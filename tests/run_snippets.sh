@@ -2,8 +2,8 @@
 # The C blocks of README.md and docs/*.md compile as written, and README's run: each ```c block
 # must follow a line <!-- snippet: CONTEXT --> naming its context in tests/snippets.h (an
 # unmarked block fails). one_device runs against llm.c's tensor shapes; gloo runs on 4 Gloo ranks;
-# the rest compile (cuda and nccl only where the CUDA toolkit is). Errors point at the markdown
-# line (#line). Usage: tests/run_snippets.sh BUILD (needs BUILD/muonrun and BUILD/muon_gloo.o)
+# the rest compile (cuda and nccl only where the CUDA toolkit is, mpi where Open MPI is).
+# Errors point at the markdown line (#line). Usage: tests/run_snippets.sh BUILD (needs BUILD/muonrun and BUILD/muon_gloo.o)
 set -u
 B=$1
 OUT=$B/snippets
@@ -65,6 +65,10 @@ while read -r md line ctx c; do
     cuda|nccl)
       if [ $cuda_ok = 0 ]; then skipped=$((skipped + 1)); echo "$what: no CUDA toolkit at $CUDA_HOME: skipped"
       elif $CC $FLAGS -fsyntax-only -isystem "$CUDA_HOME/include" -Itests -I. "$c" >"$log" 2>&1; then ok
+      else bad "$what" "$log"; fi ;;
+    mpi)
+      if ! pkg-config --exists ompi-c; then skipped=$((skipped + 1)); echo "$what: no Open MPI (libopenmpi-dev): skipped"
+      elif $CC $FLAGS -fsyntax-only $(pkg-config --cflags ompi-c | sed 's/-I/-isystem /g') -Itests -I. "$c" >"$log" 2>&1; then ok
       else bad "$what" "$log"; fi ;;
     unmarked)
       bad "$what: no <!-- snippet: CONTEXT --> line before the block" /dev/null ;;

@@ -162,6 +162,12 @@ static void forward_backward(void) {}
 #define SNIPPET_BEGIN static void snippet(void) {
 #define SNIPPET_END }
 
+#elif defined(SNIPPET_mpi)      /* compiled only, with Open MPI's headers */
+#include "muon_mpi.h"
+static muon_desc desc;
+#define SNIPPET_BEGIN static void snippet(void) {
+#define SNIPPET_END (void)desc; }
+
 #elif defined(SNIPPET_cuda) || defined(SNIPPET_nccl)   /* compiled only, with the CUDA headers */
 #include <cuda_runtime.h>
 #include <nccl.h>

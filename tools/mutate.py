@@ -21,6 +21,8 @@ CORE = {"muon.h"}
 GLOO = {"muon.h", "muon_gloo.h"}
 CUDA = {"muon.h", "muon_cuda.h"}
 NCCL = {"muon.h", "muon_cuda.h", "muon_nccl.h"}
+MPI = {"muon.h", "muon_mpi.h"}
+MPI_CFLAGS = "$(pkg-config --cflags ompi-c | sed 's/-I/-isystem /g')"
 RUN = "build/muonrun --timeout 120"
 
 
@@ -97,6 +99,9 @@ STEPS = [
      EXAMPLES_AT("build/nccl", "fsdp tp_hsdp"), NCCL),
     ("nccl overlap", ["build/nccl/fsdp", "build/nccl/muonrun"],
      "MUON_STANDIN_AHEAD=1 tests/run_overlap.sh --some build/nccl fsdp", NCCL),
+    # last: muon.h's survivors only get here; for muon_mpi.h's mutants it is the only step
+    ("mpi", ["build/mpi/test_mpi", "build/mpi/test_dist", "build/mpi/fsdp", "build/mpi/tp_fsdp"],
+     "tests/run_mpi.sh build", MPI),
 ]
 
 CUDA_HOME = os.environ.get("CUDA_HOME", "/usr/local/cuda")
@@ -108,6 +113,7 @@ CHECK_TU = {
     "muon_gloo.h": None,  # compiled through examples/muon_gloo.cpp
     "muon_cuda.h": '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#include "muon_cuda.h"\n',
     "muon_nccl.h": '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#define MUON_NCCL_IMPLEMENTATION\n#include "muon_nccl.h"\n',
+    "muon_mpi.h": '#define MUON_IMPLEMENTATION\n#include "muon.h"\n#define MUON_MPI_IMPLEMENTATION\n#include "muon_mpi.h"\n',
 }
 
 
@@ -195,6 +201,8 @@ def compile_check(tree, header, jobs):
     extra = cuda if header in ("muon_cuda.h", "muon_nccl.h") else ""
     if header == "muon_cuda.h":
         extra += " -DMUON_CUDA_IMPLEMENTATION"
+    if header == "muon_mpi.h":
+        extra = MPI_CFLAGS
     return sh("gcc %s %s -fsyntax-only -I. build/mutant.c && g++ -std=c++17 -Wall -Wextra -Werror "
               "%s -fsyntax-only -x c++ -I. build/mutant.c" % (flags, extra, extra), tree)
 
