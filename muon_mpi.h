@@ -84,6 +84,12 @@
          these, and nothing is applied on a rank whose step failed.
        - Creation: MPI_Init_thread, and the MPI_Comm_dup of a wrapped communicator, run under
          the error handler MPI already has (MPI_ERRORS_ARE_FATAL unless the trainer changed it).
+       - Open MPI 4.1 reports a failed nonblocking collective to MPI_COMM_WORLD's error handler,
+         not to the communicator's: around the one MPI_Test that completes an exchange, the
+         queued table sets MPI_ERRORS_RETURN on MPI_COMM_WORLD and then puts the trainer's
+         handler back. A trainer thread that calls MPI on MPI_COMM_WORLD at that moment would
+         see MPI_ERRORS_RETURN: keep such calls out of muon_step's time (MPI_THREAD_SERIALIZED
+         asks that of the trainer anyway), or use the blocking table.
 
    ENVIRONMENT (read only for the desc fields left at their defaults)
        MUON_MPI_TIMEOUT              seconds for every wait of the queued table (default 300)
