@@ -829,6 +829,9 @@ MUON_API const char *muon_error(const muon_optimizer *opt);
 /* For backends: a creation failed; the message (printf-style, starting with the status name, as
    "MUON_ERR_ARG: muon_gloo_desc.rank ...") is what muon_error(NULL) returns on this thread. */
 MUON_API void muon_set_create_error(const char *fmt, ...) MUON__PRINTF_DECL(1, 2);
+/* The same as "STATUS_NAME: fn: reason" (fmt printf-style), returning st: a backend's creator
+   says `return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "...", ...);`. */
+MUON_API muon_status muon_create_failed(muon_status st, const char *fn, const char *fmt, ...) MUON__PRINTF_DECL(3, 4);
 
 /* Param groups (torch's param_groups): a new group with its own hyperparameters. Distributed:
    changing a group's Newton-Schulz settings (not its lr) after planning re-plans at the next
@@ -1750,6 +1753,17 @@ MUON_API void muon_set_create_error(const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(muon__create_error, sizeof muon__create_error, fmt, ap);
   va_end(ap);
+}
+
+MUON_API muon_status muon_create_failed(muon_status st, const char *fn, const char *fmt, ...) {
+  const char *name = muon_status_string(st);   /* "MUON_ERR_X: its text": the name is kept */
+  char reason[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(reason, sizeof reason, fmt, ap);
+  va_end(ap);
+  muon_set_create_error("%.*s: %s: %s", (int)strcspn(name, ":"), name, fn, reason);
+  return st;
 }
 
 MUON_API const char *muon_error(const muon_optimizer *opt) {

@@ -1371,34 +1371,22 @@ static muon_status muon_cuda__setup(muon_cuda__ctx *c, const muon_cuda_desc *d) 
   return MUON_OK;
 }
 
-/* A failed creation: "MUON_ERR_X: muon_cuda_create: reason" becomes muon_error(NULL) on this
-   thread. */
-static muon_status muon_cuda__refuse(muon_status st, const char *fmt, ...) MUON__PRINTF_DECL(2, 3);
-static muon_status muon_cuda__refuse(muon_status st, const char *fmt, ...) {
-  const char *name = muon_status_string(st);   /* "MUON_ERR_X: its text": the name is kept */
-  char reason[600];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(reason, sizeof reason, fmt, ap);
-  va_end(ap);
-  muon_set_create_error("%.*s: muon_cuda_create: %s", (int)strcspn(name, ":"), name, reason);
-  return st;
-}
-
 MUON_API muon_status muon_cuda_create(muon_compute *out, const muon_cuda_desc *desc) {
   muon_cuda_desc d = desc ? *desc : muon_cuda_default_desc();
   muon_cuda__ctx *c;
   muon_set_create_error("%s", "");
-  if (!out) return muon_cuda__refuse(MUON_ERR_ARG, "out is NULL");
+  if (!out) return muon_create_failed(MUON_ERR_ARG, "muon_cuda_create", "out is NULL");
   out->vt = NULL;
   out->ctx = NULL;
-  if (d.device < 0) return muon_cuda__refuse(MUON_ERR_ARG, "muon_cuda_desc.device must be >= 0 (got %d)", d.device);
+  if (d.device < 0)
+    return muon_create_failed(MUON_ERR_ARG, "muon_cuda_create", "muon_cuda_desc.device must be >= 0 (got %d)", d.device);
   c = (muon_cuda__ctx *)calloc(1, sizeof *c);
-  if (!c) return muon_cuda__refuse(MUON_ERR_NOMEM, "no host memory for the context (%zu bytes)", sizeof *c);
+  if (!c)
+    return muon_create_failed(MUON_ERR_NOMEM, "muon_cuda_create", "no host memory for the context (%zu bytes)", sizeof *c);
   c->device = d.device;
   if (muon_cuda__setup(c, &d) != MUON_OK) {
     (void)cudaGetLastError();
-    (void)muon_cuda__refuse(MUON_ERR_BACKEND, "%s", c->err);
+    (void)muon_create_failed(MUON_ERR_BACKEND, "muon_cuda_create", "%s", c->err);
     muon_cuda__destroy(c);   /* what the steps made so far */
     return MUON_ERR_BACKEND;
   }

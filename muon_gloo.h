@@ -693,21 +693,7 @@ static const muon_comm_vtable muon_gloo__vtable_blocking = {
    muon_gloo_create: the desc and the environment are resolved (rank and size, timeout, which
    store), then the store, the SIGPIPE disposition and the TCP device are set up, and the world's
    comm is started like every subgroup's (muon_gloo__start). Each step that fails says why through
-   muon_gloo__refuse, which is what muon_error(NULL) returns. */
-
-/* A failed creation: "MUON_ERR_X: fn: reason" becomes muon_error(NULL) on this thread. */
-static muon_status muon_gloo__refuse(muon_status st, const char *fn, const char *fmt, ...)
-    MUON__PRINTF_DECL(3, 4);
-static muon_status muon_gloo__refuse(muon_status st, const char *fn, const char *fmt, ...) {
-  const char *name = muon_status_string(st); /* "MUON_ERR_X: its text": the name is kept */
-  char reason[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(reason, sizeof reason, fmt, ap);
-  va_end(ap);
-  muon_set_create_error("%.*s: %s: %s", (int)strcspn(name, ":"), name, fn, reason);
-  return st;
-}
+   muon_create_failed (muon.h), which is what muon_error(NULL) returns. */
 
 /* The start of every creation: *out cleared, no reason left from an earlier failure. */
 static void muon_gloo__begin(muon_comm *out) {
@@ -757,7 +743,7 @@ static muon_status muon_gloo__rank_size(const muon_gloo_desc *desc, muon_gloo__s
     int r = -1, n = -1;
     int hr = muon_gloo__env_int(env_names[k][0], &r), hn = muon_gloo__env_int(env_names[k][1], &n);
     if (hr < 0 || hn < 0)
-      return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "environment %s='%s' / %s='%s' is "
+      return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "environment %s='%s' / %s='%s' is "
                                "not a valid rank / size", env_names[k][0], getenv(env_names[k][0]) ?
                                getenv(env_names[k][0]) : "", env_names[k][1],
                                getenv(env_names[k][1]) ? getenv(env_names[k][1]) : "");
@@ -767,12 +753,12 @@ static muon_status muon_gloo__rank_size(const muon_gloo_desc *desc, muon_gloo__s
     }
   }
   if (s.rank < 0 || s.size < 0)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.%s is -1 and none "
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.%s is -1 and none "
                              "of MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/"
                              "OMPI_COMM_WORLD_SIZE is set (start the program with muonrun, torchrun "
                              "or mpirun)", s.rank < 0 ? "rank" : "size");
   if (s.size < 1 || s.rank >= s.size)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc: rank %d is not in "
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc: rank %d is not in "
                              "[0, size %d)", s.rank, s.size);
   return MUON_OK;
 }
@@ -787,12 +773,12 @@ static muon_status muon_gloo__timeout(const muon_gloo_desc *desc, muon_gloo__set
       char *end;
       s.timeout_s = strtod(t, &end);
       if (*end || !(s.timeout_s > 0))
-        return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "MUON_GLOO_TIMEOUT='%s' is not "
+        return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "MUON_GLOO_TIMEOUT='%s' is not "
                                  "a positive number of seconds", t);
     }
   }
   if (!(s.timeout_s > 0) || s.timeout_s > 1e7)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.timeout_s must be > "
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.timeout_s must be > "
                              "0 and <= 1e7 (got %g)", s.timeout_s);
   return MUON_OK;
 }
@@ -803,7 +789,7 @@ static muon_status muon_gloo__where(const muon_gloo_desc *desc, muon_gloo__setti
   s.store_dir = desc->store_dir;
   s.redis = desc->redis;
   if (s.store_dir && s.redis)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc: set store_dir or "
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc: set store_dir or "
                              "redis, not both");
   if (!s.store_dir && !s.redis) {
     s.store_dir = getenv("MUON_STORE");
@@ -814,7 +800,7 @@ static muon_status muon_gloo__where(const muon_gloo_desc *desc, muon_gloo__setti
     }
   }
   if (s.size > 1 && !s.store_dir && !s.redis)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.store_dir and .redis "
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.store_dir and .redis "
                              "are NULL and neither MUON_STORE nor MUON_REDIS is set: %d ranks need a "
                              "rendezvous", s.size);
   if (desc->hostname && *desc->hostname) s.host = desc->hostname;
@@ -829,7 +815,7 @@ static muon_status muon_gloo__open_file_store(const char *dir, muon_gloo__shared
   try {
     sh.store = std::make_shared<muon_gloo__file_store>(dir);
   } catch (...) {
-    return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "FileStore directory '%s' cannot "
+    return muon_create_failed(MUON_ERR_BACKEND, "muon_gloo_create", "FileStore directory '%s' cannot "
                              "be used (it must exist and be fresh for this run): %s", dir,
                              muon_gloo__what(std::current_exception()).c_str());
   }
@@ -855,18 +841,18 @@ static muon_status muon_gloo__open_redis(const char *spec, double timeout_s, muo
     char *end;
     long p = strtol(hostport.c_str() + colon + 1, &end, 10);
     if (*end || p <= 0 || p > 65535)
-      return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.redis '%s': bad "
+      return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.redis '%s': bad "
                                "port (want host:port[/prefix])", spec);
     port = (int)p;
   }
   if (rhost.empty())
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.redis '%s': no host "
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "muon_gloo_desc.redis '%s': no host "
                              "(want host:port[/prefix])", spec);
   sh.where = "RedisStore " + hostport;
   try {
     sh.store = std::make_shared<muon_gloo__redis_store>(rhost, port, timeout_s);
   } catch (...) {
-    return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "cannot connect to Redis at %s: "
+    return muon_create_failed(MUON_ERR_BACKEND, "muon_gloo_create", "cannot connect to Redis at %s: "
                              "%s", hostport.c_str(), muon_gloo__what(std::current_exception()).c_str());
   }
   if (host.empty()) {
@@ -884,7 +870,7 @@ static muon_status muon_gloo__open_redis(const char *spec, double timeout_s, muo
   (void)sh;
   (void)prefix;
   (void)host;
-  return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "muon_gloo_desc.redis '%s': this "
+  return muon_create_failed(MUON_ERR_BACKEND, "muon_gloo_create", "muon_gloo_desc.redis '%s': this "
                            "build has no RedisStore (Gloo without GLOO_USE_REDIS, hiredis headers "
                            "missing, or MUON_GLOO_NO_REDIS); use a FileStore directory", spec);
 #endif
@@ -912,7 +898,7 @@ static muon_status muon_gloo__open_device(muon_gloo__shared &sh, const std::stri
     attr.hostname = host;
     sh.device = gloo::transport::tcp::CreateDevice(attr);
   } catch (...) {
-    return muon_gloo__refuse(MUON_ERR_BACKEND, "muon_gloo_create", "cannot create a TCP device on "
+    return muon_create_failed(MUON_ERR_BACKEND, "muon_gloo_create", "cannot create a TCP device on "
                              "'%s' (set muon_gloo_desc.hostname or MUON_GLOO_HOST to this machine's "
                              "address): %s", host.c_str(),
                              muon_gloo__what(std::current_exception()).c_str());
@@ -942,7 +928,7 @@ static muon_status muon_gloo__connect(muon_gloo__comm *c, const char *fn) {
       hint = " (the store holds keys of an earlier run: use a fresh directory or Redis prefix "
              "per run)";
     const bool timed_out = muon_gloo__is_timeout(text) || waited >= limit * 0.999;
-    return muon_gloo__refuse(timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM, fn,
+    return muon_create_failed(timed_out ? MUON_ERR_TIMEOUT : MUON_ERR_COMM, fn,
                              "rendezvous of rank %d of %d (keys '%s*' in %s) %s after %.3f s "
                              "(timeout %.1f s): %s%s", c->rank, c->size, c->prefix.c_str(),
                              c->shared->where.c_str(), timed_out ? "timed out" : "failed", waited,
@@ -980,23 +966,23 @@ static muon_status muon_gloo__subgroup(const char *fn, muon_comm *out, muon_comm
                                        const int *ranks, int n) {
   if ((parent->vt != &muon_gloo__vtable && parent->vt != &muon_gloo__vtable_blocking) ||
       !parent->ctx)
-    return muon_gloo__refuse(MUON_ERR_ARG, fn, "parent is not a Gloo communicator");
+    return muon_create_failed(MUON_ERR_ARG, fn, "parent is not a Gloo communicator");
   muon_gloo__comm *pc = (muon_gloo__comm *)parent->ctx;
   if (n < 1 || n > pc->size)
-    return muon_gloo__refuse(MUON_ERR_ARG, fn, "n = %d must be in [1, parent size %d]", n, pc->size);
+    return muon_create_failed(MUON_ERR_ARG, fn, "n = %d must be in [1, parent size %d]", n, pc->size);
   int me = -1;
   for (int i = 0; i < n; i++) {
     if (ranks[i] < 0 || ranks[i] >= pc->size)
-      return muon_gloo__refuse(MUON_ERR_ARG, fn, "ranks[%d] = %d is not a rank of the parent "
+      return muon_create_failed(MUON_ERR_ARG, fn, "ranks[%d] = %d is not a rank of the parent "
                                "(size %d)", i, ranks[i], pc->size);
     for (int j = 0; j < i; j++)
       if (ranks[j] == ranks[i])
-        return muon_gloo__refuse(MUON_ERR_ARG, fn, "rank %d appears twice (ranks[%d] and "
+        return muon_create_failed(MUON_ERR_ARG, fn, "rank %d appears twice (ranks[%d] and "
                                  "ranks[%d])", ranks[i], j, i);
     if (ranks[i] == pc->rank) me = i;
   }
   if (me < 0)
-    return muon_gloo__refuse(MUON_ERR_ARG, fn, "this rank (%d of the parent) is not in "
+    return muon_create_failed(MUON_ERR_ARG, fn, "this rank (%d of the parent) is not in "
                              "ranks[0..%d)", pc->rank, n);
   try {
     /* parent prefix + this call's number + the rank list (hashed when long) */
@@ -1013,7 +999,7 @@ static muon_status muon_gloo__subgroup(const char *fn, muon_comm *out, muon_comm
                             pc->check_counts || muon_gloo__env_flag("MUON_GLOO_CHECK_COUNTS"),
                             pc->blocking, out);
   } catch (...) {
-    return muon_gloo__refuse(MUON_ERR_NOMEM, fn, "%s",
+    return muon_create_failed(MUON_ERR_NOMEM, fn, "%s",
                              muon_gloo__what(std::current_exception()).c_str());
   }
 }
@@ -1037,7 +1023,7 @@ MUON_API int muon_gloo_has_redis(void) { return MUON_GLOO__HAVE_REDIS; }
 MUON_API muon_status muon_gloo_create(muon_comm *out, const muon_gloo_desc *desc) {
   muon_gloo__begin(out);
   if (!out || !desc)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_create", "%s is NULL", !out ? "out" : "desc");
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_create", "%s is NULL", !out ? "out" : "desc");
   try {
     muon_gloo__settings s;
     muon_status st;
@@ -1060,7 +1046,7 @@ MUON_API muon_status muon_gloo_create(muon_comm *out, const muon_gloo_desc *desc
                             muon_gloo__env_flag("MUON_GLOO_CHECK_COUNTS"),
                             desc->blocking || muon_gloo__env_flag("MUON_GLOO_BLOCKING"), out);
   } catch (...) {
-    return muon_gloo__refuse(MUON_ERR_NOMEM, "muon_gloo_create", "%s",
+    return muon_create_failed(MUON_ERR_NOMEM, "muon_gloo_create", "%s",
                              muon_gloo__what(std::current_exception()).c_str());
   }
 }
@@ -1069,7 +1055,7 @@ MUON_API muon_status muon_gloo_subgroup(muon_comm *out, muon_comm *parent, const
                                         int n) {
   muon_gloo__begin(out);
   if (!out || !parent || !ranks)
-    return muon_gloo__refuse(MUON_ERR_ARG, "muon_gloo_subgroup", "%s is NULL",
+    return muon_create_failed(MUON_ERR_ARG, "muon_gloo_subgroup", "%s is NULL",
                              !out ? "out" : !parent ? "parent" : "ranks");
   return muon_gloo__subgroup("muon_gloo_subgroup", out, parent, ranks, n);
 }
@@ -1079,20 +1065,20 @@ MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *out, muon_comm *parent, 
   static const char fn[] = "muon_gloo_mesh_subgroup";
   muon_gloo__begin(out);
   if (!out || !parent || !dims)
-    return muon_gloo__refuse(MUON_ERR_ARG, fn, "%s is NULL",
+    return muon_create_failed(MUON_ERR_ARG, fn, "%s is NULL",
                              !out ? "out" : !parent ? "parent" : "dims");
   if (ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims)
-    return muon_gloo__refuse(MUON_ERR_ARG, fn, "need 1 <= ndims <= 16 and 0 <= dim < ndims "
+    return muon_create_failed(MUON_ERR_ARG, fn, "need 1 <= ndims <= 16 and 0 <= dim < ndims "
                              "(ndims %d, dim %d)", ndims, dim);
   long long total = 1;
   for (int i = 0; i < ndims; i++) {
     if (dims[i] < 1)
-      return muon_gloo__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d must be >= 1", i, dims[i]);
+      return muon_create_failed(MUON_ERR_ARG, fn, "dims[%d] = %d must be >= 1", i, dims[i]);
     total *= dims[i];
     if (total > (1 << 30)) break;
   }
   if (total != parent->size)
-    return muon_gloo__refuse(MUON_ERR_ARG, fn, "the mesh has %lld ranks but the parent has %d",
+    return muon_create_failed(MUON_ERR_ARG, fn, "the mesh has %lld ranks but the parent has %d",
                              total, parent->size);
   /* row-major: stride of dim = product of the dims after it */
   int stride = 1;
@@ -1104,7 +1090,7 @@ MUON_API muon_status muon_gloo_mesh_subgroup(muon_comm *out, muon_comm *parent, 
     for (int i = 0; i < len; i++) ranks[(size_t)i] = first + i * stride;
     return muon_gloo__subgroup(fn, out, parent, ranks.data(), len);
   } catch (...) {
-    return muon_gloo__refuse(MUON_ERR_NOMEM, fn, "out of memory");
+    return muon_create_failed(MUON_ERR_NOMEM, fn, "out of memory");
   }
 }
 

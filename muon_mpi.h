@@ -500,24 +500,13 @@ static const muon_comm_vtable muon_mpi__vtable_blocking = {
   /* .queued    = */ 0
 };
 
-/* ---- creation ---------------------------------------------------------------------------- */
-
-static muon_status muon_mpi__refuse(muon_status st, const char *fn, const char *fmt, ...) MUON__PRINTF_DECL(3, 4);
-static muon_status muon_mpi__refuse(muon_status st, const char *fn, const char *fmt, ...) {
-  const char *name = muon_status_string(st);   /* "MUON_ERR_X: its text": the name is kept */
-  char reason[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(reason, sizeof reason, fmt, ap);
-  va_end(ap);
-  muon_set_create_error("%.*s: %s: %s", (int)strcspn(name, ":"), name, fn, reason);
-  return st;
-}
+/* ---- creation ----------------------------------------------------------------------------
+   A failed creation says why through muon_create_failed (muon.h), what muon_error(NULL) returns. */
 
 static muon_status muon_mpi__refuse_rc(const char *fn, const char *call, int rc) {
   char why[MPI_MAX_ERROR_STRING + 1];
   muon_mpi__text(rc, why, sizeof why);
-  return muon_mpi__refuse(MUON_ERR_COMM, fn, "%s failed: %s", call, why);
+  return muon_create_failed(MUON_ERR_COMM, fn, "%s failed: %s", call, why);
 }
 
 static void muon_mpi__begin(muon_comm *out) {
@@ -541,9 +530,9 @@ static muon_status muon_mpi__settings(const char *fn, const muon_mpi_desc *desc,
   muon_mpi_desc d = desc ? *desc : muon_mpi_default_desc();
   const char *e;
   if (!(d.timeout_s >= 0) || d.timeout_s > 1e9)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "desc.timeout_s = %g must be >= 0 (0: the default)", d.timeout_s);
+    return muon_create_failed(MUON_ERR_ARG, fn, "desc.timeout_s = %g must be >= 0 (0: the default)", d.timeout_s);
   if (d.blocking != 0 && d.blocking != 1)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "desc.blocking = %d must be 0 or 1", d.blocking);
+    return muon_create_failed(MUON_ERR_ARG, fn, "desc.blocking = %d must be 0 or 1", d.blocking);
   *timeout_s = d.timeout_s;
   if (*timeout_s == 0) {
     e = getenv("MUON_MPI_TIMEOUT");
@@ -552,7 +541,7 @@ static muon_status muon_mpi__settings(const char *fn, const muon_mpi_desc *desc,
       char *end;
       double v = strtod(e, &end);
       if (*end || !(v > 0) || v > 1e9)
-        return muon_mpi__refuse(MUON_ERR_ARG, fn, "environment MUON_MPI_TIMEOUT='%s' is not a number of seconds > 0", e);
+        return muon_create_failed(MUON_ERR_ARG, fn, "environment MUON_MPI_TIMEOUT='%s' is not a number of seconds > 0", e);
       *timeout_s = v;
     }
   }
@@ -579,7 +568,7 @@ static muon_status muon_mpi__adopt(const char *fn, muon_comm *out, MPI_Comm comm
   if (!c || !c->scratch || t < MUON_MPI__TICKETS) {
     if (c) muon_mpi__free(c);
     MPI_Comm_free(&comm);
-    return muon_mpi__refuse(MUON_ERR_NOMEM, fn, "out of memory");
+    return muon_create_failed(MUON_ERR_NOMEM, fn, "out of memory");
   }
   c->comm = comm;
   c->rank = r;
@@ -601,13 +590,13 @@ MUON_API muon_status muon_mpi_wrap(muon_comm *out, MPI_Comm comm, const muon_mpi
   MPI_Comm dup;
   muon_status st;
   muon_mpi__begin(out);
-  if (!out) return muon_mpi__refuse(MUON_ERR_ARG, fn, "out is NULL");
+  if (!out) return muon_create_failed(MUON_ERR_ARG, fn, "out is NULL");
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   if (!init || fin)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "MPI is %s (call MPI_Init first, or muon_mpi_create)",
+    return muon_create_failed(MUON_ERR_ARG, fn, "MPI is %s (call MPI_Init first, or muon_mpi_create)",
                             fin ? "already finalised" : "not initialised");
-  if (comm == MPI_COMM_NULL) return muon_mpi__refuse(MUON_ERR_ARG, fn, "comm is MPI_COMM_NULL");
+  if (comm == MPI_COMM_NULL) return muon_create_failed(MUON_ERR_ARG, fn, "comm is MPI_COMM_NULL");
   st = muon_mpi__settings(fn, desc, &timeout_s, &blocking);
   if (st != MUON_OK) return st;
   rc = MPI_Comm_dup(comm, &dup);
@@ -621,12 +610,12 @@ MUON_API muon_status muon_mpi_create(muon_comm *out, const muon_mpi_desc *desc) 
   double timeout_s = 0;
   muon_status st;
   muon_mpi__begin(out);
-  if (!out) return muon_mpi__refuse(MUON_ERR_ARG, fn, "out is NULL");
+  if (!out) return muon_create_failed(MUON_ERR_ARG, fn, "out is NULL");
   st = muon_mpi__settings(fn, desc, &timeout_s, &blocking);
   if (st != MUON_OK) return st;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (fin) return muon_mpi__refuse(MUON_ERR_ARG, fn, "MPI is already finalised (it cannot start again)");
+  if (fin) return muon_create_failed(MUON_ERR_ARG, fn, "MPI is already finalised (it cannot start again)");
   if (!init) {
     rc = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
     if (rc != MPI_SUCCESS) return muon_mpi__refuse_rc(fn, "MPI_Init_thread", rc);
@@ -654,17 +643,17 @@ static muon_status muon_mpi__split(const char *fn, muon_comm *out, muon_comm *pa
   muon_mpi__comm *p;
   MPI_Comm sub = MPI_COMM_NULL;
   int rc;
-  if (!out) return muon_mpi__refuse(MUON_ERR_ARG, fn, "out is NULL");
+  if (!out) return muon_create_failed(MUON_ERR_ARG, fn, "out is NULL");
   if (muon_mpi_handle(parent) == MPI_COMM_NULL)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "parent is not a muon_mpi communicator");
+    return muon_create_failed(MUON_ERR_ARG, fn, "parent is not a muon_mpi communicator");
   p = (muon_mpi__comm *)parent->ctx;
-  if (p->broken) return muon_mpi__refuse(p->broken, fn, "the parent is broken: %s", p->error);
+  if (p->broken) return muon_create_failed(p->broken, fn, "the parent is broken: %s", p->error);
   if (color < 0 && color != MPI_UNDEFINED)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "color = %d must be >= 0 or MPI_UNDEFINED", color);
+    return muon_create_failed(MUON_ERR_ARG, fn, "color = %d must be >= 0 or MPI_UNDEFINED", color);
   rc = MPI_Comm_split(p->comm, color, key, &sub);
   if (rc != MPI_SUCCESS) {
     muon_mpi__mpi_failed(p, rc, "split", "MPI_Comm_split");
-    return muon_mpi__refuse(MUON_ERR_COMM, fn, "%s", p->error);
+    return muon_create_failed(MUON_ERR_COMM, fn, "%s", p->error);
   }
   if (sub == MPI_COMM_NULL) return MUON_OK;
   return muon_mpi__adopt(fn, out, sub, p->timeout_s, p->blocking);
@@ -680,18 +669,18 @@ MUON_API muon_status muon_mpi_mesh_subgroup(muon_comm *out, muon_comm *parent, c
   int i, total = 1, rest, color = 0, stride = 1, coord[16];
   muon_mpi__begin(out);
   if (!out || !parent || !dims)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : !parent ? "parent" : "dims");
+    return muon_create_failed(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : !parent ? "parent" : "dims");
   if (ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "need 1 <= ndims <= 16 and 0 <= dim < ndims (ndims %d, dim %d)", ndims,
+    return muon_create_failed(MUON_ERR_ARG, fn, "need 1 <= ndims <= 16 and 0 <= dim < ndims (ndims %d, dim %d)", ndims,
                             dim);
   for (i = 0; i < ndims; i++) {
     if (dims[i] < 1 || total > parent->size / dims[i])
-      return muon_mpi__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i],
+      return muon_create_failed(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i],
                               parent->size);
     total *= dims[i];
   }
   if (total != parent->size)
-    return muon_mpi__refuse(MUON_ERR_ARG, fn, "the mesh has %d ranks but the parent has %d", total, parent->size);
+    return muon_create_failed(MUON_ERR_ARG, fn, "the mesh has %d ranks but the parent has %d", total, parent->size);
   for (i = ndims - 1, rest = parent->rank; i >= 0; i--) {
     coord[i] = rest % dims[i];
     rest /= dims[i];

@@ -467,19 +467,7 @@ static const muon_comm_vtable muon_nccl__vtable = {
 
 /* ---- creation ------------------------------------------------------------------------------
    Every failed creation (create, wrap, split, mesh_subgroup) clears *out and says why through
-   muon_nccl__refuse: "MUON_ERR_X: function: reason", what muon_error(NULL) returns. */
-
-static muon_status muon_nccl__refuse(muon_status st, const char *fn, const char *fmt, ...) MUON__PRINTF_DECL(3, 4);
-static muon_status muon_nccl__refuse(muon_status st, const char *fn, const char *fmt, ...) {
-  const char *name = muon_status_string(st);   /* "MUON_ERR_X: its text": the name is kept */
-  char reason[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(reason, sizeof reason, fmt, ap);
-  va_end(ap);
-  muon_set_create_error("%.*s: %s: %s", (int)strcspn(name, ":"), name, fn, reason);
-  return st;
-}
+   muon_create_failed (muon.h): "MUON_ERR_X: function: reason", what muon_error(NULL) returns. */
 
 /* The start of every creation: *out cleared, no reason left from an earlier failure. */
 static void muon_nccl__begin(muon_comm *out) {
@@ -495,11 +483,11 @@ static muon_status muon_nccl__timeout(const char *fn, double t, double *out) {
       char *end;
       t = strtod(s, &end);
       if (*end || !(t > 0))
-        return muon_nccl__refuse(MUON_ERR_ARG, fn, "MUON_NCCL_TIMEOUT='%s' is not a positive number of seconds", s);
+        return muon_create_failed(MUON_ERR_ARG, fn, "MUON_NCCL_TIMEOUT='%s' is not a positive number of seconds", s);
     }
   }
   if (!(t > 0) || t > 1e7)
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc.timeout_s must be > 0 and <= 1e7 (got %g)", t);
+    return muon_create_failed(MUON_ERR_ARG, fn, "muon_nccl_desc.timeout_s must be > 0 and <= 1e7 (got %g)", t);
   *out = t;
   return MUON_OK;
 }
@@ -510,10 +498,10 @@ static muon_status muon_nccl__make(const char *fn, ncclComm_t comm, int owned, c
   muon_nccl__comm *c = (muon_nccl__comm *)calloc(1, sizeof *c);
   int rank = 0, size = 0, i;
   cudaError_t e;
-  if (!c) return muon_nccl__refuse(MUON_ERR_NOMEM, fn, "allocating the communicator failed");
+  if (!c) return muon_create_failed(MUON_ERR_NOMEM, fn, "allocating the communicator failed");
   if (ncclCommUserRank(comm, &rank) != ncclSuccess || ncclCommCount(comm, &size) != ncclSuccess || size < 1) {
     free(c);
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "ncclCommUserRank / ncclCommCount failed: not a live communicator (%s)",
+    return muon_create_failed(MUON_ERR_ARG, fn, "ncclCommUserRank / ncclCommCount failed: not a live communicator (%s)",
                              ncclGetLastError(comm));
   }
   c->comm = comm;
@@ -532,7 +520,7 @@ static muon_status muon_nccl__make(const char *fn, ncclComm_t comm, int owned, c
     c->owned = 0;                 /* the caller still owns comm and decides its fate */
     c->comm = NULL;
     muon_nccl__destroy(c);
-    return muon_nccl__refuse(MUON_ERR_BACKEND, fn, "cudaEventCreateWithFlags failed: %s", cudaGetErrorString(e));
+    return muon_create_failed(MUON_ERR_BACKEND, fn, "cudaEventCreateWithFlags failed: %s", cudaGetErrorString(e));
   }
   out->vt = &muon_nccl__vtable;
   out->ctx = c;
@@ -569,15 +557,15 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
   if (rank == 0) {
     ncclResult_t r = ncclGetUniqueId(id);
     if (r != ncclSuccess)
-      return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+      return muon_create_failed(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
     snprintf(tmp, sizeof tmp, "%s.tmp%ld", path, (long)getpid());
     f = fopen(tmp, "wb");
     if (!f || fwrite(id, sizeof *id, 1, f) != 1 || fclose(f) != 0)
-      return muon_nccl__refuse(MUON_ERR_COMM, fn, "writing %s failed: %s", tmp, strerror(errno));
+      return muon_create_failed(MUON_ERR_COMM, fn, "writing %s failed: %s", tmp, strerror(errno));
     if (link(tmp, path) != 0) {
       int e = errno;
       (void)unlink(tmp);
-      return muon_nccl__refuse(
+      return muon_create_failed(
           MUON_ERR_COMM, fn, "publishing %s failed: %s%s", path, strerror(e),
           e == EEXIST ? " (the store holds an id of an earlier run: use a fresh directory per run)" : "");
     }
@@ -592,7 +580,7 @@ static muon_status muon_nccl__share_id(const char *dir, int rank, int seq, doubl
       if (got == 1) return MUON_OK;
     }
     if (muon_nccl__now() > deadline)
-      return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "rank %d waited %.1f s for rank 0's id in %s (MUON_NCCL_TIMEOUT)",
+      return muon_create_failed(MUON_ERR_TIMEOUT, fn, "rank %d waited %.1f s for rank 0's id in %s (MUON_NCCL_TIMEOUT)",
                                rank, timeout_s, path);
     muon_nccl__pause();
   }
@@ -604,11 +592,11 @@ static muon_status muon_nccl__ready(const char *fn, ncclComm_t comm, ncclResult_
   r = muon_nccl__poll(comm, r, timeout_s);
   if (r == ncclInProgress) {
     (void)ncclCommAbort(comm);
-    return muon_nccl__refuse(MUON_ERR_TIMEOUT, fn, "%s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join",
+    return muon_create_failed(MUON_ERR_TIMEOUT, fn, "%s timed out after %.1f s (MUON_NCCL_TIMEOUT): a rank did not join",
                              what, timeout_s);
   }
   if (r != ncclSuccess) {
-    muon_status st = muon_nccl__refuse(MUON_ERR_COMM, fn, "%s failed: %s (NCCL: %s)", what, ncclGetErrorString(r),
+    muon_status st = muon_create_failed(MUON_ERR_COMM, fn, "%s failed: %s (NCCL: %s)", what, ncclGetErrorString(r),
                                        ncclGetLastError(comm));
     if (comm) (void)ncclCommAbort(comm);
     return st;
@@ -623,20 +611,20 @@ static muon_status muon_nccl__split(const char *fn, muon_comm *out, muon_comm *p
   ncclComm_t comm = NULL;
   muon_status st;
   ncclResult_t r;
-  if (!pc) return muon_nccl__refuse(MUON_ERR_ARG, fn, "parent is not a muon_nccl communicator");
+  if (!pc) return muon_create_failed(MUON_ERR_ARG, fn, "parent is not a muon_nccl communicator");
   if (color < 0 && color != NCCL_SPLIT_NOCOLOR)
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "color %d is negative (and not NCCL_SPLIT_NOCOLOR)", color);
-  if (pc->broken != MUON_OK) return muon_nccl__refuse(pc->broken, fn, "the parent is broken: %s", pc->error);
+    return muon_create_failed(MUON_ERR_ARG, fn, "color %d is negative (and not NCCL_SPLIT_NOCOLOR)", color);
+  if (pc->broken != MUON_OK) return muon_create_failed(pc->broken, fn, "the parent is broken: %s", pc->error);
   config.blocking = 0;
   r = ncclCommSplit(pc->comm, color, key, &comm, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    st = muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommSplit failed: %s (NCCL: %s)", ncclGetErrorString(r),
+    st = muon_create_failed(MUON_ERR_COMM, fn, "ncclCommSplit failed: %s (NCCL: %s)", ncclGetErrorString(r),
                            ncclGetLastError(pc->comm));
     if (comm) (void)ncclCommAbort(comm);
     return st;
   }
   if (!comm) {                   /* NCCL_SPLIT_NOCOLOR: only the parent's part to finish */
-    if ((st = muon_nccl__settle(pc, r, "ncclCommSplit")) != MUON_OK) return muon_nccl__refuse(st, fn, "%s", pc->error);
+    if ((st = muon_nccl__settle(pc, r, "ncclCommSplit")) != MUON_OK) return muon_create_failed(st, fn, "%s", pc->error);
     return MUON_OK;
   }
   if ((st = muon_nccl__ready(fn, comm, r, pc->timeout_s, "ncclCommSplit")) != MUON_OK) return st;
@@ -664,7 +652,7 @@ MUON_API muon_status muon_nccl_wrap(muon_comm *out, void *nccl_comm, const muon_
   double timeout_s;
   muon_status st;
   muon_nccl__begin(out);
-  if (!out || !nccl_comm) return muon_nccl__refuse(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : "nccl_comm");
+  if (!out || !nccl_comm) return muon_create_failed(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : "nccl_comm");
   if ((st = muon_nccl__timeout(fn, d.timeout_s, &timeout_s)) != MUON_OK) return st;
   return muon_nccl__make(fn, (ncclComm_t)nccl_comm, 0, (cudaStream_t)d.stream,
                          (cudaStream_t)(d.compute_stream ? d.compute_stream : d.stream), timeout_s, out);
@@ -686,14 +674,14 @@ MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc
   ncclResult_t r;
   int k, rank, size;
   muon_nccl__begin(out);
-  if (!out || !desc) return muon_nccl__refuse(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : "desc");
+  if (!out || !desc) return muon_create_failed(MUON_ERR_ARG, fn, "%s is NULL", !out ? "out" : "desc");
   d = *desc;
   rank = d.rank;
   size = d.size;
   for (k = 0; k < 3 && (rank < 0 || size < 0); k++) {
     int r0 = -1, s0 = -1, hr = muon_nccl__env_int(env_names[k][0], &r0), hs = muon_nccl__env_int(env_names[k][1], &s0);
     if (hr < 0 || hs < 0)
-      return muon_nccl__refuse(MUON_ERR_ARG, fn, "environment %s / %s is not a valid rank / size", env_names[k][0],
+      return muon_create_failed(MUON_ERR_ARG, fn, "environment %s / %s is not a valid rank / size", env_names[k][0],
                                env_names[k][1]);
     if (hr && hs) {
       if (rank < 0) rank = r0;
@@ -701,25 +689,25 @@ MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc
     }
   }
   if (rank < 0 || size < 0)
-    return muon_nccl__refuse(
+    return muon_create_failed(
         MUON_ERR_ARG, fn,
         "muon_nccl_desc.rank/size are -1 and no launcher environment "
         "(MUON_RANK/MUON_WORLD_SIZE, RANK/WORLD_SIZE, OMPI_COMM_WORLD_*) is set: start with muonrun");
   if (size < 1 || rank >= size)
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "muon_nccl_desc: rank %d is not in [0, size %d)", rank, size);
+    return muon_create_failed(MUON_ERR_ARG, fn, "muon_nccl_desc: rank %d is not in [0, size %d)", rank, size);
   if ((st = muon_nccl__timeout(fn, d.timeout_s, &timeout_s)) != MUON_OK) return st;
   dir = d.store_dir ? d.store_dir : getenv("MUON_STORE");
   if (size > 1 && (!dir || !*dir))
-    return muon_nccl__refuse(MUON_ERR_ARG, fn,
+    return muon_create_failed(MUON_ERR_ARG, fn,
                              "muon_nccl_desc.store_dir is NULL and MUON_STORE is not set: %d ranks need a "
                              "directory to share NCCL's unique id",
                              size);
   if (d.device >= 0 && cudaSetDevice(d.device) != cudaSuccess)
-    return muon_nccl__refuse(MUON_ERR_BACKEND, fn, "cudaSetDevice(%d) failed: %s", d.device,
+    return muon_create_failed(MUON_ERR_BACKEND, fn, "cudaSetDevice(%d) failed: %s", d.device,
                              cudaGetErrorString(cudaGetLastError()));
   if (size == 1) {
     if ((r = ncclGetUniqueId(&id)) != ncclSuccess)
-      return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
+      return muon_create_failed(MUON_ERR_COMM, fn, "ncclGetUniqueId failed: %s", ncclGetErrorString(r));
   } else if ((st = muon_nccl__share_id(dir, rank, created, timeout_s, &id)) != MUON_OK) {
     return st;
   }
@@ -727,7 +715,7 @@ MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc
   config.blocking = 0;
   r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress && !comm)
-    return muon_nccl__refuse(MUON_ERR_COMM, fn, "ncclCommInitRankConfig (rank %d of %d) failed: %s", rank, size,
+    return muon_create_failed(MUON_ERR_COMM, fn, "ncclCommInitRankConfig (rank %d of %d) failed: %s", rank, size,
                              ncclGetErrorString(r));
   if ((st = muon_nccl__ready(fn, comm, r, timeout_s, "ncclCommInitRankConfig")) != MUON_OK) return st;
   if ((st = muon_nccl__make(fn, comm, 1, (cudaStream_t)d.stream,
@@ -738,7 +726,7 @@ MUON_API muon_status muon_nccl_create(muon_comm *out, const muon_nccl_desc *desc
 
 MUON_API muon_status muon_nccl_split(muon_comm *out, muon_comm *parent, int color, int key) {
   muon_nccl__begin(out);
-  if (!out) return muon_nccl__refuse(MUON_ERR_ARG, "muon_nccl_split", "out is NULL");
+  if (!out) return muon_create_failed(MUON_ERR_ARG, "muon_nccl_split", "out is NULL");
   return muon_nccl__split("muon_nccl_split", out, parent, color, key);
 }
 
@@ -746,17 +734,17 @@ MUON_API muon_status muon_nccl_mesh_subgroup(muon_comm *out, muon_comm *parent, 
   static const char fn[] = "muon_nccl_mesh_subgroup";
   int i, total = 1, rest, color = 0, stride = 1, coord[16];
   muon_nccl__begin(out);
-  if (!out) return muon_nccl__refuse(MUON_ERR_ARG, fn, "out is NULL");
+  if (!out) return muon_create_failed(MUON_ERR_ARG, fn, "out is NULL");
   if (!parent || !dims || ndims < 1 || ndims > 16 || dim < 0 || dim >= ndims)
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "need a parent, 1..16 dims and 0 <= dim < ndims");
+    return muon_create_failed(MUON_ERR_ARG, fn, "need a parent, 1..16 dims and 0 <= dim < ndims");
   for (i = 0; i < ndims; i++) {
     if (dims[i] < 1 || total > parent->size / dims[i])
-      return muon_nccl__refuse(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i],
+      return muon_create_failed(MUON_ERR_ARG, fn, "dims[%d] = %d does not fit the parent's %d ranks", i, dims[i],
                                parent->size);
     total *= dims[i];
   }
   if (total != parent->size)
-    return muon_nccl__refuse(MUON_ERR_ARG, fn, "the mesh has %d ranks, the parent %d", total, parent->size);
+    return muon_create_failed(MUON_ERR_ARG, fn, "the mesh has %d ranks, the parent %d", total, parent->size);
   for (i = ndims - 1, rest = parent->rank; i >= 0; i--) { coord[i] = rest % dims[i]; rest /= dims[i]; }
   /* The group is every rank with this rank's coordinates except along dim: number it by them. */
   for (i = ndims - 1; i >= 0; i--) {
