@@ -420,11 +420,13 @@ coverage: deps
 	  { echo "coverage: the suite did not pass ($$(tail -n 1 $(COV_BUILD)/test.log)): the figures count only what ran"; exit 1; }
 
 # ---- mutation: does the suite notice realistic one-line bugs (tests/mutants.txt)? ----------
-# Each mutant alone on a scratch copy of the tree ($(BUILD)/mutate/tree), the mutation suite of
-# tools/mutate.py until a step fails; ends with "mutation: K killed, S survived of T". Long (about
-# an hour on 2 cores); MUTANTS=id,id runs only those.
+# Each mutant alone on a scratch copy of the tree ($(BUILD)/mutate/tree*), the mutation suite of
+# tools/mutate.py until a step fails; ends with "mutation: K killed, S survived of T". Long (hours
+# on 2 cores the first time; a mutant's last killer runs first after that); MUTANTS=id,id runs only
+# those, MUTATE_WORKERS mutants at once.
+MUTATE_WORKERS ?= 2
 mutate: deps
-	@$(PYTHON) tools/mutate.py --dir $(BUILD)/mutate $(if $(MUTANTS),--only $(MUTANTS))
+	@$(PYTHON) tools/mutate.py --dir $(BUILD)/mutate --workers $(MUTATE_WORKERS) $(if $(MUTANTS),--only $(MUTANTS))
 
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and

@@ -7,12 +7,16 @@ applies the mutant, builds, and runs the mutation suite below in order until a s
 mutant is killed, by that step) or every step passes (it survived). A mutant that does not
 compile is an error in the list, not a kill. The unmutated tree must pass the whole suite first.
 
-Usage: tools/mutate.py [--list FILE] [--only ID[,ID...]] [--check] [--dir DIR] [--jobs N]
-  --check  only apply each mutant and compile the headers it touches (seconds): for writing lists
+Usage: tools/mutate.py [--list FILE] [--only ID[,ID...]] [--check] [--dir DIR] [--jobs N] [--workers W]
+  --check    only apply each mutant and compile the headers it touches (seconds): for writing lists
+  --workers  mutants at once, each in its own scratch tree (the distributed steps mostly wait on
+             the network, so 2 on 2 cores nearly halves the run); --jobs is shared among them
+A mutant's killing step is kept in DIR/kills and tried first next time (a kill is a kill whichever
+step finds it; a mutant no step kills still runs every step).
 Output: one line per mutant, the survivors again with their notes, and the closing line
   mutation: K killed, S survived of T
 """
-import argparse, os, shutil, subprocess, sys, time
+import argparse, os, shutil, subprocess, sys, threading, time
 
 # The mutation suite: (name, make targets, command, headers it depends on). A step runs only if
 # the mutated header is among its headers: a test that never includes a file cannot see its bugs.
@@ -207,10 +211,11 @@ def compile_check(tree, header, jobs):
               "%s -fsyntax-only -x c++ -I. build/mutant.c" % (flags, extra, extra), tree)
 
 
-def run_suite(tree, header, jobs, log):
+def run_suite(tree, header, jobs, log, first=None):
     """The first failing step's name, or None if every step passed; 'build: ...' if it did not build.
-    header None: every step."""
-    for name, targets, cmd, deps in STEPS:
+    header None: every step. first: a step's name to run before the others (last run's killer)."""
+    steps = sorted(STEPS, key=lambda st: st[0] != first)
+    for name, targets, cmd, deps in steps:
         t = time.time()
         if header is not None and header not in deps or (not HAVE_CUDA and deps & {"muon_cuda.h", "muon_nccl.h"}):
             continue
@@ -225,21 +230,7 @@ def run_suite(tree, header, jobs, log):
     return None
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--list", default="tests/mutants.txt")
-    ap.add_argument("--only", default="")
-    ap.add_argument("--check", action="store_true")
-    ap.add_argument("--dir", default="build/mutate")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    a = ap.parse_args()
-    mutants = parse(a.list)
-    if a.only:
-        want = set(a.only.split(","))
-        mutants = [m for m in mutants if m["id"] in want]
-    root = os.getcwd()
-    tree = os.path.abspath(os.path.join(a.dir, "tree"))
-    log = os.path.abspath(os.path.join(a.dir, "mutate.log"))
+def fresh_tree(root, tree):
     if os.path.isdir(tree):
         # keep the scratch build (faster), refresh the sources
         for d in os.listdir(tree):
@@ -248,8 +239,38 @@ def main():
                 shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.remove(p)
     os.makedirs(os.path.join(tree, "build"), exist_ok=True)
     copy_tree(root, tree)
-    open(log, "w").close()
-    print("mutation: %d mutants from %s; scratch tree %s; log %s" % (len(mutants), a.list, tree, log))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--list", default="tests/mutants.txt")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--dir", default="build/mutate")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--workers", type=int, default=1)
+    a = ap.parse_args()
+    mutants = parse(a.list)
+    if a.only:
+        want = set(a.only.split(","))
+        mutants = [m for m in mutants if m["id"] in want]
+    root = os.getcwd()
+    workers = max(1, min(a.workers, len(mutants)))
+    trees = [os.path.abspath(os.path.join(a.dir, "tree" + ("%d" % w if w else ""))) for w in range(workers)]
+    logs = [os.path.abspath(os.path.join(a.dir, "mutate%s.log" % ("%d" % w if w else ""))) for w in range(workers)]
+    tree, log = trees[0], logs[0]
+    for t, lg in zip(trees, logs):
+        fresh_tree(root, t)
+        open(lg, "w").close()
+    kills_path = os.path.join(a.dir, "kills")
+    kills = {}
+    if os.path.isfile(kills_path):
+        for line in open(kills_path):
+            f = line.rstrip("\n").split("\t")
+            if len(f) == 2:
+                kills[f[0]] = f[1]
+    print("mutation: %d mutants from %s; %d scratch tree(s) %s; log %s" % (len(mutants), a.list, workers,
+          " ".join(trees), " ".join(logs)))
     if not HAVE_CUDA:
         print("mutation: no CUDA toolkit at %s (set CUDA_HOME): the CUDA and NCCL steps are skipped, "
               "and mutants of muon_cuda.h and muon_nccl.h with them" % CUDA_HOME)
@@ -279,25 +300,49 @@ def main():
     sys.stdout.flush()
 
     killed, survivors, invalid = 0, [], []
-    for m in mutants:
-        t = time.time()
-        orig, err = apply(tree, m)
-        if err:
-            invalid.append((m, err)); print("INVALID  %s: %s" % (m["id"], err)); continue
-        with open(log, "a") as f:
-            f.write("\n==== mutant %s (%s): %s\n" % (m["id"], m["file"], m["what"]))
-        fail = run_suite(tree, m["file"], a.jobs, log)
-        open(os.path.join(tree, m["file"]), "w").write(orig)
-        if fail and fail.startswith("build: "):
-            invalid.append((m, "does not build (" + fail + ")"))
-            print("INVALID  %-28s does not build" % m["id"])
-        elif fail:
-            killed += 1
-            print("killed   %-28s by %-20s %4.0f s  %s" % (m["id"], fail, time.time() - t, m["what"]))
-        else:
-            survivors.append(m)
-            print("SURVIVED %-28s %4.0f s  %s" % (m["id"], time.time() - t, m["what"]))
-        sys.stdout.flush()
+    lock = threading.Lock()
+    queue = list(mutants)
+
+    def worker(w):
+        nonlocal killed
+        jobs = max(1, a.jobs // workers)
+        while True:
+            with lock:
+                if not queue:
+                    return
+                m = queue.pop(0)
+            t = time.time()
+            orig, err = apply(trees[w], m)
+            if err:
+                with lock:
+                    invalid.append((m, err)); print("INVALID  %s: %s" % (m["id"], err)); sys.stdout.flush()
+                continue
+            with open(logs[w], "a") as f:
+                f.write("\n==== mutant %s (%s): %s\n" % (m["id"], m["file"], m["what"]))
+            fail = run_suite(trees[w], m["file"], jobs, logs[w], kills.get(m["id"]))
+            open(os.path.join(trees[w], m["file"]), "w").write(orig)
+            with lock:
+                if fail and fail.startswith("build: "):
+                    invalid.append((m, "does not build (" + fail + ")"))
+                    print("INVALID  %-28s does not build" % m["id"])
+                elif fail:
+                    killed += 1
+                    kills[m["id"]] = fail
+                    with open(kills_path, "w") as f:
+                        f.writelines("%s\t%s\n" % kv for kv in sorted(kills.items()))
+                    print("killed   %-28s by %-20s %4.0f s  %s" % (m["id"], fail, time.time() - t, m["what"]))
+                else:
+                    survivors.append(m)
+                    print("SURVIVED %-28s %4.0f s  %s" % (m["id"], time.time() - t, m["what"]))
+                sys.stdout.flush()
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(workers)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    order = {m["id"]: i for i, m in enumerate(mutants)}
+    survivors.sort(key=lambda m: order[m["id"]])
     for m, err in invalid:
         print("invalid: %s: %s" % (m["id"], err))
     for m in survivors:
