@@ -92,8 +92,8 @@ endif
 #   shim: muon_gloo.o, muon_gloo_san.o in _san builds, and GLOO_LIBS instead of -lm), WITH_NCCL
 #   (gpu/: muon_nccl.o and libnccl; the stand-ins' self-tests: nccl_standin.o).
 WITH_PTHREAD := test_threads test_faults test_misuse test_parallel test_nccl_standin
-WITH_POSIX   := muonrun test_dist test_agree test_verify test_reshard test_partial
-WITH_GLOO    := test_gloo test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
+WITH_POSIX   := muonrun test_clip test_dist test_agree test_verify test_reshard test_partial
+WITH_GLOO    := test_gloo test_clip test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
 WITH_NCCL    := test_nccl bench_nccl test_nccl_standin
 # ThreadSanitizer is slow: test_parallel's small problems, with the pool's split thresholds lowered.
 TSAN.test_parallel  := -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256
@@ -137,6 +137,9 @@ $(BUILD)/fuzz_%_replay: tests/fuzz/fuzz_%.c tests/fuzz/replay.c tests/fuzz/fuzz_
 $(BUILD)/golden/.done: tests/ref_muon.py | $(BUILD)
 	$(PYTHON) tests/ref_muon.py $(BUILD)/golden
 	@touch $@
+$(BUILD)/golden/qk_clip.bin: tests/ref_qk_clip.py | $(BUILD)
+	@mkdir -p $(BUILD)/golden
+	$(PYTHON) tests/ref_qk_clip.py $@
 
 # ---- examples -------------------------------------------------------------------------------
 examples: deps $(addprefix $(BUILD)/,$(EXAMPLES))
@@ -311,12 +314,13 @@ TESTS_dist := \
   $(call ranks,1 2 3 4,$(BUILD)/test_agree) "$(RUN) -n 3 $(BUILD)/test_agree_san" \
   $(call ranks,1 2 3 4,$(BUILD)/test_partial $(BUILD)/partial) "$(RUN) -n 3 $(BUILD)/test_partial_san $(BUILD)/partial" \
   $(call ranks,1 2 3 4,$(BUILD)/test_llmc) \
+  $(call ranks,1 2 3 4,$(BUILD)/test_clip $(BUILD)/golden/qk_clip.bin) "$(RUN) -n 3 $(BUILD)/test_clip_san $(BUILD)/golden/qk_clip.bin" \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
   "tests/run_mpi.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp)
+NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp)
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)

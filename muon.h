@@ -116,11 +116,12 @@
        >>optimizer  desc, matrices, step     >>impl-plan (-owners, -rounds, -build, -run),
        >>state      save, load, reshard        >>impl-normuon, >>impl-partial, >>impl-plan-text
        >>verify     plan text, dumps         >>impl-step      momentum, U, the verdicts
-       >>ns         Newton-Schulz alone      >>impl-agree     the per-step agreement
+       >>qkclip     MuonClip's QK-clip       >>impl-agree     the per-step agreement
+       >>ns         Newton-Schulz alone
        >>elementwise  formulas shared with   >>impl-xfer, >>impl-rounds, >>impl-adamw,
                       muon_cuda.h's kernels  >>impl-commit, >>impl-api-step (muon_step)
                                              >>impl-state, >>impl-files, >>impl-reshard,
-                                             >>impl-verify
+                                             >>impl-verify, >>impl-qkclip
                                              >>impl-cpu-backend: >>impl-threads, >>impl-gemm,
                                                >>impl-ns, >>impl-cpu (its slots, vtable)
 */
@@ -524,6 +525,12 @@ typedef struct muon_compute_vtable {
      calls newton_schulz once per run of same-shaped operands. */
   muon_status (*newton_schulz_many)(void *ctx, int count, float *const *X, const int *m, const int *n,
                                     const muon_hparams *const *hp, void *ws);
+  /* Optional. QK-clip's scaling (muon_qk_clip) of n elements of one local piece: p = p * factor
+     in fp32, stored as a->param_dtype, and a->mirror gets the new value, both rounded to bf16 as
+     apply rounds (a->piece places element i; a->decay, a->step and a->cautious are unused), as
+     muon__scale_store. NULL: on a host backend the core scales the buffers itself; a device
+     backend without it cannot clip (muon_qk_clip returns MUON_ERR_BACKEND, nothing scaled). */
+  muon_status (*scale)(void *ctx, size_t n, void *param, float factor, const muon_apply_args *a);
 } muon_compute_vtable;
 
 typedef struct muon_compute {
@@ -976,6 +983,64 @@ typedef long long (*muon_index_fn)(void *user, int matrix, size_t k);
    first matrix, rank and element that do not, and where each side puts it. */
 MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index, void *user);
 
+/* >>qkclip ------------------------------------------------------------------------------------
+   MuonClip's QK-clip (Kimi K2, arXiv 2507.20534, section 2.1; Megatron's qk_clip): after
+   muon_step, every attention head whose largest pre-softmax logit S of the step (over the batch,
+   the logit as softmax sees it: q.k / sqrt(head_dim)) exceeded tau has its query rows scaled by
+   (tau / S)^alpha and its key rows by (tau / S)^(1 - alpha), so that its logits shrink by
+   tau / S and the largest comes back to tau. Heads at or under tau are left as they are.
+   Grouped-query attention (n_kv_heads < n_heads; query head h uses key head h / (n_heads /
+   n_kv_heads), as repeat_kv): each query head scales by its own (tau / S_h)^alpha, a key head by
+   (tau / G)^(1 - alpha) with G the largest S of the query heads sharing it. Every head of the
+   group then ends at or under tau; the group's other heads shrink too (by (tau / G)^(1 - alpha)),
+   which is what sharing a key costs: making up for it would scale their queries up, and the clip
+   never enlarges a weight. MHA is the case n_kv_heads = n_heads (Kimi K2's rule exactly). Biases
+   are not scaled: with q / k biases (GPT-2) the logits shrink by about, not exactly, tau / S.
+
+   The rows are the matrices' rows (muon_matrix is [out, in], torch's Linear.weight): query head h
+   is rows q_row + h * head_dim .. + head_dim of the matrix named q, key head j rows k_row + j *
+   head_dim .. of the matrix named k. A fused QKV (llm.c's qkvw, a stack of L matrices 3C x C,
+   rows q | k | v): q = k = "qkvw[l]", q_row 0, k_row C. Matrices are named as registered, a
+   stack's slices "name[l]"; a name must be one matrix of the plan (one layout key).
+
+   Distributed: every rank passes the same layers, tau and alpha (compared: MUON_ERR_MISMATCH),
+   with max_logits its own view (what its tokens gave; -INFINITY for a head it did not compute,
+   e.g. a tensor-parallel rank without that head). One allgather agrees the max of every head
+   (after the agreement muon_step also makes); each rank then scales the rows of its own pieces,
+   whatever cuts them (rows, columns, FLAT ranges): the bits are those of one device. A bf16
+   param is scaled in fp32 and rounded as muon_step rounds it (desc.rounding; stochastic bits
+   from the seed, the step count and the full name, distinct from the step's); a bf16 mirror is
+   rewritten from the new value. The momentum is not touched. */
+typedef struct muon_qk_clip_layer {
+  const char *q;                   /* the matrix holding the query rows ("attn.q[3]", "qkvw[3]")  */
+  const char *k;                   /* the matrix holding the key rows: the same for a fused QKV   */
+  int q_row, k_row;                /* first query row, first key row (fused q|k|v: 0 and C)       */
+  int n_heads;                     /* query heads, > 0                                            */
+  int n_kv_heads;                  /* key heads, dividing n_heads; 0: n_heads (MHA)               */
+  int head_dim;                    /* rows per head, > 0                                          */
+  const float *max_logits;         /* host memory, n_heads: this rank's largest logit per query
+                                      head since the last call; -INFINITY: none seen. NaN and
+                                      +Inf are MUON_ERR_NONFINITE (nothing is scaled)            */
+} muon_qk_clip_layer;
+
+typedef struct muon_qk_clip_desc {
+  float tau;                       /* the threshold, finite and > 0 (Kimi K2: 100)                */
+  float alpha;                     /* the query's share of the scaling, in [0, 1] (0.5)           */
+  const muon_qk_clip_layer *layers;
+  int n_layers;                    /* >= 0                                                        */
+  float *max_logits_out;           /* optional: the agreed largest logit of every query head,
+                                      layer after layer (sum of n_heads floats), for logging     */
+} muon_qk_clip_desc;
+
+/* tau 100, alpha 0.5 (Kimi K2), no layers. */
+MUON_API muon_qk_clip_desc muon_default_qk_clip_desc(void);
+/* The clip, after muon_step; *clipped (may be NULL) gets how many query heads exceeded tau.
+   Collective with a dist config: every rank calls it alike (as it calls muon_step), and every
+   rank returns the same status; a bad field is MUON_ERR_ARG naming it, nothing scaled anywhere.
+   On a device backend the scaling is queued like muon_step's update: a device fault while it runs
+   is reported by the next call, and that rank's rows may then be partly scaled. */
+MUON_API muon_status muon_qk_clip(muon_optimizer *opt, const muon_qk_clip_desc *desc, int *clipped);
+
 /* >>ns ----------------------------------------------------------------------------------------
    Newton-Schulz alone: out = NS(in) for a rows x cols matrix, as muon_step computes it
    (transposing tall matrices). in and out may alias. Allocates its workspace with malloc. */
@@ -1230,6 +1295,17 @@ MUON__HD void muon__apply_store(void *param, size_t i, const float *O, const muo
   uint32_t bits =
       sr ? muon__random_bits(a->seed, (unsigned long long)muon__piece_full_index(&a->piece, (long long)i)) : 0;
   float w = muon__apply_elem(muon__load(param, bf16, i), O[i], a->decay, a->step, a->cautious);
+  muon__store(param, bf16, i, w, sr, bits);
+  if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
+}
+
+/* QK-clip's scaling of element i: p*factor in fp32, stored as the parameter's dtype with its
+   mirror, rounded as muon__apply_store rounds. */
+MUON__HD void muon__scale_store(void *param, size_t i, float factor, const muon_apply_args *a) {
+  int bf16 = a->param_dtype == MUON_DTYPE_BF16, sr = a->rounding == MUON_ROUND_STOCHASTIC;
+  uint32_t bits =
+      sr ? muon__random_bits(a->seed, (unsigned long long)muon__piece_full_index(&a->piece, (long long)i)) : 0;
+  float w = muon__mul(muon__load(param, bf16, i), factor);
   muon__store(param, bf16, i, w, sr, bits);
   if (a->mirror) muon__store(a->mirror, 1, i, w, sr, bits);
 }
@@ -5128,6 +5204,19 @@ static muon_status muon__agree_run(muon_optimizer *opt, const muon__record *recs
 }
 
 /* The record exchange; *replanned says whether every rank just re-planned together. */
+/* What a record's kind is called in messages, and which kinds may meet in one agreement: a
+   step or a plan (1, 2: they re-plan together), a verification tool (3), muon_qk_clip (4). */
+static const char *muon__agree_who(uint32_t kind) {
+  return kind == 1   ? "muon_step"
+         : kind == 2 ? "muon_plan"
+         : kind == 3 ? "muon_gather_matrix / muon_dump_file / muon_check_layouts"
+                     : "muon_qk_clip";
+}
+static const char *muon__agree_what(uint32_t kind) {
+  return kind == 3 ? "a verification tool" : kind == 4 ? "muon_qk_clip" : "muon_step or muon_plan";
+}
+static uint32_t muon__agree_class(uint32_t kind) { return kind >= 3 ? kind : 0; }
+
 static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t status, int *replanned) {
   int P = opt->comm.size, me = opt->comm.rank, r, i, nm = opt->n_matrices, stale = 0, planners = -1;
   unsigned char mine[MUON__RECORD_BYTES], *all;
@@ -5156,7 +5245,9 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   recs = (muon__record *)opt->agree;
   all = (unsigned char *)(recs + P);
   st = muon__allgather(opt, mine, all, MUON__RECORD_BYTES,
-                       kind == 1 ? "muon_step: agreeing on the step" : "muon_plan: agreeing on the plan");
+                       kind == 1   ? "muon_step: agreeing on the step"
+                       : kind == 4 ? "muon_qk_clip: agreeing on the call"
+                                   : "muon_plan: agreeing on the plan");
   for (r = 0; st == MUON_OK && r < P; r++) muon__record_io(&recs[r], all + (size_t)r * MUON__RECORD_BYTES, 0);
   if (st != MUON_OK) return st;
   for (r = 0; r < P; r++) {
@@ -5168,30 +5259,23 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
   for (r = 0; r < P && st == MUON_OK; r++)
     if (recs[r].status != MUON_OK)
       st = muon__fail(opt, recs[r].status < MUON_STATUS_COUNT ? (muon_status)recs[r].status : MUON_ERR_BACKEND,
-                      "%s: rank %d could not go on (%s); nothing was applied%s", kind == 1 ? "muon_step" : "muon_plan",
+                      "%s: rank %d could not go on (%s); nothing was applied%s", muon__agree_who(kind),
                       r, muon_status_string((muon_status)recs[r].status), r == me ? "" : " (see that rank's message)");
-  for (r = 0; r < P && st == MUON_OK; r++)   /* a tool's agreement (kind 3) pairs only with another */
-    if ((recs[r].kind == 3) != (recs[0].kind == 3))
+  for (r = 0; r < P && st == MUON_OK; r++)   /* a tool's agreement (kind 3, 4) pairs only with its like */
+    if (muon__agree_class(recs[r].kind) != muon__agree_class(recs[0].kind))
       st = muon__fail(
           opt, MUON_ERR_MISMATCH,
           "%s: rank %d called %s while rank 0 called %s: they are collective, call the same on every rank; nothing was applied",
-          kind == 1   ? "muon_step"
-          : kind == 2 ? "muon_plan"
-                      : "muon_gather_matrix / muon_dump_file / muon_check_layouts",
-          r, recs[r].kind == 3 ? "a verification tool" : "muon_step or muon_plan",
-          recs[0].kind == 3 ? "a verification tool" : "muon_step or muon_plan");
+          muon__agree_who(kind), r, muon__agree_what(recs[r].kind), muon__agree_what(recs[0].kind));
   for (r = 1; r < P && st == MUON_OK; r++)
     if (recs[r].settings != recs[0].settings) {
       char what[200];
       if ((st = muon__name_difference(opt, recs, r, what, sizeof what)) != MUON_OK) break;
       st = muon__fail(opt, MUON_ERR_MISMATCH, "%s: ranks 0 and %d disagree on %s; nothing was applied",
-                      kind == 1 ? "muon_step" : "muon_plan", r, what);
+                      muon__agree_who(kind), r, what);
     }
   if (st == MUON_OK)
-    st = muon__agree_run(opt, recs,
-                         kind == 1   ? "muon_step"
-                         : kind == 2 ? "muon_plan"
-                                     : "muon_gather_matrix / muon_dump_file / muon_check_layouts");
+    st = muon__agree_run(opt, recs, muon__agree_who(kind));
   if (st == MUON_OK && (planners >= 0 || stale)) {
     /* Someone plans (muon_plan, or a stale plan): everyone plans, now, together. */
     st = muon__plan_collective(opt);
@@ -8153,6 +8237,241 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
   return MUON_OK;
 }
 
+/* >>impl-qkclip -------------------------------------------------------------------------------
+   MuonClip's QK-clip (see >>qkclip): the arguments checked on every rank, the call agreed with
+   the step's agreement (kind 4) and one exchange of three numbers, every rank's view of the max
+   logits by one allgather, then each rank's own rows scaled through the compute backend. */
+#define MUON__CLIP_TAG 0x716b636cll   /* "qkcl": muon_qk_clip's first number in its exchange */
+
+static muon_status muon__cpu_scale(void *ctx, size_t n, void *param, float factor, const muon_apply_args *a);
+
+MUON_API muon_qk_clip_desc muon_default_qk_clip_desc(void) {
+  muon_qk_clip_desc d;
+  memset(&d, 0, sizeof d);
+  d.tau = 100.0f;
+  d.alpha = 0.5f;
+  return d;
+}
+
+static int muon__clip_kv(const muon_qk_clip_layer *y) { return y->n_kv_heads ? y->n_kv_heads : y->n_heads; }
+
+/* This rank's arguments, before any exchange: every field, and every max logit. *heads gets the
+   query heads of all layers, *digest what every rank must pass alike. */
+static muon_status muon__clip_args(muon_optimizer *opt, const muon_qk_clip_desc *d, size_t *heads, uint64_t *digest) {
+  const char *op = "muon_qk_clip";
+  uint64_t h = MUON__FNV_START;
+  unsigned char buf[48], *p;
+  int l, i;
+  *heads = 0;
+  *digest = 0;
+  if (!d) return muon__fail(opt, MUON_ERR_ARG, "%s: desc is NULL", op);
+  if (!(muon__finite(d->tau) && d->tau > 0))
+    return muon__fail(opt, MUON_ERR_ARG, "%s: muon_qk_clip_desc.tau must be finite and > 0 (got %g)", op, (double)d->tau);
+  if (!(d->alpha >= 0 && d->alpha <= 1))
+    return muon__fail(opt, MUON_ERR_ARG, "%s: muon_qk_clip_desc.alpha must be in [0, 1] (got %g)", op,
+                      (double)d->alpha);
+  if (d->n_layers < 0 || (d->n_layers > 0 && !d->layers))
+    return muon__fail(opt, MUON_ERR_ARG, "%s: muon_qk_clip_desc.n_layers is %d and layers %s", op, d->n_layers,
+                      d->layers ? "set" : "NULL");
+  p = buf;
+  muon__put32(&p, muon__f2u(d->tau)); muon__put32(&p, muon__f2u(d->alpha)); muon__put32(&p, (uint32_t)d->n_layers);
+  h = muon__fnv1a_more(h, buf, (size_t)(p - buf));
+  for (l = 0; l < d->n_layers; l++) {
+    const muon_qk_clip_layer *y = &d->layers[l];
+    int kv = muon__clip_kv(y);
+#define MUON__BAD(st, ...) do { char what_[300]; snprintf(what_, sizeof what_, __VA_ARGS__); \
+    return muon__fail(opt, st, "%s: muon_qk_clip_desc.layers[%d]%s; nothing was scaled", op, l, what_); } while (0)
+    if (!y->q || !y->k) MUON__BAD(MUON_ERR_ARG, ".%s is NULL (the name of a registered matrix)", y->q ? "k" : "q");
+    if (y->n_heads <= 0) MUON__BAD(MUON_ERR_ARG, ".n_heads must be > 0 (got %d)", y->n_heads);
+    if (kv <= 0 || y->n_heads % kv)
+      MUON__BAD(MUON_ERR_ARG, ".n_kv_heads must divide n_heads = %d (got %d; 0: n_heads)", y->n_heads, y->n_kv_heads);
+    if (y->head_dim <= 0) MUON__BAD(MUON_ERR_ARG, ".head_dim must be > 0 (got %d)", y->head_dim);
+    if (y->q_row < 0 || y->k_row < 0) MUON__BAD(MUON_ERR_ARG, ".q_row and .k_row must be >= 0 (got %d, %d)", y->q_row, y->k_row);
+    if (!y->max_logits) MUON__BAD(MUON_ERR_ARG, ".max_logits is NULL (give -INFINITY for heads this rank did not see)");
+    for (i = 0; i < y->n_heads; i++)   /* NaN, or +Inf: the forward overflowed; -Inf: nothing seen */
+      if (!muon__finite(y->max_logits[i]) && !(y->max_logits[i] < 0))
+        MUON__BAD(MUON_ERR_NONFINITE, ".max_logits[%d] is %s on rank %d", i, y->max_logits[i] > 0 ? "+Inf" : "NaN",
+                  opt->distributed ? opt->comm.rank : 0);
+#undef MUON__BAD
+    if ((size_t)y->n_heads > MUON__MAX_FLOATS / 64 - *heads)
+      return muon__fail(opt, MUON_ERR_ARG, "%s: muon_qk_clip_desc.layers hold too many heads", op);
+    *heads += (size_t)y->n_heads;
+    p = buf;
+    muon__put64(&p, muon__name_hash(y->q, -1)); muon__put64(&p, muon__name_hash(y->k, -1));
+    muon__put32(&p, (uint32_t)y->q_row); muon__put32(&p, (uint32_t)y->k_row);
+    muon__put32(&p, (uint32_t)y->n_heads); muon__put32(&p, (uint32_t)kv); muon__put32(&p, (uint32_t)y->head_dim);
+    h = muon__fnv1a_more(h, buf, (size_t)(p - buf));
+  }
+  if (opt->device && !MUON__SLOT(opt->compute.vt, 1, scale))
+    return muon__fail(opt, MUON_ERR_BACKEND,
+                      "%s: the compute backend keeps the weights in device memory and has no scale slot; nothing was scaled", op);
+  *digest = h;
+  return MUON_OK;
+}
+
+/* Every rank takes the same branch: this rank's verdict joins the agreement (with muon_step's
+   checks: the same step, run and settings; a stale plan re-planned together), then the ranks
+   compare what they passed. */
+static muon_status muon__clip_begin(muon_optimizer *opt, muon_status mine, size_t heads, uint64_t digest) {
+  const char *op = "muon_qk_clip";
+  const long long *all;
+  int p, replanned;
+  muon_status st;
+  if (!opt->distributed) {
+    if (mine != MUON_OK) return mine;
+    return opt->plan.ready ? MUON_OK : muon__plan_local(opt);
+  }
+  if ((st = muon__agree(opt, 4, (uint32_t)mine, &replanned)) != MUON_OK) return st;
+  if ((st = muon__exchange3(opt, MUON__CLIP_TAG, (long long)heads, (long long)digest, &all, op)) != MUON_OK) return st;
+  for (p = 0; p < opt->comm.size; p++)
+    if (all[3 * p] != MUON__CLIP_TAG || all[3 * p + 1] != (long long)heads || all[3 * p + 2] != (long long)digest)
+      return muon__fail(opt, MUON_ERR_MISMATCH,
+                        "%s: ranks %d and %d passed different layers, tau or alpha (%lld vs %lld heads): every rank "
+                        "passes the same, only max_logits differ; nothing was scaled",
+                        op, opt->comm.rank, p, (long long)heads, all[3 * p + 1]);
+  return MUON_OK;
+}
+
+/* The one global matrix named `name` (any rank's), or -1 with the message; the same on every rank. */
+static int muon__clip_find(muon_optimizer *opt, const char *name, int l, const char *field, muon_status *st) {
+  uint64_t h = muon__name_hash(name, -1);
+  int g, found = -1;
+  for (g = 0; g < opt->plan.n_globals; g++)   /* one device's plan matches by index: its names */
+    if ((opt->distributed ? opt->plan.globals[g].name_hash : opt->matrices[opt->plan.globals[g].local].name_hash) == h) {
+      if (found >= 0) {
+        *st = muon__fail(opt, MUON_ERR_ARG,
+                         "muon_qk_clip: muon_qk_clip_desc.layers[%d].%s: '%s' names two matrices (layout keys %lld and "
+                         "%lld); nothing was scaled", l, field, name, opt->plan.globals[found].key, opt->plan.globals[g].key);
+        return -1;
+      }
+      found = g;
+    }
+  if (found < 0)
+    *st = muon__fail(opt, MUON_ERR_ARG,
+                     "muon_qk_clip: muon_qk_clip_desc.layers[%d].%s: no rank registered a matrix '%s'; nothing was scaled",
+                     l, field, name);
+  return found;
+}
+
+/* Every layer's matrices, and its heads' rows inside them (the plan is the same on every rank). */
+static muon_status muon__clip_resolve(muon_optimizer *opt, const muon_qk_clip_desc *d, int *gq, int *gk) {
+  muon_status st = MUON_OK;
+  int l;
+  for (l = 0; l < d->n_layers; l++) {
+    const muon_qk_clip_layer *y = &d->layers[l];
+    const muon__global *q, *k;
+    long long qe = (long long)y->q_row + (long long)y->n_heads * y->head_dim;
+    long long ke = (long long)y->k_row + (long long)muon__clip_kv(y) * y->head_dim;
+    if ((gq[l] = muon__clip_find(opt, y->q, l, "q", &st)) < 0 || (gk[l] = muon__clip_find(opt, y->k, l, "k", &st)) < 0)
+      return st;
+    q = &opt->plan.globals[gq[l]];
+    k = &opt->plan.globals[gk[l]];
+    if (qe > q->rows || ke > k->rows)
+      return muon__fail(opt, MUON_ERR_SHAPE,
+                        "muon_qk_clip: muon_qk_clip_desc.layers[%d]: %s rows [%d, %lld) do not fit '%s' (%d rows); "
+                        "nothing was scaled", l, qe > q->rows ? "query" : "key", qe > q->rows ? y->q_row : y->k_row,
+                        qe > q->rows ? qe : ke, qe > q->rows ? q->name : k->name, qe > q->rows ? q->rows : k->rows);
+    if (gq[l] == gk[l] && y->q_row < ke && y->k_row < qe)
+      return muon__fail(opt, MUON_ERR_ARG,
+                        "muon_qk_clip: muon_qk_clip_desc.layers[%d]: query rows [%d, %lld) and key rows [%d, %lld) of "
+                        "'%s' overlap; nothing was scaled", l, y->q_row, qe, y->k_row, ke, q->name);
+  }
+  return MUON_OK;
+}
+
+/* Rows [lo, hi) of global g times factor, where this rank's piece holds them: a piece is a
+   range of the row-major flattening of its rectangle, so those rows are one contiguous run of it. */
+static muon_status muon__clip_rows(muon_optimizer *opt, int g, long long lo, long long hi, float factor) {
+  const muon__global *x = &opt->plan.globals[g];
+  const char *op = "muon_qk_clip: scaling rows (this rank's may be partly scaled)";
+  muon_status (*slot)(void *, size_t, void *, float, const muon_apply_args *);
+  const muon__matrix *m;
+  muon__piece p;
+  muon_apply_args a;
+  long long k0, k1;
+  size_t es;
+  if (x->local < 0 || factor == 1.0f) return MUON_OK;
+  m = &opt->matrices[x->local];
+  p = m->piece;
+  if (p.w <= 0 || hi <= p.r0 || lo >= p.r0 + p.h) return MUON_OK;
+  k0 = ((lo > p.r0 ? lo : p.r0) - p.r0) * p.w;
+  k1 = ((hi < p.r0 + p.h ? hi : p.r0 + p.h) - p.r0) * p.w;
+  if (k0 < p.f0) k0 = p.f0;
+  if (k1 > p.f1) k1 = p.f1;
+  if (k1 <= k0) return MUON_OK;
+  memset(&a, 0, sizeof a);
+  a.param_dtype = m->param_dtype;
+  es = muon__dtype_size(m->param_dtype);
+  a.mirror = m->mirror ? (char *)m->mirror + (size_t)(k0 - p.f0) * 2 : NULL;
+  a.rounding = opt->rounding;
+  a.seed = muon__sr_seed(opt, m->name_hash ^ 0x716b2d636c6970ull);   /* "qk-clip": not the step's bits */
+  a.piece = muon__whole(m->rows, m->cols, 0, 0);
+  a.piece.r0 = p.r0; a.piece.c0 = p.c0; a.piece.h = p.h; a.piece.w = p.w;
+  a.piece.f0 = k0; a.piece.f1 = k1;   /* element 0 of the call is the run's first */
+  slot = MUON__SLOT(opt->compute.vt, 1, scale);
+  if (!slot) return muon__cpu_scale(NULL, (size_t)(k1 - k0), (char *)m->param + (size_t)(k0 - p.f0) * es, factor, &a);
+  return muon__compute_done(opt, slot(opt->compute.ctx, (size_t)(k1 - k0), (char *)m->param + (size_t)(k0 - p.f0) * es,
+                                      factor, &a), op);
+}
+
+/* Kimi K2's factors from the agreed maxes S of one layer, and the rows they scale. */
+static muon_status muon__clip_layer(muon_optimizer *opt, const muon_qk_clip_layer *y, const float *S, double tau,
+                                    double alpha, int gq, int gk, int *clipped) {
+  int kv = muon__clip_kv(y), G = y->n_heads / kv, h, j;
+  long long d = y->head_dim;
+  for (j = 0; j < kv; j++) {   /* a key head: the largest logit of the query heads sharing it */
+    float s = S[j * G];
+    for (h = j * G + 1; h < (j + 1) * G; h++) if (S[h] > s) s = S[h];
+    if (s > tau)
+      MUON__TRY(muon__clip_rows(opt, gk, y->k_row + j * d, y->k_row + (j + 1) * d, (float)pow(tau / s, 1.0 - alpha)));
+  }
+  for (h = 0; h < y->n_heads; h++) {
+    if (!(S[h] > tau)) continue;
+    ++*clipped;
+    MUON__TRY(muon__clip_rows(opt, gq, y->q_row + h * d, y->q_row + (h + 1) * d, (float)pow(tau / S[h], alpha)));
+  }
+  return MUON_OK;
+}
+
+MUON_API muon_status muon_qk_clip(muon_optimizer *opt, const muon_qk_clip_desc *desc, int *clipped) {
+  const char *op = "muon_qk_clip";
+  int P, me, p, l, n = 0, *gq = NULL;
+  size_t H = 0, h, at;
+  uint64_t digest = 0;
+  float *mine = NULL, *all;
+  muon_status st;
+  if (clipped) *clipped = 0;
+  if (!opt) return MUON_ERR_ARG;
+  P = opt->distributed ? opt->comm.size : 1;
+  me = opt->distributed ? opt->comm.rank : 0;
+  st = muon__clip_args(opt, desc, &H, &digest);
+  if (st == MUON_OK) {   /* this rank's view, every rank's, and the layers' matrices */
+    mine = (float *)muon__alloc(&opt->allocator, (size_t)(P + 1) * H * sizeof(float));
+    gq = (int *)muon__alloc(&opt->allocator, 2 * (size_t)desc->n_layers * sizeof(int));
+    if (!mine || !gq) st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu floats failed; nothing was scaled", op,
+                                      (size_t)(P + 1) * H);
+  }
+  if ((st = muon__clip_begin(opt, st, H, digest)) != MUON_OK ||
+      (st = muon__clip_resolve(opt, desc, gq, gq + desc->n_layers)) != MUON_OK)
+    goto done;
+  all = mine + H;
+  for (l = 0, at = 0; l < desc->n_layers; at += (size_t)desc->layers[l].n_heads, l++)
+    memcpy(mine + at, desc->layers[l].max_logits, (size_t)desc->layers[l].n_heads * sizeof(float));
+  if (opt->distributed && (st = muon__allgather(opt, mine, all, H * sizeof(float), op)) != MUON_OK) goto done;
+  for (p = 0; p < P; p++)   /* the agreed max of every head, into `mine` (MAX: any order) */
+    for (h = 0; opt->distributed && h < H; h++)
+      if (p != me && all[(size_t)p * H + h] > mine[h]) mine[h] = all[(size_t)p * H + h];
+  if (desc->max_logits_out) memcpy(desc->max_logits_out, mine, H * sizeof(float));
+  for (l = 0, at = 0; l < desc->n_layers && st == MUON_OK; at += (size_t)desc->layers[l].n_heads, l++)
+    st = muon__clip_layer(opt, &desc->layers[l], mine + at, (double)desc->tau, (double)desc->alpha, gq[l],
+                          gq[desc->n_layers + l], &n);
+  if (clipped && st == MUON_OK) *clipped = n;
+done:
+  muon__free(&opt->allocator, mine);
+  muon__free(&opt->allocator, gq);
+  return st;
+}
+
 /* =============================================================================================
    >>impl-cpu-backend  THE CPU BACKEND (desc.compute NULL, muon_cpu_create): its threads, its
    GEMM, Newton-Schulz and its slots. The core above reaches it through the compute vtable, and
@@ -9251,6 +9570,14 @@ static muon_status muon__cpu_apply(void *ctx, size_t n, void *param, const float
   return MUON_OK;
 }
 
+/* Also the core's own scaling where a host backend has no scale slot (ctx unused). */
+static muon_status muon__cpu_scale(void *ctx, size_t n, void *param, float factor, const muon_apply_args *a) {
+  size_t i;
+  (void)ctx;
+  for (i = 0; i < n; i++) muon__scale_store(param, i, factor, a);
+  return MUON_OK;
+}
+
 static muon_status muon__cpu_adamw(void *ctx, size_t n, void *param, const void *grad, float *m, float *v,
                                    const muon_adamw_args *a) {
   muon__ew_job j;
@@ -9317,7 +9644,8 @@ static const muon_compute_vtable muon__cpu_vtable = {
   /* .error              = */ NULL,
   /* .destroy            = */ muon__cpu_destroy,
   /* .normuon            = */ muon__cpu_normuon,
-  /* .newton_schulz_many = */ muon__cpu_newton_schulz_many
+  /* .newton_schulz_many = */ muon__cpu_newton_schulz_many,
+  /* .scale              = */ muon__cpu_scale
 };
 
 MUON_API muon_cpu_desc muon_cpu_default_desc(void) {

@@ -434,6 +434,25 @@ static cudaError_t muon_cuda__apply_launch(const muon_cuda__apply_k *k, cudaStre
                            *k);
 }
 
+/* scale: param[i] = param[i]*factor, stored as param_dtype (+ bf16 mirror): muon_qk_clip's rows. */
+typedef struct muon_cuda__scale_k {
+  size_t n;
+  void *param;
+  float factor;
+  muon_apply_args args;
+} muon_cuda__scale_k;
+
+MUON_CUDA__KERNEL(muon_cuda__scale_kernel, muon_cuda__scale_k) {
+  size_t i;
+  for (i = MUON_CUDA__INDEX; i < a.n; i += MUON_CUDA__STRIDE) muon__scale_store(a.param, i, a.factor, &a.args);
+}
+
+static cudaError_t muon_cuda__scale_launch(const muon_cuda__scale_k *k, cudaStream_t stream) {
+  if (k->n == 0) return cudaSuccess;
+  return MUON_CUDA__LAUNCH(muon_cuda__scale_kernel, muon_cuda__grid(k->n), muon_cuda__dim3(MUON_CUDA__BLOCK), stream,
+                           *k);
+}
+
 /* adamw: one torch.optim.AdamW element per i (param, m, v updated; + bf16 mirror). */
 typedef struct muon_cuda__adamw_k {
   size_t n;
@@ -629,6 +648,19 @@ static muon_status muon_cuda__apply(void *ctx, size_t n, void *param, const floa
   k.O = O;
   k.args = *a;
   MUON_CUDA__CHECK(c, muon_cuda__apply_launch(&k, c->stream));
+  return MUON_OK;
+}
+
+static muon_status muon_cuda__scale(void *ctx, size_t n, void *param, float factor, const muon_apply_args *a) {
+  muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
+  muon_cuda__scale_k k;
+  if (!a) return muon_cuda__invalid(c, "scale: args NULL");
+  memset(&k, 0, sizeof k);
+  k.n = n;
+  k.param = param;
+  k.factor = factor;
+  k.args = *a;
+  MUON_CUDA__CHECK(c, muon_cuda__scale_launch(&k, c->stream));
   return MUON_OK;
 }
 
@@ -1339,7 +1371,8 @@ static const muon_compute_vtable muon_cuda__vtable = {
   /* .error              = */ muon_cuda__error,
   /* .destroy            = */ muon_cuda__destroy,
   /* .normuon            = */ muon_cuda__normuon,
-  /* .newton_schulz_many = */ NULL /* one batched call per shape is what cuBLAS wants */
+  /* .newton_schulz_many = */ NULL, /* one batched call per shape is what cuBLAS wants */
+  /* .scale              = */ muon_cuda__scale
 };
 
 MUON_API muon_cuda_desc muon_cuda_default_desc(void) {

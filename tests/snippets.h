@@ -191,6 +191,24 @@ static GPT2 model;
 #define SNIPPET_BEGIN static void snippet(void) {
 #define SNIPPET_END }
 
+#elif defined(SNIPPET_llmc_clip) || defined(SNIPPET_llmc_clip_step)   /* compiled only: docs/muonclip.md */
+#include <math.h>
+typedef struct { int num_layers, num_heads, channels; } GPT2Config;
+typedef struct { float *preatt; } ActivationTensors;   /* (L, B, NH, T, T) */
+typedef struct { GPT2Config config; ActivationTensors acts; } GPT2;
+void gpt2_head_max_logits(GPT2 *model, int B, int T, float *max_logits);
+#if defined(SNIPPET_llmc_clip)
+#define SNIPPET_BEGIN
+#define SNIPPET_END
+static void (*snippet)(GPT2 *, int, int, float *) = gpt2_head_max_logits;
+#else
+static GPT2 model;
+static int B, T;
+static muon_optimizer *opt;
+#define SNIPPET_BEGIN static void snippet(void) {
+#define SNIPPET_END }
+#endif
+
 #elif defined(SNIPPET_llmc_threads)    /* compiled only, with -fopenmp */
 #include <omp.h>
 #define SNIPPET_BEGIN

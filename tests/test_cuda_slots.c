@@ -21,7 +21,8 @@
      muon__piece_operand_index, and the packed operand equals the matrix (or its transpose);
    - momentum (lerp / sgd, nesterov, update or not, u NULL, fp32 / bf16 grad, grad_scale), apply
      (fp32 / bf16 param, bf16 mirror, nearest / stochastic rounding of a FLAT piece; cautious
-     decay at weights and updates of +-0 against the formula, tests/cautious.h), AdamW
+     decay at weights and updates of +-0 against the formula, tests/cautious.h), scale
+     (muon_qk_clip's rows: the same dtypes, mirror and roundings), AdamW
      (fp32 / bf16 param and grad, mirror, stochastic): bit-exact against the MUON__HD functions
      on the host (nvcc -fmad=false), on sizes that need several grid-stride passes;
    - Newton-Schulz against muon_newton_schulz (the CPU) at several shapes, batch 1 and 3, both
@@ -480,6 +481,58 @@ static void test_apply(void) {
       }
   dfree(dp); dfree(dmirror); dfree(dO);
   free(p0); free(O); free(pw); free(gotf); free(p0b); free(pwb); free(mw); free(gotb);
+}
+
+/* scale (muon_qk_clip's rows): bitwise the host's muon__scale_store, every dtype and rounding. */
+static void test_scale(void) {
+  muon_piece_copy piece;
+  size_t n, i;
+  int bf, mirror, sr;
+  float *p0, *pw, *gotf;
+  uint16_t *p0b, *pwb, *mw, *gotb;
+  void *dp, *dmirror;
+  memset(&piece, 0, sizeof piece);
+  piece.r0 = 4; piece.c0 = 9; piece.h = 30; piece.w = 41; piece.f0 = 100; piece.f1 = 30 * 41 - 17;
+  piece.rows = 37; piece.cols = 53;
+  n = (size_t)(piece.f1 - piece.f0);
+  p0 = (float *)xmalloc(n * 4); pw = (float *)xmalloc(n * 4); gotf = (float *)xmalloc(n * 4);
+  p0b = (uint16_t *)xmalloc(n * 2); pwb = (uint16_t *)xmalloc(n * 2); mw = (uint16_t *)xmalloc(n * 2);
+  gotb = (uint16_t *)xmalloc(n * 2);
+  dp = dalloc(n * 4); dmirror = dalloc(n * 2);
+  TEST_CASE("scale: fp32 / bf16 param, bf16 mirror, nearest / stochastic rounding of a FLAT piece");
+  CHECK(G.vt->scale != NULL, "the scale slot is NULL");
+  fill(p0, n, 1.0f, 0);
+  fill_bf16(p0b, n);
+  for (bf = 0; bf < 2 && G.vt->scale; bf++)
+    for (mirror = 0; mirror < 2; mirror++)
+      for (sr = 0; sr < 2; sr++) {
+        muon_apply_args a, ah;
+        float factor = 0.7315f;
+        memset(&a, 0, sizeof a);
+        a.param_dtype = bf ? MUON_DTYPE_BF16 : MUON_DTYPE_FP32;
+        a.rounding = sr ? MUON_ROUND_STOCHASTIC : MUON_ROUND_NEAREST;
+        a.seed = 0x1234567890abcdefull;
+        a.piece = piece;
+        a.mirror = mirror ? dmirror : NULL;
+        ah = a;
+        ah.mirror = mirror ? (void *)mw : NULL;
+        if (bf) memcpy(pwb, p0b, n * 2); else memcpy(pw, p0, n * 4);
+        for (i = 0; i < n; i++) muon__scale_store(bf ? (void *)pwb : (void *)pw, i, factor, &ah);
+        if (bf) up(dp, p0b, n * 2); else up(dp, p0, n * 4);
+        CHECK(G.vt->zero(G.ctx, dmirror, n * 2) == MUON_OK, "zero");
+        CHECK(G.vt->scale(G.ctx, n, dp, factor, &a) == MUON_OK, "scale: %s", G.vt->error(G.ctx));
+        CHECK(G.vt->scale(G.ctx, 0, dp, factor, &a) == MUON_OK, "scale of nothing: %s", G.vt->error(G.ctx));
+        if (bf) down(gotb, dp, n * 2); else down(gotf, dp, n * 4);
+        if (!sync_ok()) continue;
+        if (!(bf ? same_bits(gotb, pwb, n, 2, "bf16 param") : same_bits(gotf, pw, n, 4, "fp32 param")))
+          printf("    (bf16 %d mirror %d stochastic %d)\n", bf, mirror, sr);
+        if (mirror) {
+          down(gotb, dmirror, n * 2);
+          if (sync_ok() && !same_bits(gotb, mw, n, 2, "mirror")) printf("    (bf16 %d stochastic %d)\n", bf, sr);
+        }
+      }
+  dfree(dp); dfree(dmirror);
+  free(p0); free(pw); free(gotf); free(p0b); free(pwb); free(mw); free(gotb);
 }
 
 /* apply's cautious decay at the signs of zero (tests/cautious.h): bitwise the cautious_wd formula. */
@@ -1130,7 +1183,8 @@ int main(void) {
   CHECK(G.vt->version == MUON_COMPUTE_VTABLE_VERSION && G.vt->memory == MUON_MEMORY_DEVICE, "version / memory");
   CHECK(G.vt->alloc && G.vt->free && G.vt->alloc_host && G.vt->free_host && G.vt->copy && G.vt->zero && G.vt->pack &&
         G.vt->momentum && G.vt->ns_workspace && G.vt->newton_schulz && G.vt->apply && G.vt->adamw &&
-        G.vt->nonfinite && G.vt->cast && G.vt->sync && G.vt->error && G.vt->destroy && G.vt->normuon, "a slot is NULL");
+        G.vt->nonfinite && G.vt->cast && G.vt->sync && G.vt->error && G.vt->destroy && G.vt->normuon && G.vt->scale,
+        "a slot is NULL");
   CHECK(strcmp(G.vt->error(G.ctx), "") == 0, "fresh error text '%s'", G.vt->error(G.ctx));
 
   test_copy_zero();
@@ -1139,6 +1193,7 @@ int main(void) {
   test_pack();
   test_momentum();
   test_apply();
+  test_scale();
   test_cautious_zeros();
   test_adamw();
   test_ns_workspace();

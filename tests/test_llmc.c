@@ -19,7 +19,8 @@
    gradients there); registered before it, stepped unbound (MUON_ERR_ARG naming the piece), bound
    after; resume from checkpoints; reshard from one device and to one device; stochastic rounding
    into bf16 weights without master weights (and its resume); DDP without the all-reduce (every
-   rank's gradient a part: Partial stacks). */
+   rank's gradient a part: Partial stacks). Every step is followed by muon_qk_clip over the fused
+   qkvw stack, each rank passing only the max logits of the heads it saw. */
 #define MUON_IMPLEMENTATION
 #ifdef MUON_CUDA_STANDIN
 #define EX_NCCL   /* build/nccl/: CUDA compute, NCCL communication */
@@ -333,7 +334,40 @@ static void load_weights(trainer *x, const trainer *ref) {
   free(p);
 }
 
-/* One step of both, from the same gradients; then the check. */
+/* MuonClip after the step, as llm.c would call it: qkvw[l] fused (rows q | k | v), 2 heads of 4;
+   each rank saw head h of layer l at this step only where (h + l + step) % P == rank (-INFINITY
+   elsewhere), the one device saw them all. */
+static muon_status clip_step(trainer *x, int step, int full) {
+  enum { NH = 2 };
+  muon_qk_clip_layer y[L];
+  float S[L][NH];
+  char names[L][16];
+  muon_qk_clip_desc d = muon_default_qk_clip_desc();
+  int l, h;
+  for (l = 0; l < L; l++) {
+    for (h = 0; h < NH; h++) {
+      int seen = full || !x->dist || (h + l + step) % W.size == W.rank;
+      S[l][h] = seen ? 2.0f + 1.5f * ex_value(4242u + (unsigned)step, l * NH + h) : -INFINITY;
+    }
+    snprintf(names[l], sizeof names[l], "qkvw[%d]", l);
+    memset(&y[l], 0, sizeof y[l]);
+    y[l].q = y[l].k = names[l];
+    y[l].k_row = C;
+    y[l].n_heads = NH;
+    y[l].head_dim = C / NH;
+    y[l].max_logits = S[l];
+  }
+  muon_status st;
+  int clipped = 0;
+  d.tau = 2.0f;
+  d.layers = y;
+  d.n_layers = L;
+  st = muon_qk_clip(x->opt, &d, &clipped);
+  CHECK(st != MUON_OK || clipped > 0, "step %d: no head over tau: the clip is not exercised", step);
+  return st;
+}
+
+/* One step of both, from the same gradients, and the clip; then the check. */
 static int step_both(trainer *x, trainer *ref, int step, const char *what) {
   muon_status st, sr;
   char label[96];
@@ -341,6 +375,10 @@ static int step_both(trainer *x, trainer *ref, int step, const char *what) {
   trainer_backward(ref, step);
   st = muon_step(x->opt);
   sr = muon_step(ref->opt);
+  if (st == MUON_OK && sr == MUON_OK) {
+    st = clip_step(x, step, 0);
+    sr = clip_step(ref, step, 1);
+  }
   CHECK(st == MUON_OK && sr == MUON_OK, "%s, step %d: %s / one device: %s", what, step, muon_error(x->opt),
         muon_error(ref->opt));
   snprintf(label, sizeof label, "%s, after step %d", what, step);
