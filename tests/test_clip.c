@@ -12,7 +12,7 @@
      and rounded to nearest, the momentum untouched;
    - errors: each bad field named, the status, nothing scaled (weights, mirror);
    - distributed (every rank's view of the max logits different, -INFINITY where it saw none):
-     Q cut by rows, K by columns, a stack of fused qkv matrices in FLAT ranges with bf16 params and
+     Q cut by rows, K by columns, a stack of fused qkv matrices in FLAT ranges cut inside rows and heads, with bf16 params and
      stochastic rounding; three steps, each followed by a clip, bitwise equal to a single-device
      optimizer in this process given the full max logits; ranks that pass different tau get
      MUON_ERR_MISMATCH, a rank's NaN logit MUON_ERR_NONFINITE, on every rank, nothing scaled. */
@@ -387,7 +387,11 @@ static void dside_init(dside *x, int dist) {
     memset(L, 0, sizeof *L);
     if (dist) {
       L->n_levels = 1;
-      L->levels[0] = t == 0 ? muon_shard(0, &W.world) : t == 1 ? muon_shard(1, &W.world) : muon_flat(&W.world);
+      /* qkvw: FLAT ranges cut inside rows and inside heads (5 elements before an even split), so a
+         head's rows start before a piece and end after it */
+      long long total = (long long)s->rows * DC, P = W.size, r = W.rank;
+      long long lo = r == 0 ? 0 : total * r / P - 5, hi = r + 1 == P ? total : total * (r + 1) / P - 5;
+      L->levels[0] = t == 0 ? muon_shard(0, &W.world) : t == 1 ? muon_shard(1, &W.world) : muon_flat_range(&W.world, lo, hi - lo);
     }
     x->n[t] = ex_piece(L, s->rows, DC, idx);
     x->idx[t] = (long long *)malloc(x->n[t] * sizeof(long long) + 1);

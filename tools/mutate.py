@@ -62,6 +62,8 @@ STEPS = [
      "MUON_GLOO_BLOCKING=1 " + RUN + " -n 3 build/test_dist", GLOO),
     ("test_agree -n 2", ["build/test_agree", "build/muonrun"], RUN + " -n 2 build/test_agree", GLOO),
     ("test_llmc -n 2", ["build/test_llmc", "build/muonrun"], RUN + " -n 2 build/test_llmc", GLOO),
+    ("test_clip -n 3", ["build/test_clip", "build/golden/qk_clip.bin", "build/muonrun"],
+     RUN + " -n 3 build/test_clip build/golden/qk_clip.bin", GLOO),
     ("examples --sr", ["build/fsdp", "build/pp", "build/muonrun"],
      RUN + " -n 2 build/fsdp --sr --quiet && " + RUN + " -n 4 build/pp --sr --quiet", GLOO),
     ("test_cuda_slots", ["build/cuda/test_cuda_slots"], "build/cuda/test_cuda_slots", CUDA),
