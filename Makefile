@@ -92,8 +92,8 @@ endif
 #   shim: muon_gloo.o, muon_gloo_san.o in _san builds, and GLOO_LIBS instead of -lm), WITH_NCCL
 #   (gpu/: muon_nccl.o and libnccl; the stand-ins' self-tests: nccl_standin.o).
 WITH_PTHREAD := test_threads test_faults test_misuse test_parallel test_nccl_standin
-WITH_POSIX   := muonrun test_dist test_agree test_verify test_reshard test_partial
-WITH_GLOO    := test_gloo test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
+WITH_POSIX   := muonrun test_netns test_dist test_agree test_verify test_reshard test_partial
+WITH_GLOO    := test_gloo test_netns test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
 WITH_NCCL    := test_nccl bench_nccl test_nccl_standin
 # ThreadSanitizer is slow: test_parallel's small problems, with the pool's split thresholds lowered.
 TSAN.test_parallel  := -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256
