@@ -298,7 +298,8 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1"
 
 # Gloo, several processes: the communicator, the distributed step, agreement, dead and stalled
-# peers, Partial gradients, checkpoints, the verification workflow.
+# peers, Partial gradients, checkpoints, the verification workflow; MPI; several hosts in network
+# namespaces (tests/run_netns.sh, root only, else one skipped line).
 TESTS_dist := \
   $(call ranks,1 2 3 4 8,$(BUILD)/test_gloo) \
   "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --die-started" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
@@ -314,9 +315,10 @@ TESTS_dist := \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
-  "tests/run_mpi.sh $(BUILD)" \
+  "tests/run_mpi.sh $(BUILD)" "tests/run_netns.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp)
+NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp) \
+  $(BUILD)/netrelay $(BUILD)/test_netns $(BUILD)/fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
