@@ -315,7 +315,7 @@ TESTS_dist := \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
-  "tests/run_mpi.sh $(BUILD)" "tests/run_netns.sh $(BUILD)" \
+  "tests/run_mpi.sh $(BUILD)" "timeout -k 10 300 tests/run_netns.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
 NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp) \
   $(BUILD)/netrelay $(BUILD)/test_netns $(BUILD)/fsdp
@@ -432,12 +432,13 @@ mutate: deps
 
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and
-# numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight.
+# numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight;
+# last, 4 ranks in network namespaces over 1 Gbit/s and 10 ms RTT (root; else a skipped line).
 $(BUILD)/%: bench/%.c bench/bench.h muon.h $$(call gloo_deps) | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(if $(call need,GLOO),$(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS),-o $@ $(BLAS_LIBS) -lm)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
-bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun
+bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun $(BUILD)/netrelay
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
@@ -450,6 +451,7 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_partial
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_partial --layers 1
+	timeout -k 10 1800 tests/run_netns.sh --bench $(BUILD)
 
 # ---- install --------------------------------------------------------------------------------
 install: $(BUILD)/muoncmp

@@ -66,9 +66,18 @@ trap 'exit 1' INT TERM HUP
 
 # ---- the network ------------------------------------------------------------------------------
 addr() { echo "10.77.$(($1 + 1)).2"; }
-# tbf at 1 Gbit/s on DEV in namespace NS
+# tbf at $rate (1 Gbit/s) on DEV in namespace NS
+rate=1gbit
 shape_rate() {
-  tc -n "$1" qdisc replace dev "$2" root handle 1: tbf rate 1gbit burst 256kb latency 20ms
+  tc -n "$1" qdisc replace dev "$2" root handle 1: tbf rate $rate burst 256kb latency 20ms
+}
+set_rate() {   # set_rate RATE N: every link
+  rate=$1
+  i=0
+  while [ "$i" -lt "$2" ]; do
+    shape_rate "$ns-r$i" eth0 && shape_rate "$h" "mv$i" || return 1
+    i=$((i + 1))
+  done
 }
 make_net() {   # make_net N: the head and N rank hosts
   h=$ns-h
@@ -108,31 +117,31 @@ relay_pid=
 shaper=
 shape() {
   unshape "$3"
-  [ "$1" = 0 ] && [ "$2" = 0 ] && { shaper="tbf 1 Gbit/s"; return 0; }
+  [ "$1" = 0 ] && [ "$2" = 0 ] && { shaper="tbf $rate"; return 0; }
   half=$(awk "BEGIN { print $1 / 2 }")
   if [ "${MUON_NETNS_SHAPER:-auto}" != relay ] && tc -n "$h" qdisc add dev lo root netem delay 1ms 2>/dev/null; then
     tc -n "$h" qdisc del dev lo root
     i=0
     while [ "$i" -lt "$3" ]; do
       tc -n "$h" qdisc replace dev "mv$i" root handle 1: netem delay "${half}ms" loss "$2%" limit 100000 &&
-        tc -n "$h" qdisc add dev "mv$i" parent 1: handle 2: tbf rate 1gbit burst 256kb latency 20ms || return 1
+        tc -n "$h" qdisc add dev "mv$i" parent 1: handle 2: tbf rate $rate burst 256kb latency 20ms || return 1
       i=$((i + 1))
     done
-    shaper="tbf 1 Gbit/s + netem delay ${half} ms each way, loss $2 % (head's egress)"
+    shaper="tbf $rate + netem delay ${half} ms each way, loss $2 % (head's egress)"
     return 0
   fi
   ip -n "$h" tuntap add dev mr0 mode tun 2>/dev/null
   ip -n "$h" link set mr0 mtu 9000 up
   ip netns exec "$h" sh -c 'echo 0 > /proc/sys/net/ipv4/conf/mr0/rp_filter'
   loss=$(awk "BEGIN { print $2 / 100 }")
-  ip netns exec "$h" timeout -k 2 600 "$build/netrelay" --dev mr0 --delay-ms "$half" --loss "$loss" \
+  ip netns exec "$h" timeout -k 2 1800 "$build/netrelay" --dev mr0 --delay-ms "$half" --loss "$loss" --seconds 1800 \
     --seed $(($$ % 1000 + 1)) 2>"$dir/relay.log" &
   relay_pid=$!
   running="$running $relay_pid"
   sleep 0.2
   kill -0 "$relay_pid" 2>/dev/null || { cat "$dir/relay.log"; return 1; }
   ip -n "$h" route replace default dev mr0 table 100
-  shaper="tbf 1 Gbit/s + netrelay: ${half} ms each way, loss $2 % per packet (TUN in the head)"
+  shaper="tbf $rate + netrelay: ${half} ms each way, loss $2 % per packet (TUN in the head)"
 }
 unshape() {
   ip -n "$h" route del default table 100 2>/dev/null
@@ -143,7 +152,7 @@ unshape() {
     running=$(echo "$running" | sed "s/ $relay_pid\\b//")
     relay_pid=
   fi
-  shaper="tbf 1 Gbit/s"
+  shaper="tbf $rate"
   i=0
   while [ "$i" -lt "$1" ]; do
     tc -n "$h" qdisc show dev "mv$i" 2>/dev/null | grep -q netem && shape_rate "$h" "mv$i"
@@ -153,7 +162,7 @@ unshape() {
 
 redis_pid=
 start_redis() {
-  ip netns exec "$h" timeout -k 2 900 redis-server --port 6379 --bind 10.77.0.1 --protected-mode no --save "" --appendonly no \
+  ip netns exec "$h" timeout -k 2 1800 redis-server --port 6379 --bind 10.77.0.1 --protected-mode no --save "" --appendonly no \
     --dir "$dir" --daemonize no </dev/null >"$dir/redis.log" 2>&1 &
   redis_pid=$!
   running="$running $redis_pid"
@@ -246,16 +255,21 @@ make_net $N || { echo "netns: could not build the network"; echo "netns: 0 passe
 start_redis || { echo "netns: redis-server did not come up"; echo "netns: 0 passed, 1 failed"; exit 1; }
 echo "namespaces $ns-h (router, redis 10.77.0.1:6379) and $ns-r0..$((N - 1)) (10.77.1.2 .. 10.77.$N.2)"
 
-if [ -n "$bench" ]; then   # make bench: the 12-layer list over 1 Gbit/s and ~10 ms RTT
+if [ -n "$bench" ]; then   # make bench: the 12-layer list, the latency-bound case, 100 Mbit/s
   shape 10 0 $N
-  echo "shaping: $shaper"
   genv=OPENBLAS_NUM_THREADS=1
-  t0=$(date +%s)
-  gloo $N 900 "$build/bench_dist" --layers 12 --overlap --settings 2:1 --steps 2 --warmup 1
-  cat "$dir/out.0"
+  for args in "--layers 12 --overlap --settings 2:1 --steps 2 --warmup 1" \
+              "--overlap --small 256 --dim 32 --round-bytes 4096 --steps 3" \
+              "--layers 12 --overlap --settings 2:1 --steps 2 --warmup 1 100mbit"; do
+    case $args in *100mbit) set_rate 100mbit $N; shape 10 0 $N; args=${args% 100mbit} ;; esac
+    echo "shaping: $shaper"
+    t0=$(date +%s)
+    gloo $N 900 "$build/bench_dist" $args
+    sed -n '/^== bench_dist/,/^-- overlap/p' "$dir/out.0"
+    if all_zero $N && grep -q 'bitwise identical' "$dir/out.0"; then ok "bench_dist $args over the shaped network ($(( $(date +%s) - t0 )) s)"
+    else bad "bench_dist $args over the shaped network"; tail -n 12 "$dir/out"; fi
+  done
   unshape $N
-  if all_zero $N && grep -q 'bitwise identical' "$dir/out.0"; then ok "bench_dist over the shaped network ($(( $(date +%s) - t0 )) s)"
-  else bad "bench_dist over the shaped network"; tail -n 12 "$dir/out"; fi
   echo "netns: $passed passed, $failed failed"
   [ "$failed" -eq 0 ]
   exit
