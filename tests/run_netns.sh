@@ -23,8 +23,10 @@
 #   step 3 (ip link set mv1 down); then rank 2's host is cut off (its veth pair deleted). Every
 #   rank must return MUON_ERR_COMM or MUON_ERR_TIMEOUT within 2 s + 3 s of the cut with nothing
 #   applied; a restarted job on the repaired network resumes from the checkpoint bitwise.
-# tests/run_netns.sh --bench BUILD_DIR: bench_dist's 12-layer list at 4 ranks over 1 Gbit/s and
-#   ~10 ms RTT, the debug setting against prefetch 2 + async (make bench).
+# tests/run_netns.sh --bench BUILD_DIR (make bench): bench_dist's 12-layer list at 4 ranks over
+#   1 Gbit/s and ~10 ms RTT, the debug setting against prefetch 2 + async, bytes per rank against
+#   the formula; the latency-bound case (256 matrices of 32^2, the whole grid); the 12-layer list
+#   at 100 Mbit/s.
 #
 # Everything the script starts runs under `timeout`; the EXIT trap kills its own processes by
 # pid and deletes its namespaces. Without root, ip, redis-server, or where a namespace cannot be
@@ -130,6 +132,7 @@ shape() {
     shaper="tbf $rate + netem delay ${half} ms each way, loss $2 % (head's egress)"
     return 0
   fi
+  if [ ! -c /dev/net/tun ]; then shaper="none (no netem, no /dev/net/tun)"; return 1; fi
   ip -n "$h" tuntap add dev mr0 mode tun 2>/dev/null
   ip -n "$h" link set mr0 mtu 9000 up
   ip netns exec "$h" sh -c 'echo 0 > /proc/sys/net/ipv4/conf/mr0/rp_filter'
@@ -256,7 +259,7 @@ start_redis || { echo "netns: redis-server did not come up"; echo "netns: 0 pass
 echo "namespaces $ns-h (router, redis 10.77.0.1:6379) and $ns-r0..$((N - 1)) (10.77.1.2 .. 10.77.$N.2)"
 
 if [ -n "$bench" ]; then   # make bench: the 12-layer list, the latency-bound case, 100 Mbit/s
-  shape 10 0 $N
+  shape 10 0 $N || bad "delay: $shaper"
   genv=OPENBLAS_NUM_THREADS=1
   for args in "--layers 12 --overlap --settings 2:1 --steps 2 --warmup 1" \
               "--overlap --small 256 --dim 32 --round-bytes 4096 --steps 3" \
@@ -278,9 +281,9 @@ fi
 shape 0 0 $N
 timed "gloo test_dist -n 4" $N "$SUMMARY" gloo $N 120 "$build/test_dist"
 timed "gloo fsdp -n 4 --steps 5" $N "$BITWISE" gloo $N 60 "$build/fsdp" --steps 5 --quiet
-shape 1 1 $N
+shape 1 1 $N || bad "delay and loss: $shaper"
 timed "gloo tp_fsdp -n 4 --steps 10 --prefetch 2 --async" $N "$BITWISE" gloo $N 60 "$build/tp_fsdp" --steps 10 --quiet --prefetch 2 --async --round-bytes 8192
-shape 10 0 $N
+shape 10 0 $N || bad "delay: $shaper"
 timed "gloo fsdp -n 4 --steps 5" $N "$BITWISE" gloo $N 60 "$build/fsdp" --steps 5 --quiet
 unshape $N
 
@@ -309,7 +312,7 @@ shift
 exec ip netns exec "$ns-r\$((\$(echo "\$host" | cut -d. -f3) - 1))" sh -c "\$*"
 EOF
   chmod +x "$dir/agent"
-  shape 1 1 $N
+  shape 1 1 $N || bad "delay and loss: $shaper"
   timed "mpi fsdp -n 4 --steps 5" 1 "$BITWISE" mpi $N "$build/mpi/fsdp" --steps 5 --quiet
   timed "mpi test_dist -n 4" 1 "$SUMMARY" mpi $N "$build/mpi/test_dist"
   unshape $N
@@ -333,7 +336,7 @@ fault() {
   collect $N $pids
   genv=
   if all_zero $N; then
-    ok "$1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): $(grep -h 'after the cut' "$dir"/out.* | sed 's/ after the cut.*//; s/^rank //' | tr '\n' ';' | sed 's/;$//')"
+    ok "$1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): after the cut $(sed -n 's/^rank \([0-9]*\): MUON_ERR_\([A-Z]*\).* \([0-9.-]*\) s after the cut.*/rank \1 \2 \3 s,/p' "$dir"/out.* | tr '\n' ' ' | sed 's/, $//'); nothing applied"
   else
     bad "$1"
     grep -h 'after the cut\|FAIL\|  tests' "$dir/out" | head -n 20
