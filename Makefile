@@ -92,8 +92,8 @@ endif
 #   shim: muon_gloo.o, muon_gloo_san.o in _san builds, and GLOO_LIBS instead of -lm), WITH_NCCL
 #   (gpu/: muon_nccl.o and libnccl; the stand-ins' self-tests: nccl_standin.o).
 WITH_PTHREAD := test_threads test_faults test_misuse test_parallel test_nccl_standin
-WITH_POSIX   := muonrun test_clip test_dist test_agree test_verify test_reshard test_partial
-WITH_GLOO    := test_gloo test_clip test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
+WITH_POSIX   := muonrun test_clip test_netns test_dist test_agree test_verify test_reshard test_partial
+WITH_GLOO    := test_gloo test_clip test_netns test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
 WITH_NCCL    := test_nccl bench_nccl test_nccl_standin
 # ThreadSanitizer is slow: test_parallel's small problems, with the pool's split thresholds lowered.
 TSAN.test_parallel  := -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256
@@ -301,7 +301,8 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1"
 
 # Gloo, several processes: the communicator, the distributed step, agreement, dead and stalled
-# peers, Partial gradients, checkpoints, the verification workflow.
+# peers, Partial gradients, checkpoints, the verification workflow; MPI; several hosts in network
+# namespaces (tests/run_netns.sh, root only, else one skipped line).
 TESTS_dist := \
   $(call ranks,1 2 3 4 8,$(BUILD)/test_gloo) \
   "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --die-started" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
@@ -318,9 +319,10 @@ TESTS_dist := \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
-  "tests/run_mpi.sh $(BUILD)" \
+  "tests/run_mpi.sh $(BUILD)" "timeout -k 10 300 tests/run_netns.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp)
+NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp) \
+  $(BUILD)/netrelay $(BUILD)/test_netns $(BUILD)/fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
 # piece and a pipeline stage draw one device's random bits. $(call sr_runs,DIR,EXAMPLES,SIZES)
@@ -434,12 +436,13 @@ mutate: deps
 
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and
-# numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight.
+# numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight;
+# last, 4 ranks in network namespaces over 1 Gbit/s and 10 ms RTT (root; else a skipped line).
 $(BUILD)/%: bench/%.c bench/bench.h muon.h $$(call gloo_deps) | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(if $(call need,GLOO),$(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS),-o $@ $(BLAS_LIBS) -lm)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
-bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun
+bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun $(BUILD)/netrelay
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
@@ -452,6 +455,7 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_partial
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_partial --layers 1
+	timeout -k 10 1800 tests/run_netns.sh --bench $(BUILD)
 
 # ---- install --------------------------------------------------------------------------------
 install: $(BUILD)/muoncmp

@@ -39,7 +39,10 @@
    usage: bench_dist [--layers N] [--steps N] [--warmup N] [--configs a,b,...] [--gemm builtin|cblas] [--overlap] [--small N]
                      [--dim D] [--round-bytes B]
      --overlap  instead of the configurations: batched under prefetch 0/1/2 x async off/on
-                (muon_dist_config.prefetch / .async), each against the debug setting (0, off)
+                (muon_dist_config.prefetch / .async), each against the debug setting (0, off),
+                with its bytes sent per rank against the formula
+     --settings P:A,...  with --overlap, only these (prefetch P, async A = 0|1) beside the debug
+                setting, which always runs (e.g. 2:1 for the shaped-network run of make bench)
      --small N  the model is N matrices of D x D instead (--dim, default 128; the latency-bound case)
      --round-bytes B  muon_dist_config.round_bytes for batched in every setting (default: muon's
                 own sizing, one round in the debug setting, about 2(prefetch + 1) overlapped)
@@ -406,7 +409,7 @@ int main(int argc, char **argv) {
   static const char *names[PER_LAYER] = { "attn.q", "attn.k", "attn.v", "attn.o", "mlp.fc", "mlp.proj" };
   static const int dims[PER_LAYER][2] = { { 768, 768 }, { 768, 768 }, { 768, 768 }, { 768, 768 }, { 3072, 768 }, { 768, 3072 } };
   result res[N_CONFIGS];
-  int i, k, c, run[N_CONFIGS] = { 0 }, overlap = 0, small = 0, dim = 128;
+  int i, k, c, run[N_CONFIGS] = { 0 }, overlap = 0, small = 0, dim = 128, want[6] = { 1, 1, 1, 1, 1, 1 };
   double start = now_s(), flops = 0, formula;
 
   memset(&b, 0, sizeof b);
@@ -423,14 +426,25 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--small") && i + 1 < argc) small = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--dim") && i + 1 < argc) dim = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--round-bytes") && i + 1 < argc) b.round_bytes = (size_t)atol(argv[++i]);
-    else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) {
+    else if (!strcmp(argv[i], "--settings") && i + 1 < argc) {
+      const char *p = argv[++i];
+      int pf, as, n;
+      for (c = 1; c < 6; c++) want[c] = 0;
+      while (sscanf(p, "%d:%d%n", &pf, &as, &n) == 2 && pf >= 0 && pf <= 2 && (as == 0 || as == 1)) {
+        want[pf * 2 + as] = 1;
+        p += n;
+        if (*p != ',') break;
+        p++;
+      }
+      if (*p) { fprintf(stderr, "--settings P:A,... (P 0..2, A 0|1)\n"); return 2; }
+    } else if (!strcmp(argv[i], "--gemm") && i + 1 < argc) {
       i++;
       if (!strcmp(argv[i], "builtin")) b.gemm = MUON_GEMM_BUILTIN;
       else if (!strcmp(argv[i], "cblas")) b.gemm = MUON_GEMM_CBLAS;
       else { fprintf(stderr, "--gemm builtin|cblas\n"); return 2; }
     } else {
       fprintf(stderr, "usage: %s [--layers N] [--steps N] [--warmup N] [--configs single,batched,unchecked,permatrix,moonlight,wire16,bf16ns,bf16ns32] "
-                      "[--gemm builtin|cblas] [--overlap] [--small N] [--dim D] [--round-bytes B]\n", argv[0]);
+                      "[--gemm builtin|cblas] [--overlap [--settings P:A,...]] [--small N] [--dim D] [--round-bytes B]\n", argv[0]);
       return 2;
     }
   }
@@ -507,7 +521,9 @@ int main(int argc, char **argv) {
     unsigned long long h0 = 0;
     int same = 1, best = 0;
     result r;
+    formula = 2.0 * (b.P - 1) / ((double)b.P * b.P) * b.S * 4.0;
     for (c = 0; c < 6; c++) {
+      if (!want[c]) continue;
       b.prefetch = c / 2;
       b.async = c % 2;
       run_config(&b, C_BATCHED, &r);
@@ -516,8 +532,10 @@ int main(int argc, char **argv) {
       else if (b.hash[C_BATCHED] != h0) same = 0;
       if (t[c] < t[best]) best = c;
       if (b.rank == 0) {
-        printf("  prefetch %d, async %-3s: %.4f s/step, %.0f collectives/step, %d rounds, %.2fx the debug setting's speed\n",
-               c / 2, c % 2 ? "on" : "off", t[c], r.coll, r.rounds, t[0] / t[c]);
+        printf("  prefetch %d, async %-3s: %.4f s/step, %.0f collectives/step, %d rounds, %.2fx the debug setting's speed; "
+               "bytes sent per rank per step %s, %.4f x the formula 2(P-1)/P^2*S*4\n",
+               c / 2, c % 2 ? "on" : "off", t[c], r.coll, r.rounds, t[0] / t[c], mib(r.bytes_mean, b1, sizeof b1),
+               b.P > 1 ? r.bytes_mean / formula : 0.0);
         fflush(stdout);
       }
     }
@@ -528,7 +546,7 @@ int main(int argc, char **argv) {
       free(per);
     }
     if (b.rank == 0)
-      printf("-- overlap: best prefetch %d, async %s: %.2fx the debug setting (prefetch 0, async off); parameters of all six %s; "
+      printf("-- overlap: best prefetch %d, async %s: %.2fx the debug setting (prefetch 0, async off); parameters of all settings run %s; "
              "async %s; load average (1 min) %.2f --\n",
              best / 2, best % 2 ? "on" : "off", t[0] / t[best], same ? "bitwise identical (every rank's rows)" : "NOT identical",
              b.world.vt->queued ? "as Gloo's started exchanges (several in flight at once)" : "on muon's communication thread (MUON_GLOO_BLOCKING)",
