@@ -323,6 +323,11 @@ NEEDS_dist := $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix
 sr_runs = $(foreach e,$2,$(foreach n,$3,\
   "$(RUN) -n $(n) $1/$(e) --sr --quiet && echo 'sr-$(notdir $1)-$(e): 1 passed, 0 failed'"))
 
+# bf16 momentum (muon_hparams.momentum_format): flat, row and column cuts, bitwise against one
+# device that keeps bf16 momentum too. $(call mom_runs,DIR,EXAMPLES,SIZES)
+mom_runs = $(foreach e,$2,$(foreach n,$3,\
+  "$(RUN) -n $(n) $1/$(e) --momentum bf16 --quiet && echo 'momentum-bf16-$(notdir $1)-$(e)-n$(n): 1 passed, 0 failed'"))
+
 # The examples: every strategy at its world sizes, the option variants, bf16 on the wire,
 # overlap, Partial gradients; each bitwise against one device.
 TESTS_examples := \
@@ -340,7 +345,10 @@ TESTS_examples := \
   "EXTRA='--partial sum' tests/run_overlap.sh $(BUILD) ddp hsdp" \
   "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
   "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
-  $(call sr_runs,$(BUILD),fsdp fsdp_flat,1 2 4) $(call sr_runs,$(BUILD),pp tp_fsdp,4)
+  $(call sr_runs,$(BUILD),fsdp fsdp_flat,1 2 4) $(call sr_runs,$(BUILD),pp tp_fsdp,4) \
+  $(call mom_runs,$(BUILD),fsdp_flat,2 3) $(call mom_runs,$(BUILD),tp_fsdp,2 4) \
+  "$(RUN) -n 3 $(BUILD)/ddp --momentum bf16 --partial sum --quiet && echo 'ddp --momentum bf16 --partial sum: 1 passed, 0 failed'" \
+  "$(RUN) -n 4 $(BUILD)/hsdp --momentum bf16 --late --normuon larger --quiet && echo 'hsdp --momentum bf16 --late: 1 passed, 0 failed'"
 NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES)) $(addprefix $(BUILD)/mpi/,$(MPI_EXAMPLES))
 
 # CUDA: nvcc compiles the backend and it links against cudart/cuBLAS/NCCL (gpu/ and
