@@ -295,7 +295,10 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 4 $(RS) --layout tp_fsdp --normuon larger --save $(BUILD)/reshard/e" \
   "$(RUN) -n 3 $(RS) --layout fsdp --normuon larger --load $(BUILD)/reshard/e --from 4" \
   "$(RUN) -n 1 $(RS) --layout single --normuon rows --save $(BUILD)/reshard/f" \
-  "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1"
+  "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1" \
+  "$(RUN) -n 4 $(RS) --layout fsdp_flat --momentum bf16 --save $(BUILD)/reshard/g" \
+  "$(RUN) -n 2 $(RS) --layout tp_fsdp --momentum bf16 --load $(BUILD)/reshard/g --from 4" \
+  "$(RUN) -n 3 $(RS) --layout tp --momentum bf16 --load $(BUILD)/reshard/g --from 4"
 
 # Gloo, several processes: the communicator, the distributed step, agreement, dead and stalled
 # peers, Partial gradients, checkpoints, the verification workflow.
