@@ -433,8 +433,17 @@ static void snap_take(snap *sn, const trainer *t, int with_state) {
       size_t size = 0;
       muon_status st = muon_get_momentum(t->opt, t->index[i] + (int)k, &buf, &size);
       int ok = st == MUON_OK && buf && size == mat_n(m);
+      muon_hparams hp = muon_default_hparams();
       CHECK(ok, "muon_get_momentum(%d): %s, size %zu", t->index[i] + (int)k, muon_status_string(st), size);
-      if (ok) tr_get(t, sn->mom[i] + k * mat_n(m), buf, size * 4);
+      muon_get_group(t->opt, 0, &hp);
+      if (ok && hp.momentum_format == MUON_MOMENTUM_BF16) {   /* bf16 values: widened here */
+        float *dst = sn->mom[i] + k * mat_n(m);
+        uint16_t *h = (uint16_t *)xmalloc(size * 2 + 2);
+        size_t e;
+        tr_get(t, h, buf, size * 2);
+        for (e = 0; e < size; e++) { uint32_t u = (uint32_t)h[e] << 16; memcpy(&dst[e], &u, 4); }
+        free(h);
+      } else if (ok) tr_get(t, sn->mom[i] + k * mat_n(m), buf, size * 4);
       else memset(sn->mom[i] + k * mat_n(m), 0, mat_n(m) * 4);
     }
   }
@@ -611,6 +620,8 @@ static void case_vs_cpu(const setup *s, int keep) {
       snap_free(&sg);
     }
   }
+  if (s->hp.momentum_format == MUON_MOMENTUM_BF16)   /* widened and narrowed by cast: the CPU's bits */
+    CHECK(mom_bitwise, "bf16 momentum: CUDA's differs from the CPU's");
   printf("  %-40s worst %s %.2e (bound %.0e, at %s); momentum rel %.2e (%s); AdamW rel %.2e (%s)\n", s->title + 3,
          bf16 ? "update rel err" : "param rel err", bf16 ? worst_update : worst_param, bf16 ? BF16_UPDATE_TOL : FP32_PARAM_TOL,
          worst_at, worst_mom, mom_bitwise ? "bitwise" : "NOT bitwise", worst_adamw, adamw_bitwise ? "bitwise" : "NOT bitwise");
@@ -631,6 +642,10 @@ static void cases_vs_cpu(void) {
   s = base_setup("1. CPU vs CUDA: bf16 NS precision");
   s.hp.precision = MUON_PRECISION_BF16;
   case_vs_cpu(&s, 1);
+  drain();
+  s = base_setup("1. CPU vs CUDA: bf16 momentum");
+  s.hp.momentum_format = MUON_MOMENTUM_BF16;
+  case_vs_cpu(&s, -1);
   drain();
   s = base_setup("1. CPU vs CUDA: Polar Express coefficients");
   muon_set_ns_preset(&s.hp, MUON_NS_POLAR_EXPRESS);
