@@ -446,7 +446,7 @@ $(BUILD)/%: bench/%.c bench/bench.h muon.h $$(call gloo_deps) | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(if $(call need,GLOO),$(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS),-o $@ $(BLAS_LIBS) -lm)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
-bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/muonrun
+bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/bench_momentum $(BUILD)/muonrun
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
@@ -459,6 +459,7 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_dist --overlap
 	$(BENCH_RUN) -n 2 $(BUILD)/bench_partial
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_partial --layers 1
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_momentum
 
 # ---- install --------------------------------------------------------------------------------
 install: $(BUILD)/muoncmp
