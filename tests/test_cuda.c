@@ -1292,17 +1292,21 @@ static void case_alloc(void) {
    bf16 mirrors rounded stochastically, which depend on the restored step count, momentum,
    state). The same blob loads into a CPU optimizer of the same shapes: its momentum (host
    memory) has the CUDA momentum's bits, and it saves back the identical blob; so does a CUDA
-   optimizer that takes it through muon_state_reshard.
+   optimizer that takes it through muon_state_reshard. Run again with bf16 momentum
+   (muon_hparams.momentum_format): the device's bf16 buffers widen into the blob and narrow back.
    ============================================================================================= */
-static void case_state(void) {
+static void case_state(muon_momentum_format fmt) {
   trainer a, b, c;
   setup s = base_setup("");
+  int bf = fmt == MUON_MOMENTUM_BF16;
   snap at3, sa, sb;
   unsigned char *blob, *blob2;
   size_t n;
   int step, i, k;
   muon_status st;
-  TEST_CASE("8. state: save after 3 CUDA steps, load, 2 more = 5 uninterrupted; loads on the CPU");
+  TEST_CASE(bf ? "8b. state with bf16 momentum: the same on CUDA, the CPU and a reshard"
+               : "8. state: save after 3 CUDA steps, load, 2 more = 5 uninterrupted; loads on the CPU");
+  s.hp.momentum_format = fmt;
   s.mirror = 1;
   s.rounding = MUON_ROUND_STOCHASTIC;
   s.seed = 77;
@@ -1340,7 +1344,15 @@ static void case_state(void) {
           CHECK(0, "cpu muon_get_momentum(%d)", c.index[i] + k);
           continue;
         }
-        CHECK(memcmp(buf, at3.mom[i] + (size_t)k * rc, rc * 4) == 0, "matrix %d slice %d: CPU momentum after load differs", i, k);
+        if (bf) {   /* the CPU's bf16 buffer against the CUDA momentum widened by snap_take */
+          size_t e, bad = 0;
+          for (e = 0; e < rc; e++) {
+            uint32_t u = (uint32_t)((const uint16_t *)(const void *)buf)[e] << 16;
+            bad += memcmp(&u, at3.mom[i] + (size_t)k * rc + e, 4) != 0;
+          }
+          CHECK(bad == 0, "matrix %d slice %d: CPU bf16 momentum after load differs (%zu)", i, k, bad);
+        } else
+          CHECK(memcmp(buf, at3.mom[i] + (size_t)k * rc, rc * 4) == 0, "matrix %d slice %d: CPU momentum after load differs", i, k);
       }
     blob2 = (unsigned char *)xmalloc(n);
     CHECK(muon_state_size(c.opt) == n, "CPU state size %zu, CUDA %zu", muon_state_size(c.opt), n);
@@ -1618,7 +1630,8 @@ int main(void) {
   skip("6. all-or-nothing under injected cuBLAS and kernel faults");
   skip("7. cudaMalloc failing at each site");
 #endif
-  case_state();
+  case_state(MUON_MOMENTUM_FP32);
+  case_state(MUON_MOMENTUM_BF16);
   drain();
   case_formats_nearest();
   drain();
