@@ -942,10 +942,14 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
 
 /* Read-only view of a matrix's momentum buffer (its local floats), in the compute backend's
    memory: a GPU pointer with muon_cuda.h. A Partial matrix's: rows x cols on its owner (once
-   planned), NULL and 0 elsewhere. *size counts values; with its group's momentum_format BF16
-   the buffer holds bf16 (read it as const uint16_t *, the top half of the fp32 bits).
+   planned), NULL and 0 elsewhere. Only for momentum_format FP32: another format is MUON_ERR_ARG
+   (NULL and 0), never a buffer read as floats it does not hold; use muon_get_momentum_stored.
    muon_gather_matrix and the state blob give fp32 values for every format. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
+/* The momentum buffer as stored, whatever its group's format: *size values of *format
+   (MUON_MOMENTUM_BF16: uint16_t, the top half of the fp32 bits), where muon_get_momentum says. */
+MUON_API muon_status muon_get_momentum_stored(const muon_optimizer *opt, int index, const void **buf, size_t *size,
+                                             muon_momentum_format *format);
 
 /* >>state -------------------------------------------------------------------------------------
    State: momentum, NorMuon second moments, AdamW moments and step counts in a versioned,
@@ -6593,12 +6597,25 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
   return MUON_OK;
 }
 
-MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size) {
-  if (!buf || !size) return MUON_ERR_ARG;
-  if (!opt || index < 0 || index >= opt->n_matrices) { *buf = NULL; *size = 0; return MUON_ERR_ARG; }
+MUON_API muon_status muon_get_momentum_stored(const muon_optimizer *opt, int index, const void **buf, size_t *size,
+                                             muon_momentum_format *format) {
+  if (!buf || !size || !format) return MUON_ERR_ARG;
+  if (!opt || index < 0 || index >= opt->n_matrices) { *buf = NULL; *size = 0; *format = MUON_MOMENTUM_FP32; return MUON_ERR_ARG; }
   *buf = opt->matrices[index].momentum;
   *size = opt->matrices[index].momentum_size;
+  *format = opt->matrices[index].mfmt;
   return MUON_OK;
+}
+
+MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size) {
+  const void *b;
+  muon_momentum_format f;
+  muon_status st;
+  if (!buf || !size) return MUON_ERR_ARG;
+  st = muon_get_momentum_stored(opt, index, &b, size, &f);
+  *buf = (const float *)b;
+  if (st == MUON_OK && f != MUON_MOMENTUM_FP32) { *buf = NULL; *size = 0; return MUON_ERR_ARG; }   /* not floats */
+  return st;
 }
 
 /* >>impl-state --------------------------------------------------------------------------------

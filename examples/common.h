@@ -606,9 +606,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     m.layout = layouts ? &sp->layout : NULL;
     if (muon_add_matrix(opt, &m, NULL) != MUON_OK) ex_die(w, "muon_add_matrix", muon_error(opt));
     {
-      const float *mom;
+      const void *mom;
       size_t n;
-      if (muon_get_momentum(opt, muon_matrix_count(opt) - 1, &mom, &n) != MUON_OK || n != (sl[s].parts > 1 ? 0 : piece))
+      muon_momentum_format f;
+      if (muon_get_momentum_stored(opt, muon_matrix_count(opt) - 1, &mom, &n, &f) != MUON_OK || n != (sl[s].parts > 1 ? 0 : piece))
         ex_die(w, sp->name, "muon's piece has another size than the one cut here (--wrong-dim needs even splits)");
     }
     s += count;
@@ -752,17 +753,19 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       if (muon_gather_matrix(opt, g, owner, p, mo) != MUON_OK) ex_die(w, "muon_gather_matrix", muon_error(opt));
       for (s = 0; w->rank == owner && s < n_local; s++) {
         size_t full = (size_t)info.rows * info.cols, e;
-        const float *rm;
+        const void *rm;
+        muon_momentum_format f;
         float *ref_m = (float *)malloc(full * sizeof(float));
         if (strcmp(sl[s].name, info.name) || info.local < 0 || s != info.local) { free(ref_m); continue; }
-        if (muon_get_momentum(ref, s, &rm, &e) != MUON_OK || e != full) ex_die(w, "muon_get_momentum", "reference");
+        if (muon_get_momentum_stored(ref, s, &rm, &e, &f) != MUON_OK || e != full || f != w->mom_fmt)
+          ex_die(w, "muon_get_momentum_stored", "reference");
         if (w->mom_fmt == MUON_MOMENTUM_BF16) {   /* the reference's is bf16: muon_gather_matrix gives fp32 */
           uint16_t *h = (uint16_t *)malloc(full * sizeof(uint16_t) + 2);
           uint32_t u;
           if (EX_ON_DEVICE) ex_get_bf16(w, h, rm, full); else memcpy(h, rm, full * sizeof(uint16_t));
           for (e = 0; e < full; e++) { u = (uint32_t)h[e] << 16; memcpy(&ref_m[e], &u, 4); }
           free(h);
-        } else if (EX_ON_DEVICE) ex_get(w, ref_m, rm, full); else memcpy(ref_m, rm, full * sizeof(float));
+        } else if (EX_ON_DEVICE) ex_get(w, ref_m, (const float *)rm, full); else memcpy(ref_m, rm, full * sizeof(float));
         for (e = 0; e < full; e++) asm_bad += memcmp(&p[e], &sl[s].full_w[e], 4) != 0 || memcmp(&mo[e], &ref_m[e], 4) != 0;
         free(ref_m);
       }

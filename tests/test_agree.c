@@ -140,25 +140,28 @@ static void snap_take(const model *md, snap *s) {
   memset(s, 0, sizeof *s);
   s->n = md->n;
   for (i = 0; i < md->n; i++) {
-    const float *mom = NULL;
+    const void *mom = NULL;
     size_t mn = 0;
+    muon_momentum_format f = MUON_MOMENTUM_FP32;
     if (md->idx[i] < 0) continue;
     s->pn[i] = md->t[i].n;
     s->p[i] = (float *)malloc((s->pn[i] + 1) * sizeof(float));
     memcpy(s->p[i], md->t[i].w, s->pn[i] * sizeof(float));
-    muon_get_momentum(md->opt, md->idx[i], &mom, &mn);
-    s->mn[i] = mn;
-    s->m[i] = (float *)malloc((mn + 1) * sizeof(float));
-    if (mn) memcpy(s->m[i], mom, mn * sizeof(float));
+    muon_get_momentum_stored(md->opt, md->idx[i], &mom, &mn, &f);
+    s->mn[i] = mn * (f == MUON_MOMENTUM_BF16 ? 2 : 4);   /* bytes, whatever the format */
+    s->m[i] = (float *)malloc(s->mn[i] + 4);
+    if (mn) memcpy(s->m[i], mom, s->mn[i]);
   }
 }
 static int snap_same_one(const model *md, const snap *s, int i) {
-  const float *mom = NULL;
+  const void *mom = NULL;
   size_t mn = 0;
+  muon_momentum_format f = MUON_MOMENTUM_FP32;
   if (md->idx[i] < 0) return 1;
   if (memcmp(s->p[i], md->t[i].w, s->pn[i] * sizeof(float)) != 0) return 0;
-  if (muon_get_momentum(md->opt, md->idx[i], &mom, &mn) != MUON_OK || mn != s->mn[i]) return 0;
-  return mn == 0 || memcmp(s->m[i], mom, mn * sizeof(float)) == 0;
+  if (muon_get_momentum_stored(md->opt, md->idx[i], &mom, &mn, &f) != MUON_OK) return 0;
+  mn *= f == MUON_MOMENTUM_BF16 ? 2 : 4;
+  return mn == s->mn[i] && (mn == 0 || memcmp(s->m[i], mom, mn) == 0);
 }
 static int snap_same(const model *md, const snap *s) {
   int i, ok = 1;

@@ -1670,6 +1670,8 @@ static void test_momentum_bf16(void) {
   muon_stats sa, sb;
   muon_hparams hp;
   const float *buf;
+  const void *raw;
+  muon_momentum_format fmt;
   size_t n, k, bad = 0;
   void *blob = NULL;
   int step, i;
@@ -1698,10 +1700,12 @@ static void test_momentum_bf16(void) {
   CHECK(bad == 0, "parameters differ from the rounded fp32 run");
   for (i = 0; i < 3; i++) {
     const float *ref = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
-    CHECK(muon_get_momentum(ob, i, &buf, &n) == MUON_OK && n == (i < 2 ? 24u * 40 : (size_t)N2), "get_momentum %d", i);
-    for (k = 0, bad = 0; k < n; k++) bad += ((const uint16_t *)(const void *)buf)[k] != bf16_of(ref[k]);
+    CHECK(muon_get_momentum_stored(ob, i, &raw, &n, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_BF16 &&
+              n == (i < 2 ? 24u * 40 : (size_t)N2), "get_momentum_stored %d", i);
+    for (k = 0, bad = 0; k < n; k++) bad += ((const uint16_t *)raw)[k] != bf16_of(ref[k]);
     CHECK(bad == 0, "matrix %d: %zu bf16 momentum values differ", i, bad);
   }
+  CHECK(muon_get_momentum(ob, 0, &buf, &n) == MUON_ERR_ARG && !buf && !n, "muon_get_momentum of bf16: not floats");
   muon_get_stats(oa, &sa);
   muon_get_stats(ob, &sb);
   CHECK(sa.state_bytes - sb.state_bytes == 2 * (size_t)(N1 + N2), "state bytes %zu (fp32) vs %zu (bf16)",
@@ -1728,12 +1732,15 @@ static void test_momentum_bf16(void) {
   free(blob);
   n = muon_state_size(oc);
   blob = malloc(n);
-  for (k = 0; k < N2; k++) mom2[k] = 0;
+  if (oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK)   /* values bf16 cannot hold (host memory) */
+    for (k = 0; k < N2; k++) ((float *)(uintptr_t)buf)[k] = mom2[k] = mom2[k] * 1.0009765625f + 1e-9f;
   CHECK(oc && muon_state_save(oc, blob, n) == MUON_OK, "save fp32");
   muon_destroy(oc);
   memcpy(&c, &a, sizeof c);
   CHECK((oc = make_opt(&c, &d16)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "fp32 -> bf16 load");
-  CHECK(oc && muon_get_momentum(oc, 0, &buf, &k) == MUON_OK && muon_get_momentum(ob, 0, &buf, &k) == MUON_OK, "get");
+  CHECK(oc && muon_get_momentum_stored(oc, 2, &raw, &k, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_BF16 && k == N2, "get");
+  for (k = 0, bad = 0; oc && k < N2; k++) bad += ((const uint16_t *)raw)[k] != bf16_of(mom2[k]);
+  CHECK(bad == 0, "fp32 -> bf16 load: %zu values are not the nearest bf16", bad);
   muon_destroy(oc);
   free(blob);
 
@@ -1774,7 +1781,7 @@ static void test_momentum_bf16(void) {
     CHECK(muon_state_save(o32, blob, n) == MUON_OK, "save");
     CHECK(muon_state_load(o16, blob, n) == MUON_ERR_STATE && strstr(muon_error(o16), "bf16"),
           "a value past bf16's range: %s", muon_error(o16));
-    CHECK(muon_get_momentum(o16, 0, &buf, &k) == MUON_OK && ((const uint16_t *)(const void *)buf)[5] == 0,
+    CHECK(muon_get_momentum_stored(o16, 0, &raw, &k, &fmt) == MUON_OK && ((const uint16_t *)raw)[5] == 0,
           "nothing loaded");
     free(blob);
     muon_destroy(o32);

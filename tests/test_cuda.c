@@ -429,14 +429,13 @@ static void snap_take(snap *sn, const trainer *t, int with_state) {
     }
     sn->mom[i] = (float *)xmalloc(n * 4);
     for (k = 0; k < slices(m); k++) {
-      const float *buf = NULL;
+      const void *buf = NULL;
       size_t size = 0;
-      muon_status st = muon_get_momentum(t->opt, t->index[i] + (int)k, &buf, &size);
+      muon_momentum_format f = MUON_MOMENTUM_FP32;
+      muon_status st = muon_get_momentum_stored(t->opt, t->index[i] + (int)k, &buf, &size, &f);
       int ok = st == MUON_OK && buf && size == mat_n(m);
-      muon_hparams hp = muon_default_hparams();
-      CHECK(ok, "muon_get_momentum(%d): %s, size %zu", t->index[i] + (int)k, muon_status_string(st), size);
-      muon_get_group(t->opt, 0, &hp);
-      if (ok && hp.momentum_format == MUON_MOMENTUM_BF16) {   /* bf16 values: widened here */
+      CHECK(ok, "muon_get_momentum_stored(%d): %s, size %zu", t->index[i] + (int)k, muon_status_string(st), size);
+      if (ok && f == MUON_MOMENTUM_BF16) {   /* bf16 values: widened here */
         float *dst = sn->mom[i] + k * mat_n(m);
         uint16_t *h = (uint16_t *)xmalloc(size * 2 + 2);
         size_t e;
@@ -1338,16 +1337,17 @@ static void case_state(muon_momentum_format fmt) {
     CHECK(st == MUON_OK, "muon_state_load (cpu): %s", muon_error(c.opt));
     for (i = 0; i < M_MID.nm; i++)
       for (k = 0; k < (int)slices(&M_MID.m[i]); k++) {
-        const float *buf = NULL;
+        const void *buf = NULL;
         size_t size = 0, rc = mat_n(&M_MID.m[i]);
-        if (muon_get_momentum(c.opt, c.index[i] + k, &buf, &size) != MUON_OK || size != rc) {
+        muon_momentum_format f;
+        if (muon_get_momentum_stored(c.opt, c.index[i] + k, &buf, &size, &f) != MUON_OK || size != rc || f != fmt) {
           CHECK(0, "cpu muon_get_momentum(%d)", c.index[i] + k);
           continue;
         }
         if (bf) {   /* the CPU's bf16 buffer against the CUDA momentum widened by snap_take */
           size_t e, bad = 0;
           for (e = 0; e < rc; e++) {
-            uint32_t u = (uint32_t)((const uint16_t *)(const void *)buf)[e] << 16;
+            uint32_t u = (uint32_t)((const uint16_t *)buf)[e] << 16;
             bad += memcmp(&u, at3.mom[i] + (size_t)k * rc + e, 4) != 0;
           }
           CHECK(bad == 0, "matrix %d slice %d: CPU bf16 momentum after load differs (%zu)", i, k, bad);

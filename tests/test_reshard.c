@@ -247,10 +247,14 @@ static long long momentum_differs(const model *m, int zero) {
   int s;
   size_t e;
   for (s = 0; s < N_SLICES; s++) {
-    const float *mine = NULL, *full = NULL;
+    const void *rm = NULL, *rf = NULL;
+    const float *mine, *full;
     size_t n, nf;
-    if (muon_get_momentum(m->opt, s, &mine, &n) != MUON_OK || n != m->n[s]) return -1;
-    if (muon_get_momentum(m->ref, s, &full, &nf) != MUON_OK) return -1;
+    muon_momentum_format fm, ff;
+    if (muon_get_momentum_stored(m->opt, s, &rm, &n, &fm) != MUON_OK || n != m->n[s] || fm != mom_fmt) return -1;
+    if (muon_get_momentum_stored(m->ref, s, &rf, &nf, &ff) != MUON_OK || ff != mom_fmt) return -1;
+    mine = (const float *)rm;
+    full = (const float *)rf;
     for (e = 0; e < n; e++) {
       float want = zero ? 0.0f : full[m->idx[s][e]];
       if (mom_fmt == MUON_MOMENTUM_BF16)   /* both buffers hold bf16 */
