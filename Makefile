@@ -351,7 +351,8 @@ TESTS_examples := \
   $(call sr_runs,$(BUILD),fsdp fsdp_flat,1 2 4) $(call sr_runs,$(BUILD),pp tp_fsdp,4) \
   $(call mom_runs,$(BUILD),fsdp_flat,2 3) $(call mom_runs,$(BUILD),tp_fsdp,2 4) \
   "$(RUN) -n 3 $(BUILD)/ddp --momentum bf16 --partial sum --quiet && echo 'ddp --momentum bf16 --partial sum: 1 passed, 0 failed'" \
-  "$(RUN) -n 4 $(BUILD)/hsdp --momentum bf16 --late --normuon larger --quiet && echo 'hsdp --momentum bf16 --late: 1 passed, 0 failed'"
+  "$(RUN) -n 4 $(BUILD)/hsdp --momentum bf16 --late --normuon larger --quiet && echo 'hsdp --momentum bf16 --late: 1 passed, 0 failed'" \
+  "EXTRA='--momentum bf16' MUON_THREADS=2 tests/run_overlap.sh --some $(BUILD) fsdp_flat"
 NEEDS_examples := $(addprefix $(BUILD)/,$(STRATEGIES)) $(addprefix $(BUILD)/mpi/,$(MPI_EXAMPLES))
 
 # CUDA: nvcc compiles the backend and it links against cudart/cuBLAS/NCCL (gpu/ and
