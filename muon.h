@@ -4313,7 +4313,8 @@ static muon_status muon__partial_room(muon_optimizer *opt, muon__matrix *x, cons
   x->momentum_fresh = 1;
   opt->stats.state_bytes += muon__mom_bytes(x, full);
   snprintf(what, sizeof what, "%s: zeroing a momentum", op);
-  if ((st = muon__compute_zero(opt, x->momentum, muon__mom_bytes(x, full), what)) != MUON_OK) muon__partial_drop(opt, x);
+  if ((st = muon__compute_zero(opt, x->momentum, muon__mom_bytes(x, full), what)) != MUON_OK)
+    muon__partial_drop(opt, x);
   return st;
 }
 
@@ -6600,7 +6601,10 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
 MUON_API muon_status muon_get_momentum_stored(const muon_optimizer *opt, int index, const void **buf, size_t *size,
                                              muon_momentum_format *format) {
   if (!buf || !size || !format) return MUON_ERR_ARG;
-  if (!opt || index < 0 || index >= opt->n_matrices) { *buf = NULL; *size = 0; *format = MUON_MOMENTUM_FP32; return MUON_ERR_ARG; }
+  *buf = NULL;
+  *size = 0;
+  *format = MUON_MOMENTUM_FP32;
+  if (!opt || index < 0 || index >= opt->n_matrices) return MUON_ERR_ARG;
   *buf = opt->matrices[index].momentum;
   *size = opt->matrices[index].momentum_size;
   *format = opt->matrices[index].mfmt;
@@ -6788,7 +6792,9 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put64(&p, (uint64_t)muon__saved_momentum(x));
     muon__put64(&p, (uint64_t)x->name_hash);
     if (x->mfmt != MUON_MOMENTUM_FP32) {   /* the blob holds fp32 values, whatever the format */
-      if (muon__saved_momentum(x) && (st = muon__read_piece(opt, x, 1, tmp, "muon_state_save: reading the state")) != MUON_OK) break;
+      if (muon__saved_momentum(x) &&
+          (st = muon__read_piece(opt, x, 1, tmp, "muon_state_save: reading the state")) != MUON_OK)
+        break;
       muon__put_floats(&p, tmp, muon__saved_momentum(x));
     } else if ((st = muon__put_state(opt, &p, x->momentum, muon__saved_momentum(x), tmp)) != MUON_OK) break;
     muon__put_layout(&p, &x->layout);
@@ -6996,8 +7002,8 @@ static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, m
     /* The momentum format stays this optimizer's (its buffers are allocated in it): the blob
        holds fp32 values, which convert (docs/state.md). */
     if (groups[i].momentum_format != opt->groups[i].momentum_format) {
-      snprintf(msg, sizeof msg, "%s: group %u keeps its momentum_format %d; the state's (%d) momentum converts to it", op,
-               i, (int)opt->groups[i].momentum_format, (int)groups[i].momentum_format);
+      snprintf(msg, sizeof msg, "%s: group %u keeps its momentum_format %d; the state's (%d) momentum converts to it",
+               op, i, (int)opt->groups[i].momentum_format, (int)groups[i].momentum_format);
       muon__log(&opt->logger, MUON_LOG_INFO, msg);
       groups[i].momentum_format = opt->groups[i].momentum_format;
     }
