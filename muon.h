@@ -220,6 +220,16 @@ typedef enum muon_normuon {
                                       times |O|_F / max(|O'|_F, 1e-10). The formulas: muon__normuon */
 } muon_normuon;
 
+typedef enum muon_momentum_format {
+  MUON_MOMENTUM_FP32 = 0,          /* the momentum buffer holds fp32 (torch)                    */
+  MUON_MOMENTUM_BF16               /* bf16 (uint16_t, the top half of the fp32 bits): half the
+                                      bytes. Each step widens it to fp32, computes the new
+                                      momentum and U from that fp32 value, then stores the new
+                                      momentum rounded to nearest even (never rounded in place
+                                      on a value still in use). Per element, so the bits are
+                                      the same on every layout and world size (docs/state.md) */
+} muon_momentum_format;
+
 typedef struct muon_hparams {
   float lr;                        /* 1e-3; may change between steps (muon_set_group)           */
   float weight_decay;              /* 0.1, decoupled, uses the unadjusted lr                    */
@@ -249,6 +259,11 @@ typedef struct muon_hparams {
      Honoured by every backend, so it is a group's setting, agreed across ranks (the owner's
      choice must not decide the bits) and saved with the group. */
   int symmetric;                   /* 1: X*X^T and A*A compute one triangle (fewer flops)       */
+  /* How the momentum is stored (MUON_MOMENTUM_FP32). Fixed once a matrix of the group is
+     registered (its buffer is allocated in it): muon_set_group may not change it then, and a
+     loaded state's momentum converts to it. Not with muon_matrix.momentum (the trainer's
+     float buffer): muon allocates the stored form itself. */
+  muon_momentum_format momentum_format;
 } muon_hparams;
 
 /* torch.optim.Muon's defaults (and MUON_NS_QUINTIC, symmetric products), except precision: fp32
@@ -934,8 +949,14 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
 
 /* Read-only view of a matrix's momentum buffer (its local floats), in the compute backend's
    memory: a GPU pointer with muon_cuda.h. A Partial matrix's: rows x cols on its owner (once
-   planned), NULL and 0 elsewhere. */
+   planned), NULL and 0 elsewhere. Only for momentum_format FP32: another format is MUON_ERR_ARG
+   (NULL and 0), never a buffer read as floats it does not hold; use muon_get_momentum_stored.
+   muon_gather_matrix and the state blob give fp32 values for every format. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
+/* The momentum buffer as stored, whatever its group's format: *size values of *format
+   (MUON_MOMENTUM_BF16: uint16_t, the top half of the fp32 bits), where muon_get_momentum says. */
+MUON_API muon_status muon_get_momentum_stored(const muon_optimizer *opt, int index, const void **buf, size_t *size,
+                                             muon_momentum_format *format);
 
 /* >>state -------------------------------------------------------------------------------------
    State: momentum, NorMuon second moments, AdamW moments and step counts in a versioned,
@@ -1436,6 +1457,7 @@ MUON_API muon_hparams muon_default_hparams(void) {
   hp.normuon = MUON_NORMUON_OFF;
   hp.normuon_beta2 = 0.95f;
   hp.symmetric = 1;
+  hp.momentum_format = MUON_MOMENTUM_FP32;
   return hp;
 }
 
@@ -1565,7 +1587,15 @@ typedef struct muon__matrix {
   int normuon_fresh;    /* v is planning's zeros, never committed: not state yet (not saved) */
   float *normuon_next;  /* planning or a load: the buffer that replaces normuon once all is well */
   int normuon_next_len;
+  muon_momentum_format mfmt;   /* how `momentum` stores its values: its group's, fixed at registration */
 } muon__matrix;
+
+/* Bytes of n momentum values in x's stored format. */
+static size_t muon__mom_bytes(const muon__matrix *x, size_t n) {
+  return n * (x->mfmt == MUON_MOMENTUM_BF16 ? sizeof(uint16_t) : sizeof(float));
+}
+/* Momentum element `at` of x's buffer: the address, whatever the format. */
+static void *muon__mom_at(const muon__matrix *x, size_t at) { return (char *)x->momentum + muon__mom_bytes(x, at); }
 
 /* One rank's share of a global matrix. */
 typedef struct muon__holder {
@@ -1872,6 +1902,9 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
                      hp->ns_restarts, hp->ns_steps);
   if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER)
     return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon);
+  if ((unsigned)hp->momentum_format > (unsigned)MUON_MOMENTUM_BF16)
+    return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.momentum_format is not a muon_momentum_format (got %d)",
+                     (int)hp->momentum_format);
   if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1))
     return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.normuon_beta2 must be in [0, 1) (got %g)",
                      (double)hp->normuon_beta2);
@@ -2402,6 +2435,16 @@ MUON_API muon_status muon_set_group(muon_optimizer *opt, int group, const muon_h
     return muon__fail(opt, MUON_ERR_ARG, "muon_set_group: group %d does not exist (have %d)", group, opt->n_groups);
   if ((st = muon__check_hparams(hp, msg, sizeof msg)) != MUON_OK)
     return muon__fail(opt, st, "muon_set_group(%d): %s", group, msg);
+  if (hp->momentum_format != opt->groups[group].momentum_format) {
+    int i;
+    for (i = 0; i < opt->n_matrices; i++)
+      if (opt->matrices[i].group == group)
+        return muon__fail(opt, MUON_ERR_ARG,
+                          "muon_set_group(%d): muon_hparams.momentum_format cannot change once a matrix is registered "
+                          "in the group (matrix %d, '%s', keeps its momentum in format %d); to convert a run, load its "
+                          "state into an optimizer created with the new format",
+                          group, i, opt->matrices[i].name, (int)opt->groups[group].momentum_format);
+  }
   if (muon__ns_hash(hp) != muon__ns_hash(&opt->groups[group])) opt->plan.ready = 0; /* re-check agreement */
   opt->groups[group] = *hp;
   return MUON_OK;
@@ -2567,6 +2610,11 @@ static muon_status muon__matrix_check(muon_optimizer *opt, const muon_matrix *m,
   r->parts = muon__layout_parts(&r->layout, NULL, &r->part_scale);
   if (r->parts < 1)
     MUON__BAD(MUON_ERR_SHAPE, "muon_matrix.layout: its PARTIAL groups hold more than %d parts together", INT_MAX);
+  if (m->momentum && opt->groups[m->group].momentum_format != MUON_MOMENTUM_FP32)
+    MUON__BAD(MUON_ERR_ARG,
+              "muon_matrix.momentum must be NULL in group %d: its muon_hparams.momentum_format is not FP32, and muon "
+              "allocates the stored form itself",
+              m->group);
   if (r->parts > 1 && m->momentum)
     MUON__BAD(
         MUON_ERR_ARG,
@@ -2602,10 +2650,12 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
   if ((st = muon__reserve_verdicts(opt, first + count + opt->n_adamw, "muon_add_matrix")) != MUON_OK) return st;
   moms = (float **)muon__alloc(&opt->allocator, (size_t)count * sizeof(float *));
   grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
+  muon__matrix fmt;
+  fmt.mfmt = opt->groups[m->group].momentum_format;
   for (i = 0; grown && i < count; i++) {
     if (r->parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
     moms[i] = m->momentum ? m->momentum + (size_t)i * r->mom_stride
-                          : (float *)muon__compute_alloc(opt, r->size * sizeof(float));
+                          : (float *)muon__compute_alloc(opt, muon__mom_bytes(&fmt, r->size));
     if (!moms[i]) break;
   }
   if (!grown || i < count) {
@@ -2617,7 +2667,7 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
                       m->cols, first, name);
   }
   for (i = 0; i < count && r->parts == 1 && st == MUON_OK; i++)
-    st = muon__compute_zero(opt, moms[i], r->size * sizeof(float), "muon_add_matrix: zeroing the momentum");
+    st = muon__compute_zero(opt, moms[i], muon__mom_bytes(&fmt, r->size), "muon_add_matrix: zeroing the momentum");
   if (st != MUON_OK) {
     for (i = 0; !m->momentum && i < count; i++) muon__compute_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
@@ -2657,6 +2707,7 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
     x->momentum = moms[i];
     x->momentum_size = r->parts > 1 ? 0 : r->size;
     x->own_momentum = m->momentum == NULL;
+    x->mfmt = opt->groups[m->group].momentum_format;
     x->parts = r->parts;
     x->part_scale = r->part_scale;
   }
@@ -2665,7 +2716,7 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
   opt->matrices = grown;
   opt->n_matrices = first + count;
   opt->plan.ready = 0;
-  if (r->parts == 1) opt->stats.state_bytes += (size_t)count * r->size * sizeof(float);
+  if (r->parts == 1) opt->stats.state_bytes += (size_t)count * muon__mom_bytes(&grown[first], r->size);
 }
 
 MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out) {
@@ -3106,7 +3157,8 @@ static void muon__put_float(unsigned char **p, float x) { muon__put_floats(p, &x
   X(ns_algorithm, muon_ns_algorithm, U, MUON_NS_GRAM)                \
   X(ns_restarts, unsigned, U, 1u << 1)                               \
   X(normuon, muon_normuon, U, MUON_NORMUON_ROWS)                     \
-  X(normuon_beta2, float, F, 0.9f)
+  X(normuon_beta2, float, F, 0.9f)                                   \
+  X(momentum_format, muon_momentum_format, U, MUON_MOMENTUM_BF16)
 #define MUON__ADAMW_FIELDS(X)                                        \
   X(lr, float, F, 0.01f)                                             \
   X(beta1, float, F, 0.8f)                                           \
@@ -4311,7 +4363,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
 /* ---- >>impl-partial Partial matrices: the whole momentum on the owner alone ------------------ */
 static void muon__partial_drop(muon_optimizer *opt, muon__matrix *x) {
   muon__compute_free(opt, x->momentum);
-  opt->stats.state_bytes -= x->momentum_size * sizeof(float);
+  opt->stats.state_bytes -= muon__mom_bytes(x, x->momentum_size);
   x->momentum = NULL;
   x->momentum_size = 0;
   x->momentum_fresh = 0;
@@ -4330,14 +4382,15 @@ static muon_status muon__partial_room(muon_optimizer *opt, muon__matrix *x, cons
   muon_status st;
   char what[160];
   if (x->momentum) return MUON_OK;
-  if (!(x->momentum = (float *)muon__compute_alloc(opt, full * sizeof(float))))
+  if (!(x->momentum = (float *)muon__compute_alloc(opt, muon__mom_bytes(x, full))))
     return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the momentum of Partial matrix '%s' (%d x %d) failed", op,
                       x->name, x->rows, x->cols);
   x->momentum_size = full;
   x->momentum_fresh = 1;
-  opt->stats.state_bytes += full * sizeof(float);
+  opt->stats.state_bytes += muon__mom_bytes(x, full);
   snprintf(what, sizeof what, "%s: zeroing a momentum", op);
-  if ((st = muon__compute_zero(opt, x->momentum, full * sizeof(float), what)) != MUON_OK) muon__partial_drop(opt, x);
+  if ((st = muon__compute_zero(opt, x->momentum, muon__mom_bytes(x, full), what)) != MUON_OK)
+    muon__partial_drop(opt, x);
   return st;
 }
 
@@ -4875,11 +4928,33 @@ static muon_momentum_args muon__momentum_args(const muon_optimizer *opt, const m
   return a;
 }
 
+/* The momentum slot on x's stored momentum: n values from element `at` of its buffer. FP32 goes
+   to the slot as it is. BF16 never rounds a value still in use: each chunk is widened into fp32
+   scratch (the commit check's first chunk, free until the check), stepped there, U taken from
+   that fp32 value, and with `update` the new momentum narrowed back to nearest even, by `cast`,
+   so every backend gives the same bits. */
+static muon_status muon__momentum_stored(muon_optimizer *opt, const muon__matrix *x, size_t at, size_t n,
+                                         const void *grad, const muon_momentum_args *a, int update, float *u,
+                                         const char *op) {
+  const size_t C = opt->plan.check_chunk, gs = muon__dtype_size(a->grad_dtype);
+  float *ws = (float *)opt->plan.check_ws;
+  size_t lo, c;
+  if (x->mfmt == MUON_MOMENTUM_FP32)
+    return muon__compute_momentum(opt, n, x->momentum + at, grad, a, update, u, op);
+  for (lo = 0; lo < n; lo += C) {
+    void *b = muon__mom_at(x, at + lo);
+    c = MUON__MIN(C, n - lo);
+    MUON__TRY(muon__compute_cast(opt, ws, MUON_DTYPE_FP32, b, MUON_DTYPE_BF16, c, op));
+    MUON__TRY(muon__compute_momentum(opt, c, ws, (const char *)grad + lo * gs, a, update, u ? u + lo : NULL, op));
+    if (update) MUON__TRY(muon__compute_cast(opt, b, MUON_DTYPE_BF16, ws, MUON_DTYPE_FP32, c, op));
+  }
+  return MUON_OK;
+}
+
 /* U of a local piece, computed from a copy of the momentum: the buffer itself is untouched. */
 static muon_status muon__u_piece(muon_optimizer *opt, const muon__matrix *x, float *u) {
   muon_momentum_args a = muon__momentum_args(opt, x);
-  MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &a, 0, u, "muon_step: momentum"));
-  return MUON_OK;
+  return muon__momentum_stored(opt, x, 0, x->size, x->grad, &a, 0, u, "muon_step: momentum");
 }
 
 /* The op that moves holder piece p of global x between `pieces` + at and x's operand. */
@@ -5800,7 +5875,7 @@ static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x
   if ((st = muon__pack(opt, 1, G, X, 0)) != MUON_OK) return st;
   a.grad_scale *= x->part_scale;
   a.grad_dtype = MUON_DTYPE_FP32;
-  MUON__TRY(muon__compute_momentum(opt, full, own->momentum, G, &a, 0, pl->scratch, "muon_step: momentum"));
+  MUON__TRY(muon__momentum_stored(opt, own, 0, full, G, &a, 0, pl->scratch, "muon_step: momentum"));
   return muon__pack(opt, 1, pl->scratch, X, 1);
 }
 
@@ -6292,10 +6367,15 @@ static muon_status muon__check_commit(muon_optimizer *opt) {
     }
     for (lo = 0, k = 0; lo < n; lo += C, k++) {
       c = MUON__MIN(C, n - lo);
-      MUON__TRY(muon__compute_copy(opt, f0, x->momentum + lo, c * sizeof(float), 0, 0, op));
+      if (x->mfmt == MUON_MOMENTUM_BF16)
+        MUON__TRY(muon__compute_cast(opt, f0, MUON_DTYPE_FP32, muon__mom_at(x, lo), MUON_DTYPE_BF16, c, op));
+      else MUON__TRY(muon__compute_copy(opt, f0, x->momentum + lo, c * sizeof(float), 0, 0, op));
       MUON__TRY(muon__compute_momentum(opt, c, f0, (const char *)grad + lo * muon__dtype_size(m.grad_dtype), &m, 1,
                                        NULL, op));
-      MUON__TRY(muon__compute_nonfinite(opt, f0, MUON_DTYPE_FP32, c, fl + MUON__CHECKS * k, op));
+      if (x->mfmt == MUON_MOMENTUM_BF16) {   /* as stored: a finite value past bf16's range rounds to Inf */
+        MUON__TRY(muon__compute_cast(opt, h0, MUON_DTYPE_BF16, f0, MUON_DTYPE_FP32, c, op));
+        MUON__TRY(muon__compute_nonfinite(opt, h0, MUON_DTYPE_BF16, c, fl + MUON__CHECKS * k, op));
+      } else MUON__TRY(muon__compute_nonfinite(opt, f0, MUON_DTYPE_FP32, c, fl + MUON__CHECKS * k, op));
     }
     es = muon__dtype_size(x->param_dtype);
     for (lo = 0, k = 0; lo < x->size; lo += C, k++) {
@@ -6367,13 +6447,13 @@ static muon_status muon__commit(muon_optimizer *opt) {
     if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
-      MUON__TRY(muon__compute_momentum(opt, x->momentum_size, x->momentum,
-                                       opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1, NULL,
-                                       "muon_step: momentum (the update may be partly applied)"));
+      MUON__TRY(muon__momentum_stored(opt, x, 0, x->momentum_size,
+                                      opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1, NULL,
+                                      "muon_step: momentum (the update may be partly applied)"));
       x->momentum_fresh = 0;
     } else if (x->parts == 1) {
-      MUON__TRY(muon__compute_momentum(opt, x->size, x->momentum, x->grad, &m, 1, NULL,
-                                       "muon_step: momentum (the update may be partly applied)"));
+      MUON__TRY(muon__momentum_stored(opt, x, 0, x->size, x->grad, &m, 1, NULL,
+                                      "muon_step: momentum (the update may be partly applied)"));
     }
     MUON__TRY(muon__compute_apply(opt, x->size, x->param, opt->plan.stash + x->stash, &a,
                                   "muon_step: update (the update may be partly applied)"));
@@ -6602,12 +6682,28 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
   return MUON_OK;
 }
 
-MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size) {
-  if (!buf || !size) return MUON_ERR_ARG;
-  if (!opt || index < 0 || index >= opt->n_matrices) { *buf = NULL; *size = 0; return MUON_ERR_ARG; }
+MUON_API muon_status muon_get_momentum_stored(const muon_optimizer *opt, int index, const void **buf, size_t *size,
+                                             muon_momentum_format *format) {
+  if (!buf || !size || !format) return MUON_ERR_ARG;
+  *buf = NULL;
+  *size = 0;
+  *format = MUON_MOMENTUM_FP32;
+  if (!opt || index < 0 || index >= opt->n_matrices) return MUON_ERR_ARG;
   *buf = opt->matrices[index].momentum;
   *size = opt->matrices[index].momentum_size;
+  *format = opt->matrices[index].mfmt;
   return MUON_OK;
+}
+
+MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size) {
+  const void *b;
+  muon_momentum_format f;
+  muon_status st;
+  if (!buf || !size) return MUON_ERR_ARG;
+  st = muon_get_momentum_stored(opt, index, &b, size, &f);
+  *buf = (const float *)b;
+  if (st == MUON_OK && f != MUON_MOMENTUM_FP32) { *buf = NULL; *size = 0; return MUON_ERR_ARG; }   /* not floats */
+  return st;
 }
 
 /* >>impl-state --------------------------------------------------------------------------------
@@ -6691,12 +6787,58 @@ static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const
   return MUON_OK;
 }
 
+/* Any matrix whose momentum is not stored as fp32: save and load then stage through the host. */
+static int muon__stored_momentum(const muon_optimizer *opt) {
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) if (opt->matrices[i].mfmt != MUON_MOMENTUM_FP32) return 1;
+  return 0;
+}
+
 static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src, float *x, size_t n, float *tmp) {
   if (!opt->device) { muon__get_floats(&src, x, n); return MUON_OK; }
   muon__get_floats(&src, tmp, n);
   MUON__TRY(
       muon__compute_copy(opt, x, tmp, n * sizeof(float), 0, 1, "muon_state_load: writing the state (partly loaded)"));
   return muon__sync(opt, "muon_state_load: writing the state (partly loaded)");
+}
+
+/* This rank's piece of matrix x, its parameter or its momentum, as fp32 in host memory. */
+static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, int momentum, float *out,
+                                    const char *op) {
+  const void *src = momentum ? (const void *)x->momentum : x->param;
+  int bf16 = momentum ? x->mfmt == MUON_MOMENTUM_BF16 : x->param_dtype == MUON_DTYPE_BF16;
+  size_t n = momentum ? x->momentum_size : x->size, k;
+  muon_status st;
+  if (!n) return MUON_OK;
+  if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
+    void *dst = bf16 ? (void *)((uint16_t *)(void *)out + n) : (void *)out;
+    MUON__TRY(muon__compute_copy(opt, dst, src, n * (bf16 ? 2 : 4), 1, 0, op));
+    if ((st = muon__sync(opt, op)) != MUON_OK) return st;
+    src = dst;
+  }
+  if (!bf16) { if (src != out) memcpy(out, src, n * sizeof(float)); return MUON_OK; }
+  for (k = 0; k < n; k++) {
+    uint16_t h;
+    memcpy(&h, (const uint16_t *)src + k, sizeof h);
+    out[k] = muon__u2f((uint32_t)h << 16);
+  }
+  return MUON_OK;
+}
+
+/* n fp32 momentum values (host memory, consumed: narrowed in place) into x's buffer, converted
+   to its format: bf16 by nearest even, exact for values saved from bf16. */
+static muon_status muon__put_momentum(muon_optimizer *opt, muon__matrix *x, float *vals, size_t n, const char *op) {
+  uint16_t *h = (uint16_t *)(void *)vals;
+  size_t k;
+  size_t es = x->mfmt == MUON_MOMENTUM_FP32 ? sizeof(float) : sizeof(uint16_t);
+  if (x->mfmt != MUON_MOMENTUM_FP32)
+    for (k = 0; k < n; k++) {   /* front to back: bytes 2k..2k+1 are read before (as vals[k / 2]) */
+      uint16_t b = muon__bf16_bits(muon__bf16(vals[k]));
+      memcpy(h + k, &b, sizeof b);
+    }
+  if (!n) return MUON_OK;
+  if (!opt->device) { memcpy(x->momentum, vals, n * es); return MUON_OK; }
+  return muon__compute_copy(opt, x->momentum, vals, n * es, 0, 1, op);
 }
 
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size) {
@@ -6724,7 +6866,8 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
   muon__put32(&p, (uint32_t)opt->n_adamw_groups);
   for (i = 0; i < opt->n_groups; i++) muon__put_hparams(&p, &opt->groups[i]);
   for (i = 0; i < opt->n_adamw_groups; i++) muon__put_adamw_hparams(&p, &opt->adamw_groups[i]);
-  if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float))))
+  if ((opt->device || muon__stored_momentum(opt)) &&
+      !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float))))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_save: allocating a staging buffer failed");
   for (i = 0; i < opt->n_matrices && st == MUON_OK; i++) {
     const muon__matrix *x = &opt->matrices[i];
@@ -6732,7 +6875,12 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put32(&p, (uint32_t)x->cols);
     muon__put64(&p, (uint64_t)muon__saved_momentum(x));
     muon__put64(&p, (uint64_t)x->name_hash);
-    if ((st = muon__put_state(opt, &p, x->momentum, muon__saved_momentum(x), tmp)) != MUON_OK) break;
+    if (x->mfmt != MUON_MOMENTUM_FP32) {   /* the blob holds fp32 values, whatever the format */
+      if (muon__saved_momentum(x) &&
+          (st = muon__read_piece(opt, x, 1, tmp, "muon_state_save: reading the state")) != MUON_OK)
+        break;
+      muon__put_floats(&p, tmp, muon__saved_momentum(x));
+    } else if ((st = muon__put_state(opt, &p, x->momentum, muon__saved_momentum(x), tmp)) != MUON_OK) break;
     muon__put_layout(&p, &x->layout);
     muon__put32(&p, (uint32_t)muon__saved_normuon_len(x));   /* NorMuon's v: its owner's, else none */
     if (muon__saved_normuon_len(x)) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp);
@@ -6761,6 +6909,16 @@ static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
   return 1;
 }
 
+/* A saved momentum that x's format can hold: finite, and finite once rounded to bf16 (a value
+   past bf16's largest rounds to Inf, which no step could leave). */
+static int muon__blob_momentum_ok(const unsigned char *p, size_t n, const muon__matrix *x) {
+  size_t i;
+  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__blob_finite(p, n, 0);
+  for (i = 0; i < n; i++)
+    if (!muon__state_ok(muon__bf16(muon__u2f(muon__get32(&p))), 0)) return 0;
+  return 1;
+}
+
 /* A blob whose structure has been checked (checksum, every record inside it) before anything
    reads a record. */
 typedef struct muon__blob {
@@ -6776,6 +6934,17 @@ typedef struct muon__saved_matrix {
   uint32_t normuon_len;                      /* NorMuon's v: 0 if none */
   const unsigned char *normuon;
 } muon__saved_matrix;
+
+/* A loaded momentum into x's buffer in x's format: through tmp (host), then a sync, as
+   muon__get_state. */
+static muon_status muon__get_momentum(muon_optimizer *opt, const muon__saved_matrix *m, muon__matrix *x, size_t n,
+                                      float *tmp) {
+  const unsigned char *src = m->momentum;
+  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__get_state(opt, m->momentum, x->momentum, n, tmp);
+  muon__get_floats(&src, tmp, n);
+  MUON__TRY(muon__put_momentum(opt, x, tmp, n, "muon_state_load: writing the state (partly loaded)"));
+  return opt->device ? muon__sync(opt, "muon_state_load: writing the state (partly loaded)") : MUON_OK;
+}
 
 typedef struct muon__saved_adamw {
   uint64_t size, step, name_hash, full_size, offset;
@@ -6914,6 +7083,14 @@ static muon_status muon__blob_groups(muon_optimizer *opt, const muon__blob *b, m
   for (i = 0; i < b->n_groups; i++) {
     groups[i] = opt->groups[i];   /* coefficients past ns_steps are not saved: keep ours */
     muon__get_hparams(&p, &groups[i]);
+    /* The momentum format stays this optimizer's (its buffers are allocated in it): the blob
+       holds fp32 values, which convert (docs/state.md). */
+    if (groups[i].momentum_format != opt->groups[i].momentum_format) {
+      snprintf(msg, sizeof msg, "%s: group %u keeps its momentum_format %d; the state's (%d) momentum converts to it",
+               op, i, (int)opt->groups[i].momentum_format, (int)groups[i].momentum_format);
+      muon__log(&opt->logger, MUON_LOG_INFO, msg);
+      groups[i].momentum_format = opt->groups[i].momentum_format;
+    }
     if (muon__check_hparams(&groups[i], msg, sizeof msg) != MUON_OK)
       return muon__fail(opt, MUON_ERR_STATE, "%s: group %u: %s", op, i, msg);
   }
@@ -7001,7 +7178,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
   if (!(groups = muon__alloc_groups(opt, &adamw_groups)))
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating %d groups failed", opt->n_groups);
   if ((st = muon__blob_groups(opt, &b, groups, adamw_groups, op)) != MUON_OK) goto done;
-  if (opt->device && !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float)))) {
+  if ((opt->device || muon__stored_momentum(opt)) &&
+      !(tmp = (float *)muon__alloc(&opt->allocator, muon__largest_state(opt) * sizeof(float)))) {
     st = muon__fail(opt, MUON_ERR_NOMEM, "muon_state_load: allocating a staging buffer failed");
     goto done;
   }
@@ -7013,13 +7191,13 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       muon__saved_matrix m;
       muon__next_saved_matrix(&p, &m);
       if (pass && x->parts > 1) {   /* the owner that saved it stays the owner: the next step re-plans */
-        if (m.size) { st = muon__get_state(opt, m.momentum, x->momentum, (size_t)m.size, tmp); x->momentum_fresh = 0; }
+        if (m.size) { st = muon__get_momentum(opt, &m, x, (size_t)m.size, tmp); x->momentum_fresh = 0; }
         else if (x->momentum) muon__partial_drop(opt, x);
         opt->plan.ready = 0;
         if (st != MUON_OK) goto done;
       }
       if (pass) {
-        if (x->parts == 1 && (st = muon__get_state(opt, m.momentum, x->momentum, x->size, tmp)) != MUON_OK) goto done;
+        if (x->parts == 1 && (st = muon__get_momentum(opt, &m, x, x->size, tmp)) != MUON_OK) goto done;
         if (m.normuon_len)
           st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
         else muon__normuon_drop(opt, x);
@@ -7043,9 +7221,9 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
             i, x->name, i);
         goto done;
       }
-      if (!muon__blob_finite(m.momentum, (size_t)m.size, 0)) {
-        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf", i,
-                        x->name);
+      if (!muon__blob_momentum_ok(m.momentum, (size_t)m.size, x)) {
+        st = muon__fail(opt, MUON_ERR_STATE, "muon_state_load: the momentum of matrix %d ('%s') holds NaN or Inf%s", i,
+                        x->name, x->mfmt == MUON_MOMENTUM_BF16 ? " (as bf16, its momentum_format)" : "");
         goto done;
       }
       if (m.layout) {   /* the same piece of the same matrix, or the momentum belongs to another one */
@@ -7673,9 +7851,9 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
         return muon__fail(opt, MUON_ERR_STATE,
                           "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank,
                           x->name);
-      if (!muon__blob_finite(m.momentum, (size_t)m.size, 0))
-        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' holds NaN or Inf", op, b.rank,
-                          x->name);
+      if (!muon__blob_momentum_ok(m.momentum, (size_t)m.size, x))
+        return muon__fail(opt, MUON_ERR_STATE, "%s: rank %u's momentum of matrix '%s' holds NaN or Inf%s", op, b.rank,
+                          x->name, x->mfmt == MUON_MOMENTUM_BF16 ? " (as bf16, its momentum_format)" : "");
       R->matched[i] = 1;
       {   /* a Partial matrix's momentum is whole (on its owner), both saved and here */
         muon__piece to = x->parts > 1 ? muon__whole_piece(x->rows, x->cols) : x->piece;
@@ -7855,15 +8033,15 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
     if (x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) {
-      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->momentum_size,
-                            "muon_state_reshard: writing the state (partly loaded)");
+      st = muon__put_momentum(opt, x, R.mom + R.at[i], x->momentum_size,
+                              "muon_state_reshard: writing the state (partly loaded)");
       x->momentum_fresh = 0;
     } else if (x->parts > 1) {   /* none saved (planning's zeros then), or not the owner's */
       if (x->momentum) muon__partial_drop(opt, x);
       if (opt->plan.ready && muon__owns(opt, x)) opt->plan.ready = 0;
     } else {
-      st = muon__put_tensor(opt, x->momentum, R.mom + R.at[i], x->size,
-                            "muon_state_reshard: writing the state (partly loaded)");
+      st = muon__put_momentum(opt, x, R.mom + R.at[i], x->size,
+                              "muon_state_reshard: writing the state (partly loaded)");
     }
     if (st == MUON_OK && R.normuon[i])
       st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i],
@@ -7947,29 +8125,6 @@ static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long lo
           opt, MUON_ERR_MISMATCH,
           "%s: ranks %d and %d called it with different arguments (%lld, %lld, %lld vs %lld, %lld, %lld): it is collective",
           op, opt->comm.rank, p, a, b, c, all[3 * p], all[3 * p + 1], all[3 * p + 2]);
-  return MUON_OK;
-}
-
-/* This rank's piece of matrix x, its parameter or its momentum, as fp32 in host memory. */
-static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, int momentum, float *out,
-                                    const char *op) {
-  const void *src = momentum ? (const void *)x->momentum : x->param;
-  int bf16 = !momentum && x->param_dtype == MUON_DTYPE_BF16;
-  size_t n = momentum ? x->momentum_size : x->size, k;
-  muon_status st;
-  if (!n) return MUON_OK;
-  if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
-    void *dst = bf16 ? (void *)((uint16_t *)(void *)out + n) : (void *)out;
-    MUON__TRY(muon__compute_copy(opt, dst, src, n * (bf16 ? 2 : 4), 1, 0, op));
-    if ((st = muon__sync(opt, op)) != MUON_OK) return st;
-    src = dst;
-  }
-  if (!bf16) { if (src != out) memcpy(out, src, n * sizeof(float)); return MUON_OK; }
-  for (k = 0; k < n; k++) {
-    uint16_t h;
-    memcpy(&h, (const uint16_t *)src + k, sizeof h);
-    out[k] = muon__u2f((uint32_t)h << 16);
-  }
   return MUON_OK;
 }
 

@@ -27,7 +27,9 @@
    2(P-1)/P S, and they must match exactly where every rank holds every matrix whole), --sr
    (stochastic rounding, desc.rounding = MUON_ROUND_STOCHASTIC: every matrix and AdamW param gets
    a bf16 mirror, and the check compares the mirrors too: a ZeRO piece of "wte" must draw the
-   full tensor's random bits; not with --partial, whose AdamW chunks refuse it).
+   full tensor's random bits; not with --partial, whose AdamW chunks refuse it), --momentum
+   fp32|bf16 (muon_hparams.momentum_format: the momentum stored as bf16, on every rank and on the
+   single device, still bitwise equal).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -79,6 +81,7 @@ typedef struct ex_world {
   muon_reduce reduce;
   const char *dump;   /* --dump PATH */
   int sr;             /* --sr: stochastic rounding into bf16 mirrors */
+  muon_momentum_format mom_fmt; /* --momentum fp32|bf16: muon_hparams.momentum_format */
 } ex_world;
 
 /* One matrix (or a stack of `count`) of the model, as every rank sees it. */
@@ -123,6 +126,7 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
     else if (!strcmp(argv[i], "--sr")) w.sr = 1;
+    else if (!strcmp(argv[i], "--momentum") && i + 1 < argc) { i++; w.mom_fmt = !strcmp(argv[i], "bf16") ? MUON_MOMENTUM_BF16 : MUON_MOMENTUM_FP32; }
     else if (!strcmp(argv[i], "--partial") && i + 1 < argc) { i++; w.partial = 1; w.reduce = !strcmp(argv[i], "mean") ? MUON_REDUCE_MEAN : MUON_REDUCE_SUM; }
   }
 #ifdef EX_NCCL
@@ -485,6 +489,7 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
   desc.hparams.cautious_wd = w->cautious;
   desc.hparams.ns_algorithm = w->gram ? MUON_NS_GRAM : MUON_NS_STANDARD;
   desc.hparams.normuon = w->normuon;
+  desc.hparams.momentum_format = w->mom_fmt;
   desc.hparams.precision = w->bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
   if (w->sr) {
     desc.rounding = MUON_ROUND_STOCHASTIC;
@@ -601,9 +606,10 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     m.layout = layouts ? &sp->layout : NULL;
     if (muon_add_matrix(opt, &m, NULL) != MUON_OK) ex_die(w, "muon_add_matrix", muon_error(opt));
     {
-      const float *mom;
+      const void *mom;
       size_t n;
-      if (muon_get_momentum(opt, muon_matrix_count(opt) - 1, &mom, &n) != MUON_OK || n != (sl[s].parts > 1 ? 0 : piece))
+      muon_momentum_format f;
+      if (muon_get_momentum_stored(opt, muon_matrix_count(opt) - 1, &mom, &n, &f) != MUON_OK || n != (sl[s].parts > 1 ? 0 : piece))
         ex_die(w, sp->name, "muon's piece has another size than the one cut here (--wrong-dim needs even splits)");
     }
     s += count;
@@ -747,11 +753,19 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       if (muon_gather_matrix(opt, g, owner, p, mo) != MUON_OK) ex_die(w, "muon_gather_matrix", muon_error(opt));
       for (s = 0; w->rank == owner && s < n_local; s++) {
         size_t full = (size_t)info.rows * info.cols, e;
-        const float *rm;
+        const void *rm;
+        muon_momentum_format f;
         float *ref_m = (float *)malloc(full * sizeof(float));
         if (strcmp(sl[s].name, info.name) || info.local < 0 || s != info.local) { free(ref_m); continue; }
-        if (muon_get_momentum(ref, s, &rm, &e) != MUON_OK || e != full) ex_die(w, "muon_get_momentum", "reference");
-        if (EX_ON_DEVICE) ex_get(w, ref_m, rm, full); else memcpy(ref_m, rm, full * sizeof(float));
+        if (muon_get_momentum_stored(ref, s, &rm, &e, &f) != MUON_OK || e != full || f != w->mom_fmt)
+          ex_die(w, "muon_get_momentum_stored", "reference");
+        if (w->mom_fmt == MUON_MOMENTUM_BF16) {   /* the reference's is bf16: muon_gather_matrix gives fp32 */
+          uint16_t *h = (uint16_t *)malloc(full * sizeof(uint16_t) + 2);
+          uint32_t u;
+          if (EX_ON_DEVICE) ex_get_bf16(w, h, rm, full); else memcpy(h, rm, full * sizeof(uint16_t));
+          for (e = 0; e < full; e++) { u = (uint32_t)h[e] << 16; memcpy(&ref_m[e], &u, 4); }
+          free(h);
+        } else if (EX_ON_DEVICE) ex_get(w, ref_m, (const float *)rm, full); else memcpy(ref_m, rm, full * sizeof(float));
         for (e = 0; e < full; e++) asm_bad += memcmp(&p[e], &sl[s].full_w[e], 4) != 0 || memcmp(&mo[e], &ref_m[e], 4) != 0;
         free(ref_m);
       }

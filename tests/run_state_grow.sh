@@ -25,9 +25,9 @@ def line_after(last, line):   # a list's last line (then a newline) gets its con
     global s
     if s.count(last + "\n") != 1: sys.exit("anchor found %d times: %r" % (s.count(last + "\n"), last))
     s = s.replace(last + "\n", last + " \\\n" + line + "\n")
-after("  float normuon_beta2;", "\n  float grow_test;")
-after("  hp.normuon_beta2 = 0.95f;", "\n  hp.grow_test = 0.25f;")
-line_after("  X(normuon_beta2, float, F, 0.9f)", "  X(grow_test, float, F, 0.5f)")
+after("  muon_momentum_format momentum_format;", "\n  float grow_test;")
+after("  hp.momentum_format = MUON_MOMENTUM_FP32;", "\n  hp.grow_test = 0.25f;")
+line_after("  X(momentum_format, muon_momentum_format, U, MUON_MOMENTUM_BF16)", "  X(grow_test, float, F, 0.5f)")
 after("m_hat / (sqrt(v_hat) + eps) have the same sign (zero agrees) */", "\n  float grow_test;")
 after("  hp.weight_decay = 1e-2f;", "\n  hp.grow_test = 0.125f;")
 line_after("  X(cautious_wd, int, U, 1)", "  X(grow_test, float, F, 0.5f)")

@@ -595,11 +595,11 @@ static void test_state_matrices_only(void) {
     CHECK(na == nb && same(ma, mb, na * 4), "momentum differs after load");
   }
   TEST_CASE("state: group records are length-prefixed: a shorter one (an older muon.h) defaults the fields it lacks, a longer one (a newer muon.h) loads with its extra bytes skipped");
-  {   /* The blob: header (48), group counts (8), the Muon group's record (u32 bytes = 4 * (15 + 3 * 5),
-         normuon and normuon_beta2 its last two fields), the AdamW group's (u32 bytes = 24,
-         cautious_wd last), then the matrix. */
-    const size_t grp = 56, g = 4 * (15 + 15), ag = 24, n0 = n;
-    const size_t ns = n0 + 8 + 4, no = n0 - 8 - 4;   /* newer: 8 + 4 bytes more; older: 2 + 1 fields less */
+  {   /* The blob: header (48), group counts (8), the Muon group's record (u32 bytes = 4 * (16 + 3 * 5),
+         normuon, normuon_beta2 and momentum_format its last three fields), the AdamW group's (u32
+         bytes = 24, cautious_wd last), then the matrix. */
+    const size_t grp = 56, g = 4 * (16 + 15), ag = 24, n0 = n;
+    const size_t ns = n0 + 8 + 4, no = n0 - 12 - 4;   /* newer: 8 + 4 bytes more; older: 3 + 1 fields less */
     unsigned char *v = (unsigned char *)blob, *newer = (unsigned char *)malloc(ns), *older = (unsigned char *)malloc(no),
                   *again = (unsigned char *)malloc(n0);
     muon_desc d2 = d;
@@ -623,13 +623,14 @@ static void test_state_matrices_only(void) {
     muon_add_matrix(b, &m, NULL);
     CHECK(muon_state_load(b, newer, ns) == MUON_OK, "a newer blob: %s", muon_error(b));
     CHECK(muon_state_save(b, again, n0) == MUON_OK && memcmp(again, v, n0) == 0, "saved again, it differs from the original blob");
-    /* older: normuon, normuon_beta2 and the AdamW group's cautious_wd are not there; an optimizer
-       that had them set gets the defaults (off), not its own values */
-    memcpy(older, v, grp + 4 + g - 8);
-    at = grp + 4 + g - 8;
+    /* older: normuon, normuon_beta2, momentum_format and the AdamW group's cautious_wd are not
+       there; an optimizer that had them set gets the defaults (off), not its own values (but the
+       momentum format stays the optimizer's) */
+    memcpy(older, v, grp + 4 + g - 12);
+    at = grp + 4 + g - 12;
     memcpy(older + at, v + grp + 4 + g, 4 + ag - 4);
     memcpy(older + at + ag, v + grp + 4 + g + 4 + ag, n0 - (grp + 4 + g + 4 + ag));
-    older[grp] = (unsigned char)(g - 8);
+    older[grp] = (unsigned char)(g - 12);
     older[at] = (unsigned char)(ag - 4);
     sum = muon__fnv1a(older, no - 8);
     for (k = 0; k < 8; k++) older[no - 8 + k] = (unsigned char)(sum >> (8 * k));
@@ -1632,14 +1633,160 @@ static void test_settings_saved(void) {
         if (ob && list)
           CHECK(memcmp(&ob->adamw_groups[0], &d.adamw, sizeof d.adamw) == 0,
                 "%s did not survive %s", name, how ? "reshard" : "load");
-        if (ob && !list)
-          CHECK(memcmp(&ob->groups[0], &d.hparams, sizeof d.hparams) == 0,
-                "%s did not survive %s", name, how ? "reshard" : "load");
+        if (ob && !list) {   /* the momentum format stays the loader's: its buffers are in it */
+          muon_hparams want = d.hparams;
+          if (!strcmp(TSET_HPARAMS[i].name, "momentum_format")) want.momentum_format = def.hparams.momentum_format;
+          CHECK(memcmp(&ob->groups[0], &want, sizeof want) == 0, "%s did not survive %s", name,
+                how ? "reshard" : "load");
+        }
         muon_destroy(ob);
       }
       free(blob);
       muon_destroy(oa);
     }
+}
+
+
+/* bf16 momentum (muon_hparams.momentum_format): the same bits as an fp32 run whose momentum (the
+   trainer's buffer here) is rounded to bf16 after every step, i.e. U from the fp32 value and only
+   the stored copy rounded; state round trips and conversions; bad values; half the state bytes;
+   a finite fp32 momentum past bf16's range is a non-finite verdict. */
+static uint16_t bf16_of(float x) {   /* nearest even, NaN kept: muon__bf16's rule, written again */
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+static float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float x; memcpy(&x, &u, 4); return x; }
+
+static void test_momentum_bf16(void) {
+  enum { N1 = 2 * 24 * 40, N2 = 50 * 16 };
+  static float mom1[N1], mom2[N2];
+  model a, b, c;
+  muon_desc d = muon_default_desc(), d16 = muon_default_desc();
+  muon_optimizer *oa = NULL, *ob = NULL, *oc = NULL;
+  muon_matrix ma = muon_default_matrix(), mb = muon_default_matrix();
+  muon_adamw_param p = muon_default_adamw_param(), q = muon_default_adamw_param();
+  muon_stats sa, sb;
+  muon_hparams hp;
+  const float *buf;
+  const void *raw;
+  muon_momentum_format fmt;
+  size_t n, k, bad = 0;
+  void *blob = NULL;
+  int step, i;
+  TEST_CASE("bf16 momentum: an fp32 run rounded after every step, bit for bit; state; bad values");
+  d16.hparams.momentum_format = MUON_MOMENTUM_BF16;
+  model_init(&a, 7u);
+  memcpy(&b, &a, sizeof b);
+  /* a: fp32 format with the trainer's momentum buffers, rounded by hand after each step */
+  if (muon_create(&oa, &d) != MUON_OK || muon_create(&ob, &d16) != MUON_OK) { CHECK(0, "create"); return; }
+  ma.name = "w1"; ma.param = a.w1; ma.grad = a.g1; ma.rows = 24; ma.cols = 40; ma.count = 2; ma.momentum = mom1;
+  mb.name = "w2"; mb.param = a.w2; mb.grad = a.g2; mb.rows = 50; mb.cols = 16; mb.momentum = mom2;
+  p.name = "b"; p.param = a.b; p.grad = a.gb; p.size = 24;
+  q.name = "e"; q.param = a.e; q.grad = a.ge; q.size = 10;
+  CHECK(muon_add_matrix(oa, &ma, NULL) == MUON_OK && muon_add_matrix(oa, &mb, NULL) == MUON_OK &&
+        muon_add_adamw_param(oa, &p, NULL) == MUON_OK && muon_add_adamw_param(oa, &q, NULL) == MUON_OK,
+        "register a: %s", muon_error(oa));
+  CHECK(model_register(ob, &b) == MUON_OK, "register b: %s", muon_error(ob));
+  for (step = 0; step < 6; step++) {
+    model_grads(&a, 100u + (unsigned)step);
+    model_grads(&b, 100u + (unsigned)step);
+    CHECK(muon_step(oa) == MUON_OK && muon_step(ob) == MUON_OK, "step %d: %s %s", step, muon_error(oa), muon_error(ob));
+    for (k = 0; k < N1; k++) mom1[k] = from_bf16(bf16_of(mom1[k]));
+    for (k = 0; k < N2; k++) mom2[k] = from_bf16(bf16_of(mom2[k]));
+  }
+  bad = !same(a.w1, b.w1, sizeof a.w1) + !same(a.w2, b.w2, sizeof a.w2) + !same(a.b, b.b, sizeof a.b);
+  CHECK(bad == 0, "parameters differ from the rounded fp32 run");
+  for (i = 0; i < 3; i++) {
+    const float *ref = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
+    CHECK(muon_get_momentum_stored(ob, i, &raw, &n, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_BF16 &&
+              n == (i < 2 ? 24u * 40 : (size_t)N2), "get_momentum_stored %d", i);
+    for (k = 0, bad = 0; k < n; k++) bad += ((const uint16_t *)raw)[k] != bf16_of(ref[k]);
+    CHECK(bad == 0, "matrix %d: %zu bf16 momentum values differ", i, bad);
+  }
+  CHECK(muon_get_momentum(ob, 0, &buf, &n) == MUON_ERR_ARG && !buf && !n, "muon_get_momentum of bf16: not floats");
+  muon_get_stats(oa, &sa);
+  muon_get_stats(ob, &sb);
+  CHECK(sa.state_bytes - sb.state_bytes == 2 * (size_t)(N1 + N2), "state bytes %zu (fp32) vs %zu (bf16)",
+        sa.state_bytes, sb.state_bytes);
+
+  /* save bf16 -> load into bf16 (continues bit for bit) and into fp32 (the same values) */
+  n = muon_state_size(ob);
+  blob = malloc(n);
+  CHECK(muon_state_save(ob, blob, n) == MUON_OK, "save: %s", muon_error(ob));
+  memcpy(&c, &b, sizeof c);
+  CHECK((oc = make_opt(&c, &d16)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load bf16");
+  model_grads(&b, 999u);
+  model_grads(&c, 999u);
+  CHECK(muon_step(ob) == MUON_OK && muon_step(oc) == MUON_OK, "step after load");
+  CHECK(same(b.w1, c.w1, sizeof b.w1) && same(b.w2, c.w2, sizeof b.w2), "a loaded bf16 run continues bit for bit");
+  muon_destroy(oc);
+  memcpy(&c, &a, sizeof c);
+  CHECK((oc = make_opt(&c, NULL)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load into fp32");
+  CHECK(oc && muon_get_group(oc, 0, &hp) == MUON_OK && hp.momentum_format == MUON_MOMENTUM_FP32, "fp32 kept");
+  CHECK(oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK && k == N2, "fp32 momentum");
+  for (k = 0, bad = 0; oc && k < N2; k++) bad += buf[k] != mom2[k];
+  CHECK(bad == 0, "bf16 -> fp32 load: %zu values differ", bad);
+  /* and an fp32 blob into bf16 rounds to nearest even */
+  free(blob);
+  n = muon_state_size(oc);
+  blob = malloc(n);
+  if (oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK)   /* values bf16 cannot hold (host memory) */
+    for (k = 0; k < N2; k++) ((float *)(uintptr_t)buf)[k] = mom2[k] = mom2[k] * 1.0009765625f + 1e-9f;
+  CHECK(oc && muon_state_save(oc, blob, n) == MUON_OK, "save fp32");
+  muon_destroy(oc);
+  memcpy(&c, &a, sizeof c);
+  CHECK((oc = make_opt(&c, &d16)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "fp32 -> bf16 load");
+  CHECK(oc && muon_get_momentum_stored(oc, 2, &raw, &k, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_BF16 && k == N2, "get");
+  for (k = 0, bad = 0; oc && k < N2; k++) bad += ((const uint16_t *)raw)[k] != bf16_of(mom2[k]);
+  CHECK(bad == 0, "fp32 -> bf16 load: %zu values are not the nearest bf16", bad);
+  muon_destroy(oc);
+  free(blob);
+
+  /* bad values, each naming the field; nothing registered */
+  CHECK(muon_get_group(ob, 0, &hp) == MUON_OK, "get_group");
+  hp.momentum_format = MUON_MOMENTUM_FP32;
+  CHECK(muon_set_group(ob, 0, &hp) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
+        "changing a used group's format: %s", muon_error(ob));
+  hp.momentum_format = (muon_momentum_format)7;
+  CHECK(muon_add_group(ob, &hp, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
+        "format 7: %s", muon_error(ob));
+  hp.momentum_format = MUON_MOMENTUM_BF16;
+  CHECK(muon_add_group(ob, &hp, &i) == MUON_OK, "group 1");
+  hp.momentum_format = MUON_MOMENTUM_FP32;
+  CHECK(muon_set_group(ob, i, &hp) == MUON_OK, "an empty group's format may change: %s", muon_error(ob));
+  hp.momentum_format = MUON_MOMENTUM_BF16;
+  CHECK(muon_set_group(ob, i, &hp) == MUON_OK, "and back");
+  mb.momentum = mom2; mb.group = i; mb.name = "w3";
+  CHECK(muon_add_matrix(ob, &mb, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_matrix.momentum") &&
+        muon_matrix_count(ob) == 3, "a trainer's float buffer with bf16: %s", muon_error(ob));
+  muon_destroy(oa);
+  muon_destroy(ob);
+
+  /* a finite fp32 momentum that bf16 would round to Inf is refused by a bf16 load (a step cannot
+     reach one: U, close to it, overflows Newton-Schulz's norm first) */
+  {
+    static float w[8 * 8], g[8 * 8];
+    muon_optimizer *o32 = NULL, *o16 = NULL;
+    muon_matrix m = muon_default_matrix();
+    for (k = 0; k < 64; k++) { w[k] = (float)k / 64; g[k] = 0.5f; }
+    m.param = w; m.grad = g; m.rows = 8; m.cols = 8; m.momentum = mom2;
+    CHECK(muon_create(&o32, &d) == MUON_OK && muon_add_matrix(o32, &m, NULL) == MUON_OK, "create fp32");
+    for (k = 0; k < 64; k++) mom2[k] = k == 5 ? 3.4e38f : 0.25f;   /* after registration zeroed it */
+    m.momentum = NULL;
+    CHECK(muon_create(&o16, &d16) == MUON_OK && muon_add_matrix(o16, &m, NULL) == MUON_OK, "create bf16");
+    n = muon_state_size(o32);
+    blob = malloc(n);
+    CHECK(muon_state_save(o32, blob, n) == MUON_OK, "save");
+    CHECK(muon_state_load(o16, blob, n) == MUON_ERR_STATE && strstr(muon_error(o16), "bf16"),
+          "a value past bf16's range: %s", muon_error(o16));
+    CHECK(muon_get_momentum_stored(o16, 0, &raw, &k, &fmt) == MUON_OK && ((const uint16_t *)raw)[5] == 0,
+          "nothing loaded");
+    free(blob);
+    muon_destroy(o32);
+    muon_destroy(o16);
+  }
 }
 
 int main(void) {
@@ -1669,5 +1816,6 @@ int main(void) {
   test_alloc_sweep();
   test_dropin();
   test_orthogonality();
+  test_momentum_bf16();
   return test_summary();
 }

@@ -429,12 +429,20 @@ static void snap_take(snap *sn, const trainer *t, int with_state) {
     }
     sn->mom[i] = (float *)xmalloc(n * 4);
     for (k = 0; k < slices(m); k++) {
-      const float *buf = NULL;
+      const void *buf = NULL;
       size_t size = 0;
-      muon_status st = muon_get_momentum(t->opt, t->index[i] + (int)k, &buf, &size);
+      muon_momentum_format f = MUON_MOMENTUM_FP32;
+      muon_status st = muon_get_momentum_stored(t->opt, t->index[i] + (int)k, &buf, &size, &f);
       int ok = st == MUON_OK && buf && size == mat_n(m);
-      CHECK(ok, "muon_get_momentum(%d): %s, size %zu", t->index[i] + (int)k, muon_status_string(st), size);
-      if (ok) tr_get(t, sn->mom[i] + k * mat_n(m), buf, size * 4);
+      CHECK(ok, "muon_get_momentum_stored(%d): %s, size %zu", t->index[i] + (int)k, muon_status_string(st), size);
+      if (ok && f == MUON_MOMENTUM_BF16) {   /* bf16 values: widened here */
+        float *dst = sn->mom[i] + k * mat_n(m);
+        uint16_t *h = (uint16_t *)xmalloc(size * 2 + 2);
+        size_t e;
+        tr_get(t, h, buf, size * 2);
+        for (e = 0; e < size; e++) { uint32_t u = (uint32_t)h[e] << 16; memcpy(&dst[e], &u, 4); }
+        free(h);
+      } else if (ok) tr_get(t, sn->mom[i] + k * mat_n(m), buf, size * 4);
       else memset(sn->mom[i] + k * mat_n(m), 0, mat_n(m) * 4);
     }
   }
@@ -611,6 +619,8 @@ static void case_vs_cpu(const setup *s, int keep) {
       snap_free(&sg);
     }
   }
+  if (s->hp.momentum_format == MUON_MOMENTUM_BF16)   /* widened and narrowed by cast: the CPU's bits */
+    CHECK(mom_bitwise, "bf16 momentum: CUDA's differs from the CPU's");
   printf("  %-40s worst %s %.2e (bound %.0e, at %s); momentum rel %.2e (%s); AdamW rel %.2e (%s)\n", s->title + 3,
          bf16 ? "update rel err" : "param rel err", bf16 ? worst_update : worst_param, bf16 ? BF16_UPDATE_TOL : FP32_PARAM_TOL,
          worst_at, worst_mom, mom_bitwise ? "bitwise" : "NOT bitwise", worst_adamw, adamw_bitwise ? "bitwise" : "NOT bitwise");
@@ -631,6 +641,10 @@ static void cases_vs_cpu(void) {
   s = base_setup("1. CPU vs CUDA: bf16 NS precision");
   s.hp.precision = MUON_PRECISION_BF16;
   case_vs_cpu(&s, 1);
+  drain();
+  s = base_setup("1. CPU vs CUDA: bf16 momentum");
+  s.hp.momentum_format = MUON_MOMENTUM_BF16;
+  case_vs_cpu(&s, -1);
   drain();
   s = base_setup("1. CPU vs CUDA: Polar Express coefficients");
   muon_set_ns_preset(&s.hp, MUON_NS_POLAR_EXPRESS);
@@ -1277,17 +1291,21 @@ static void case_alloc(void) {
    bf16 mirrors rounded stochastically, which depend on the restored step count, momentum,
    state). The same blob loads into a CPU optimizer of the same shapes: its momentum (host
    memory) has the CUDA momentum's bits, and it saves back the identical blob; so does a CUDA
-   optimizer that takes it through muon_state_reshard.
+   optimizer that takes it through muon_state_reshard. Run again with bf16 momentum
+   (muon_hparams.momentum_format): the device's bf16 buffers widen into the blob and narrow back.
    ============================================================================================= */
-static void case_state(void) {
+static void case_state(muon_momentum_format fmt) {
   trainer a, b, c;
   setup s = base_setup("");
+  int bf = fmt == MUON_MOMENTUM_BF16;
   snap at3, sa, sb;
   unsigned char *blob, *blob2;
   size_t n;
   int step, i, k;
   muon_status st;
-  TEST_CASE("8. state: save after 3 CUDA steps, load, 2 more = 5 uninterrupted; loads on the CPU");
+  TEST_CASE(bf ? "8b. state with bf16 momentum: the same on CUDA, the CPU and a reshard"
+               : "8. state: save after 3 CUDA steps, load, 2 more = 5 uninterrupted; loads on the CPU");
+  s.hp.momentum_format = fmt;
   s.mirror = 1;
   s.rounding = MUON_ROUND_STOCHASTIC;
   s.seed = 77;
@@ -1319,13 +1337,22 @@ static void case_state(void) {
     CHECK(st == MUON_OK, "muon_state_load (cpu): %s", muon_error(c.opt));
     for (i = 0; i < M_MID.nm; i++)
       for (k = 0; k < (int)slices(&M_MID.m[i]); k++) {
-        const float *buf = NULL;
+        const void *buf = NULL;
         size_t size = 0, rc = mat_n(&M_MID.m[i]);
-        if (muon_get_momentum(c.opt, c.index[i] + k, &buf, &size) != MUON_OK || size != rc) {
+        muon_momentum_format f;
+        if (muon_get_momentum_stored(c.opt, c.index[i] + k, &buf, &size, &f) != MUON_OK || size != rc || f != fmt) {
           CHECK(0, "cpu muon_get_momentum(%d)", c.index[i] + k);
           continue;
         }
-        CHECK(memcmp(buf, at3.mom[i] + (size_t)k * rc, rc * 4) == 0, "matrix %d slice %d: CPU momentum after load differs", i, k);
+        if (bf) {   /* the CPU's bf16 buffer against the CUDA momentum widened by snap_take */
+          size_t e, bad = 0;
+          for (e = 0; e < rc; e++) {
+            uint32_t u = (uint32_t)((const uint16_t *)buf)[e] << 16;
+            bad += memcmp(&u, at3.mom[i] + (size_t)k * rc + e, 4) != 0;
+          }
+          CHECK(bad == 0, "matrix %d slice %d: CPU bf16 momentum after load differs (%zu)", i, k, bad);
+        } else
+          CHECK(memcmp(buf, at3.mom[i] + (size_t)k * rc, rc * 4) == 0, "matrix %d slice %d: CPU momentum after load differs", i, k);
       }
     blob2 = (unsigned char *)xmalloc(n);
     CHECK(muon_state_size(c.opt) == n, "CPU state size %zu, CUDA %zu", muon_state_size(c.opt), n);
@@ -1603,7 +1630,8 @@ int main(void) {
   skip("6. all-or-nothing under injected cuBLAS and kernel faults");
   skip("7. cudaMalloc failing at each site");
 #endif
-  case_state();
+  case_state(MUON_MOMENTUM_FP32);
+  case_state(MUON_MOMENTUM_BF16);
   drain();
   case_formats_nearest();
   drain();

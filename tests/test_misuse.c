@@ -1463,12 +1463,12 @@ static void reseal(unsigned char *b, size_t n) {
 }
 
 /* Offsets in the version-1 blob of `model` on one device (see the state format in muon.h):
-   header 48, group counts 8, the Muon group's record (u32 length, then 4 * (15 + 3 * 5)), the
+   header 48, group counts 8, the Muon group's record (u32 length, then 4 * (16 + 3 * 5)), the
    AdamW group's (u32 length, then 24); matrix w1:
    rows, cols, u64 size, u64 name hash, 60 floats of momentum, the layout record (12 + 32 * 8),
    u32 NorMuon length; then w2 (96 floats); then AdamW b: u64 size, step, name hash, full size,
    offset, 8 + 8 floats of moments; the u64 checksum. */
-enum { B_GROUP = 56, B_AGROUP = B_GROUP + 4 + 120, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
+enum { B_GROUP = 56, B_AGROUP = B_GROUP + 4 + 124, B_MAT = B_AGROUP + 4 + 24, B_MOM = B_MAT + 24, B_LAYOUT = B_MOM + 240,
        B_W2 = B_LAYOUT + 268 + 4, B_AW = B_W2 + 24 + 384 + 268 + 4, B_SIZE = B_AW + 40 + 64 + 8 };
 
 /* A copy of blob with up to three u32 fields replaced (at < 0: none), resealed. */

@@ -10,7 +10,8 @@
    K1 steps, bit for bit, and K2 more steps must then equal the single device's run bit for bit.
    Every rank runs that single device in-process on the full tensors. Bad file sets (a missing
    rank, a rank twice, files of two checkpoints, a missing file, a model with a matrix the
-   checkpoint lacks) must fail with MUON_ERR_STATE and change nothing.
+   checkpoint lacks) must fail with MUON_ERR_STATE and change nothing. --momentum bf16 keeps
+   every momentum (the reference's too) as bf16.
 
    Layouts: single (no dist config; 1 rank), fsdp, fsdp_flat, tp, ddp, tp_fsdp (P/2 x 2),
    hsdp (2 x P/2). The AdamW param "emb" is sharded ZeRO-style (offset / full_size) over the
@@ -37,6 +38,7 @@ static const ex_spec specs[N_SPECS] = {
 #define N_SLICES 6   /* qkv, fc, blocks.w[0..2], head */
 static muon_normuon normuon;   /* --normuon rows|larger: NorMuon, whose second moments follow their
                                   matrices to the new owners */
+static muon_momentum_format mom_fmt;   /* --momentum bf16: stored bf16, the reference's too */
 
 typedef struct model {
   /* the single device */
@@ -136,6 +138,7 @@ static void make_reference(model *m) {
   char name[48];
   d.hparams.lr = 0.02f;
   d.hparams.normuon = normuon;
+  d.hparams.momentum_format = mom_fmt;
   if (muon_create(&m->ref, &d) != MUON_OK) exit(1);
   for (s = 0; s < N_SLICES; s++) {
     const ex_spec *sp = slice_spec(s);
@@ -173,6 +176,7 @@ static muon_optimizer *make_dist(ex_world *w, model *m, setup *su, int extra) {
   static float xw[64], xg[64];
   d.hparams.lr = 0.02f;
   d.hparams.normuon = normuon;
+  d.hparams.momentum_format = mom_fmt;
   if (su->dist) { d.comm = &w->world; d.dist = &su->cfg; }
   if (muon_create(&opt, &d) != MUON_OK) { printf("muon_create: %s\n", muon_error(NULL)); exit(1); }
   for (i = 0; i < N_SPECS; i++) {
@@ -243,13 +247,20 @@ static long long momentum_differs(const model *m, int zero) {
   int s;
   size_t e;
   for (s = 0; s < N_SLICES; s++) {
-    const float *mine = NULL, *full = NULL;
+    const void *rm = NULL, *rf = NULL;
+    const float *mine, *full;
     size_t n, nf;
-    if (muon_get_momentum(m->opt, s, &mine, &n) != MUON_OK || n != m->n[s]) return -1;
-    if (muon_get_momentum(m->ref, s, &full, &nf) != MUON_OK) return -1;
+    muon_momentum_format fm, ff;
+    if (muon_get_momentum_stored(m->opt, s, &rm, &n, &fm) != MUON_OK || n != m->n[s] || fm != mom_fmt) return -1;
+    if (muon_get_momentum_stored(m->ref, s, &rf, &nf, &ff) != MUON_OK || ff != mom_fmt) return -1;
+    mine = (const float *)rm;
+    full = (const float *)rf;
     for (e = 0; e < n; e++) {
       float want = zero ? 0.0f : full[m->idx[s][e]];
-      bad += memcmp(&mine[e], &want, sizeof want) != 0;
+      if (mom_fmt == MUON_MOMENTUM_BF16)   /* both buffers hold bf16 */
+        bad += ((const uint16_t *)(const void *)mine)[e] !=
+               (zero ? 0 : ((const uint16_t *)(const void *)full)[m->idx[s][e]]);
+      else bad += memcmp(&mine[e], &want, sizeof want) != 0;
     }
   }
   return bad;
@@ -297,6 +308,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--save") && i + 1 < argc) save = argv[++i];
     else if (!strcmp(argv[i], "--load") && i + 1 < argc) load = argv[++i];
     else if (!strcmp(argv[i], "--from") && i + 1 < argc) from = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--momentum") && i + 1 < argc) { i++; mom_fmt = !strcmp(argv[i], "bf16") ? MUON_MOMENTUM_BF16 : MUON_MOMENTUM_FP32; }
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
   }
   if (!layout || !!save == !!load || (load && from < 1)) {

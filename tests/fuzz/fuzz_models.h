@@ -256,13 +256,15 @@ static FZ_MODELS_UNUSED int fz_blob_read(const unsigned char *b, size_t n, fz_bl
   if (out->version != 1 || out->n_matrices > FZ_MAX_TENSORS || out->n_adamw > FZ_MAX_TENSORS || out->n_groups > 64 || out->n_adamw_groups > 64) return 0;
   out->groups = b + at;
   out->groups_canonical = 1;
-  for (i = 0; i < out->n_groups; i++) {   /* u32 length, 15 u32 fields + ns_steps triples; ns_steps is the 7th */
+  for (i = 0; i < out->n_groups; i++) {   /* u32 length, 16 u32 fields + ns_steps triples; ns_steps is the 7th */
     uint32_t len, k;
     if (end - at < 32) return 0;
     len = fz_get32(b + at);
     k = fz_get32(b + at + 4 + 24);
     if (k < 1 || k > 16 || len > end - at - 4 || len < 4 * (7 + 3 * (size_t)k)) return 0;
-    if (len != 4 * (15 + 3 * (size_t)k)) out->groups_canonical = 0;
+    /* the last field, momentum_format, stays the loader's (FP32 in these models): another value
+       in the blob is converted, not kept */
+    if (len != 4 * (16 + 3 * (size_t)k) || fz_get32(b + at + len) != 0) out->groups_canonical = 0;
     at += 4 + (size_t)len;
   }
   for (i = 0; i < out->n_adamw_groups; i++) {
