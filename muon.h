@@ -111,7 +111,8 @@
        >>comm       communicator vtable      >>impl-pieces    layouts -> pieces
        >>compute    compute vtable           >>impl-configs   muon_auto_config, layout_config
        >>cpu        the CPU backend's desc   >>impl-create    create, groups, registration
-       >>layouts    levels, muon_layout      >>impl-compute-wrappers, >>impl-serial,
+       >>layouts    levels, muon_layout      >>impl-compute-wrappers, >>impl-state-memory
+                                               (host or device state), >>impl-serial,
        >>dist       muon_dist_config         >>impl-settings (what ranks share), >>impl-comm-wrappers
        >>optimizer  desc, matrices, step     >>impl-plan (-owners, -rounds, -build, -run),
        >>state      save, load, reshard        >>impl-normuon, >>impl-partial, >>impl-plan-text
@@ -775,6 +776,14 @@ typedef struct muon_desc {
                                       (muon_cpu_default_desc). Copied; not owned.               */
   muon_rounding rounding;          /* bf16 parameters and mirrors: nearest even or stochastic   */
   unsigned long long seed;         /* stochastic rounding's seed                                */
+  /* 1: the optimizer state (momentum, AdamW's m and v) lives in host memory from the compute
+     backend's alloc_host (CUDA: pinned), moved to the device around each slot that reads or
+     writes it, on the compute queue, through the commit check's scratch (no allocation in a
+     step; the host waits nowhere new). Same bits as device-resident state; costs PCIe traffic
+     (docs/gpu.md). NorMuon's second moments (one float per row or column) stay on the device.
+     A trainer's muon_matrix.momentum must then be host memory. With a host backend (CPU) the
+     state is in host memory anyway: no effect. 0: backend memory. Not a setting ranks share. */
+  int state_on_host;
 } muon_desc;
 
 MUON_API muon_desc muon_default_desc(void);
@@ -948,9 +957,11 @@ typedef struct muon_stats {
 MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats);
 
 /* Read-only view of a matrix's momentum buffer (its local floats), in the compute backend's
-   memory: a GPU pointer with muon_cuda.h. A Partial matrix's: rows x cols on its owner (once
-   planned), NULL and 0 elsewhere. Only for momentum_format FP32: another format is MUON_ERR_ARG
-   (NULL and 0), never a buffer read as floats it does not hold; use muon_get_momentum_stored.
+   memory: a GPU pointer with muon_cuda.h; with muon_desc.state_on_host a host pointer, whose
+   values are current once the compute queue has finished the step (muon_state_save waits for
+   it; a trainer syncs its stream). A Partial matrix's: rows x cols on its owner (once planned),
+   NULL and 0 elsewhere. Only for momentum_format FP32: another format is MUON_ERR_ARG (NULL and
+   0), never a buffer read as floats it does not hold; use muon_get_momentum_stored.
    muon_gather_matrix and the state blob give fp32 values for every format. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
 /* The momentum buffer as stored, whatever its group's format: *size values of *format
@@ -1768,6 +1779,7 @@ struct muon_optimizer {
   int n_adamw;
   muon_compute compute;
   int device;           /* the compute backend's memory is not the host's */
+  int state_host;       /* device, and the state in host memory (muon_desc.state_on_host) */
   int comm_queued;      /* a queued communicator's exchange has not been finished (vt->finish) */
   uint64_t run;         /* this run's identity: rank 0's proposal, agreed by the first step and
                            saved in every blob (0: none yet, and always in a world of one, where
@@ -2161,6 +2173,9 @@ static unsigned long long muon__ns_hash(const muon_hparams *hp);
 static size_t muon__agree_bytes(int P);
 static void *muon__compute_alloc(muon_optimizer *opt, size_t bytes);
 static void muon__compute_free(muon_optimizer *opt, void *ptr);
+static void *muon__state_alloc(muon_optimizer *opt, size_t bytes);
+static void muon__state_free(muon_optimizer *opt, void *ptr);
+static muon_status muon__state_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
 static muon_status muon__compute_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op);
 
 /* >>impl-configs ------------------------------------------------------------------------------
@@ -2310,6 +2325,9 @@ static muon_status muon__check_desc(const muon_desc *desc, char *msg, size_t siz
                      "host backend: set desc.compute to the device's backend (muon_cuda_create)");
   if ((unsigned)desc->rounding > (unsigned)MUON_ROUND_STOCHASTIC)
     return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_desc.rounding is not a muon_rounding");
+  if ((unsigned)desc->state_on_host > 1u)
+    return muon__why(msg, size, MUON_ERR_ARG, "MUON_ERR_ARG: muon_desc.state_on_host must be 0 or 1 (got %d)",
+                     desc->state_on_host);
   if (d && !d->gather != !d->redistribute)
     return muon__why(msg, size, MUON_ERR_ARG,
                      "MUON_ERR_ARG: muon_dist_config: set both gather and redistribute, or neither");
@@ -2335,6 +2353,7 @@ static muon_status muon__init(muon_optimizer *opt, const muon_desc *desc, char *
     opt->compute.ctx = &opt->cpu;
   }
   opt->device = opt->compute.vt->memory == MUON_MEMORY_DEVICE;
+  opt->state_host = opt->device && desc->state_on_host;
   opt->grad_scale = 1.0f;
   opt->rounding = desc->rounding;
   opt->seed = desc->seed;
@@ -2391,13 +2410,13 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
   muon__comm_thread_stop(opt);
   muon__plan_free(opt);
   for (i = 0; i < opt->n_matrices; i++) {
-    if (opt->matrices[i].own_momentum) muon__compute_free(opt, opt->matrices[i].momentum);
+    if (opt->matrices[i].own_momentum) muon__state_free(opt, opt->matrices[i].momentum);
     muon__compute_free(opt, opt->matrices[i].normuon);
     muon__compute_free(opt, opt->matrices[i].normuon_next);
   }
   for (i = 0; i < opt->n_adamw; i++) {
-    muon__compute_free(opt, opt->adamw[i].exp_avg);
-    muon__compute_free(opt, opt->adamw[i].exp_avg_sq);
+    muon__state_free(opt, opt->adamw[i].exp_avg);
+    muon__state_free(opt, opt->adamw[i].exp_avg_sq);
   }
   muon__compute_free(opt, opt->verdicts);
   muon__free(&a, opt->host_verdicts);
@@ -2655,11 +2674,11 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
   for (i = 0; grown && i < count; i++) {
     if (r->parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
     moms[i] = m->momentum ? m->momentum + (size_t)i * r->mom_stride
-                          : (float *)muon__compute_alloc(opt, muon__mom_bytes(&fmt, r->size));
+                          : (float *)muon__state_alloc(opt, muon__mom_bytes(&fmt, r->size));
     if (!moms[i]) break;
   }
   if (!grown || i < count) {
-    while (grown && !m->momentum && i-- > 0) muon__compute_free(opt, moms[i]);
+    while (grown && !m->momentum && i-- > 0) muon__state_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return muon__fail(opt, MUON_ERR_NOMEM,
@@ -2667,9 +2686,9 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
                       m->cols, first, name);
   }
   for (i = 0; i < count && r->parts == 1 && st == MUON_OK; i++)
-    st = muon__compute_zero(opt, moms[i], muon__mom_bytes(&fmt, r->size), "muon_add_matrix: zeroing the momentum");
+    st = muon__state_zero(opt, moms[i], muon__mom_bytes(&fmt, r->size), "muon_add_matrix: zeroing the momentum");
   if (st != MUON_OK) {
-    for (i = 0; !m->momentum && i < count; i++) muon__compute_free(opt, moms[i]);
+    for (i = 0; !m->momentum && i < count; i++) muon__state_free(opt, moms[i]);
     muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return st;
@@ -2863,8 +2882,8 @@ static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_par
     return st;
   for (k = 0; k < 2 * count; k++) {
     size_t n = r[k / 2].hi - r[k / 2].lo;
-    if (!(m[k] = (float *)muon__compute_alloc(opt, n * sizeof(float)))) break;
-    st = muon__compute_zero(opt, m[k], n * sizeof(float), "muon_add_adamw_param: zeroing the moments");
+    if (!(m[k] = (float *)muon__state_alloc(opt, n * sizeof(float)))) break;
+    st = muon__state_zero(opt, m[k], n * sizeof(float), "muon_add_adamw_param: zeroing the moments");
     if (st != MUON_OK) {
       k++;
       break;
@@ -2874,7 +2893,7 @@ static muon_status muon__adamw_reserve(muon_optimizer *opt, const muon_adamw_par
               ? (muon__adamw *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof *grown)
               : NULL;
   if (!grown) {
-    for (l = 0; l < k; l++) muon__compute_free(opt, m[l]);
+    for (l = 0; l < k; l++) muon__state_free(opt, m[l]);
     if (st != MUON_OK) return st;
     return muon__fail(opt, MUON_ERR_NOMEM,
                       "muon_add_adamw_param: allocating moments of %d x %zu floats failed (param %d, '%s')", count,
@@ -3106,6 +3125,105 @@ static muon_status muon__sync(muon_optimizer *opt, const char *op) {
   muon_status st;
   if ((st = muon__comm_finish(opt, op)) != MUON_OK) return st;
   return muon__compute_sync(opt, op);
+}
+
+/* ---- >>impl-state-memory Where the state lives: every byte of it moves through here ---------
+   The state (each matrix's momentum, each AdamW param's m and v) is backend memory, or with
+   muon_desc.state_on_host on a device backend host memory from alloc_host (opt->state_host).
+   Host state is never handed to a slot: each slot that reads or writes it gets a copy in the
+   commit check's scratch (check_ws, planned: nothing is allocated in a step), chunk by chunk,
+   queued on the compute queue like the slot, and what it wrote is copied back the same way, so
+   the host waits nowhere new. The same slots see the same values: the same bits as device
+   state. Before the commit only copies leave the state (a failed step changes none of it). */
+static void *muon__state_alloc(muon_optimizer *opt, size_t bytes) {
+  return opt->state_host ? muon__compute_alloc_host(opt, bytes) : muon__compute_alloc(opt, bytes);
+}
+static void muon__state_free(muon_optimizer *opt, void *ptr) {
+  if (opt->state_host) muon__compute_free_host(opt, ptr);
+  else muon__compute_free(opt, ptr);
+}
+/* Fresh state only: nothing queued can use it yet. */
+static muon_status muon__state_zero(muon_optimizer *opt, void *ptr, size_t bytes, const char *op) {
+  if (!opt->state_host) return muon__compute_zero(opt, ptr, bytes, op);
+  if (bytes) memset(ptr, 0, bytes);
+  return MUON_OK;
+}
+/* n floats between state and backend memory; into: dst is the state. */
+static muon_status muon__state_copy(muon_optimizer *opt, float *dst, const float *src, size_t n, int into,
+                                    const char *op) {
+  if (!n) return MUON_OK;
+  return muon__compute_copy(opt, dst, src, n * sizeof(float), opt->state_host && into, opt->state_host && !into, op);
+}
+/* Before the host reads or writes host state itself (save, load, reshard, dumps): the queue
+   may still be copying it (the commit runs asynchronously). */
+static muon_status muon__state_settle(muon_optimizer *opt, const char *op) {
+  return opt->state_host ? muon__sync(opt, op) : MUON_OK;
+}
+
+/* Momentum values [at, at + c) of x as fp32 in backend memory F, whatever its format and place:
+   bf16 widened by `cast` (through H, c bf16 of backend memory, when on the host), so every
+   backend gives the same bits. */
+static muon_status muon__state_widen(muon_optimizer *opt, const muon__matrix *x, size_t at, size_t c, float *F,
+                                     uint16_t *H, const char *op) {
+  const void *src = muon__mom_at(x, at);
+  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__state_copy(opt, F, (const float *)src, c, 0, op);
+  if (opt->state_host) {
+    MUON__TRY(muon__compute_copy(opt, H, src, c * sizeof(uint16_t), 0, 1, op));
+    src = H;
+  }
+  return muon__compute_cast(opt, F, MUON_DTYPE_FP32, src, MUON_DTYPE_BF16, c, op);
+}
+/* The reverse: F's c values become x's momentum [at, at + c), bf16 by nearest even. */
+static muon_status muon__state_narrow(muon_optimizer *opt, const muon__matrix *x, size_t at, size_t c, const float *F,
+                                      uint16_t *H, const char *op) {
+  void *dst = muon__mom_at(x, at);
+  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__state_copy(opt, (float *)dst, F, c, 1, op);
+  if (!opt->state_host) return muon__compute_cast(opt, dst, MUON_DTYPE_BF16, F, MUON_DTYPE_FP32, c, op);
+  MUON__TRY(muon__compute_cast(opt, H, MUON_DTYPE_BF16, F, MUON_DTYPE_FP32, c, op));
+  return muon__compute_copy(opt, dst, H, c * sizeof(uint16_t), 1, 0, op);
+}
+
+/* The momentum slot on x's momentum, n values from element `at` (a piece's, or a Partial
+   matrix's whole one). FP32 in backend memory: the slot in place. Otherwise never on a value in
+   use: each chunk widened into fp32 scratch (the commit check's, free until the check), stepped
+   there, U taken from that fp32 value, and with `update` the new momentum narrowed back.
+   Element-wise, so chunks give the same bits. */
+static muon_status muon__state_momentum(muon_optimizer *opt, const muon__matrix *x, size_t at, size_t n,
+                                        const void *grad, const muon_momentum_args *a, int update, float *u,
+                                        const char *op) {
+  const size_t C = opt->plan.check_chunk, gs = muon__dtype_size(a->grad_dtype);
+  float *F = (float *)opt->plan.check_ws;
+  uint16_t *H = (uint16_t *)(void *)(F + 3 * C);
+  size_t lo, c;
+  if (x->mfmt == MUON_MOMENTUM_FP32 && !opt->state_host)
+    return muon__compute_momentum(opt, n, x->momentum + at, grad, a, update, u, op);
+  for (lo = 0; lo < n; lo += C) {
+    c = MUON__MIN(C, n - lo);
+    MUON__TRY(muon__state_widen(opt, x, at + lo, c, F, H, op));
+    MUON__TRY(muon__compute_momentum(opt, c, F, (const char *)grad + lo * gs, a, update, u ? u + lo : NULL, op));
+    if (update) MUON__TRY(muon__state_narrow(opt, x, at + lo, c, F, H, op));
+  }
+  return MUON_OK;
+}
+
+/* The AdamW slot on a param's moments, likewise (a chunk's random bits: offset + lo). */
+static muon_status muon__state_adamw(muon_optimizer *opt, size_t n, void *param, const void *grad, float *m,
+                                     float *v, const muon_adamw_args *a, const char *op) {
+  float *S = (float *)opt->plan.check_ws;
+  size_t C = opt->plan.check_chunk, lo, c, ep = muon__dtype_size(a->param_dtype), eg = muon__dtype_size(a->grad_dtype);
+  muon_adamw_args b = *a;
+  if (!opt->state_host) return muon__compute_adamw(opt, n, param, grad, m, v, a, op);
+  for (lo = 0; lo < n; lo += C) {
+    c = MUON__MIN(C, n - lo);
+    b.offset = a->offset + lo;
+    b.mirror = a->mirror ? (void *)((uint16_t *)a->mirror + lo) : NULL;
+    MUON__TRY(muon__state_copy(opt, S, m + lo, c, 0, op));
+    MUON__TRY(muon__state_copy(opt, S + C, v + lo, c, 0, op));
+    MUON__TRY(muon__compute_adamw(opt, c, (char *)param + lo * ep, (const char *)grad + lo * eg, S, S + C, &b, op));
+    MUON__TRY(muon__state_copy(opt, m + lo, S, c, 1, op));
+    MUON__TRY(muon__state_copy(opt, v + lo, S + C, c, 1, op));
+  }
+  return MUON_OK;
 }
 
 /* A whole matrix as a piece of itself: the op that moves it to and from its NS operand. */
@@ -4362,7 +4480,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
 
 /* ---- >>impl-partial Partial matrices: the whole momentum on the owner alone ------------------ */
 static void muon__partial_drop(muon_optimizer *opt, muon__matrix *x) {
-  muon__compute_free(opt, x->momentum);
+  muon__state_free(opt, x->momentum);
   opt->stats.state_bytes -= muon__mom_bytes(x, x->momentum_size);
   x->momentum = NULL;
   x->momentum_size = 0;
@@ -4382,14 +4500,14 @@ static muon_status muon__partial_room(muon_optimizer *opt, muon__matrix *x, cons
   muon_status st;
   char what[160];
   if (x->momentum) return MUON_OK;
-  if (!(x->momentum = (float *)muon__compute_alloc(opt, muon__mom_bytes(x, full))))
+  if (!(x->momentum = (float *)muon__state_alloc(opt, muon__mom_bytes(x, full))))
     return muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating the momentum of Partial matrix '%s' (%d x %d) failed", op,
                       x->name, x->rows, x->cols);
   x->momentum_size = full;
   x->momentum_fresh = 1;
   opt->stats.state_bytes += muon__mom_bytes(x, full);
   snprintf(what, sizeof what, "%s: zeroing a momentum", op);
-  if ((st = muon__compute_zero(opt, x->momentum, muon__mom_bytes(x, full), what)) != MUON_OK)
+  if ((st = muon__state_zero(opt, x->momentum, muon__mom_bytes(x, full), what)) != MUON_OK)
     muon__partial_drop(opt, x);
   return st;
 }
@@ -4928,33 +5046,10 @@ static muon_momentum_args muon__momentum_args(const muon_optimizer *opt, const m
   return a;
 }
 
-/* The momentum slot on x's stored momentum: n values from element `at` of its buffer. FP32 goes
-   to the slot as it is. BF16 never rounds a value still in use: each chunk is widened into fp32
-   scratch (the commit check's first chunk, free until the check), stepped there, U taken from
-   that fp32 value, and with `update` the new momentum narrowed back to nearest even, by `cast`,
-   so every backend gives the same bits. */
-static muon_status muon__momentum_stored(muon_optimizer *opt, const muon__matrix *x, size_t at, size_t n,
-                                         const void *grad, const muon_momentum_args *a, int update, float *u,
-                                         const char *op) {
-  const size_t C = opt->plan.check_chunk, gs = muon__dtype_size(a->grad_dtype);
-  float *ws = (float *)opt->plan.check_ws;
-  size_t lo, c;
-  if (x->mfmt == MUON_MOMENTUM_FP32)
-    return muon__compute_momentum(opt, n, x->momentum + at, grad, a, update, u, op);
-  for (lo = 0; lo < n; lo += C) {
-    void *b = muon__mom_at(x, at + lo);
-    c = MUON__MIN(C, n - lo);
-    MUON__TRY(muon__compute_cast(opt, ws, MUON_DTYPE_FP32, b, MUON_DTYPE_BF16, c, op));
-    MUON__TRY(muon__compute_momentum(opt, c, ws, (const char *)grad + lo * gs, a, update, u ? u + lo : NULL, op));
-    if (update) MUON__TRY(muon__compute_cast(opt, b, MUON_DTYPE_BF16, ws, MUON_DTYPE_FP32, c, op));
-  }
-  return MUON_OK;
-}
-
 /* U of a local piece, computed from a copy of the momentum: the buffer itself is untouched. */
 static muon_status muon__u_piece(muon_optimizer *opt, const muon__matrix *x, float *u) {
   muon_momentum_args a = muon__momentum_args(opt, x);
-  return muon__momentum_stored(opt, x, 0, x->size, x->grad, &a, 0, u, "muon_step: momentum");
+  return muon__state_momentum(opt, x, 0, x->size, x->grad, &a, 0, u, "muon_step: momentum");
 }
 
 /* The op that moves holder piece p of global x between `pieces` + at and x's operand. */
@@ -5875,7 +5970,7 @@ static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x
   if ((st = muon__pack(opt, 1, G, X, 0)) != MUON_OK) return st;
   a.grad_scale *= x->part_scale;
   a.grad_dtype = MUON_DTYPE_FP32;
-  MUON__TRY(muon__momentum_stored(opt, own, 0, full, G, &a, 0, pl->scratch, "muon_step: momentum"));
+  MUON__TRY(muon__state_momentum(opt, own, 0, full, G, &a, 0, pl->scratch, "muon_step: momentum"));
   return muon__pack(opt, 1, pl->scratch, X, 1);
 }
 
@@ -6201,10 +6296,8 @@ static muon_status muon__aw_update(muon_optimizer *opt) {
     es = muon__dtype_size(a->param_dtype);
     MUON__TRY(muon__compute_copy(opt, pl->aw_param + a->roff, (const char *)a->param + a->lo * es, c * es, 0, 0,
                                  "muon_step: AdamW of a Partial param"));
-    MUON__TRY(muon__compute_copy(opt, pl->aw_m + a->roff, a->exp_avg, c * sizeof(float), 0, 0,
-                                 "muon_step: AdamW of a Partial param"));
-    MUON__TRY(muon__compute_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c * sizeof(float), 0, 0,
-                                 "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__state_copy(opt, pl->aw_m + a->roff, a->exp_avg, c, 0, "muon_step: AdamW of a Partial param"));
+    MUON__TRY(muon__state_copy(opt, pl->aw_v + a->roff, a->exp_avg_sq, c, 0, "muon_step: AdamW of a Partial param"));
     args = muon__adamw_args(opt, a);
     args.grad_scale *= a->part_scale;
     args.grad_dtype = MUON_DTYPE_FP32;
@@ -6367,9 +6460,7 @@ static muon_status muon__check_commit(muon_optimizer *opt) {
     }
     for (lo = 0, k = 0; lo < n; lo += C, k++) {
       c = MUON__MIN(C, n - lo);
-      if (x->mfmt == MUON_MOMENTUM_BF16)
-        MUON__TRY(muon__compute_cast(opt, f0, MUON_DTYPE_FP32, muon__mom_at(x, lo), MUON_DTYPE_BF16, c, op));
-      else MUON__TRY(muon__compute_copy(opt, f0, x->momentum + lo, c * sizeof(float), 0, 0, op));
+      MUON__TRY(muon__state_widen(opt, x, lo, c, f0, h0, op));
       MUON__TRY(muon__compute_momentum(opt, c, f0, (const char *)grad + lo * muon__dtype_size(m.grad_dtype), &m, 1,
                                        NULL, op));
       if (x->mfmt == MUON_MOMENTUM_BF16) {   /* as stored: a finite value past bf16's range rounds to Inf */
@@ -6421,8 +6512,8 @@ static muon_status muon__check_commit(muon_optimizer *opt) {
       b.offset += lo;
       b.mirror = a.mirror ? h1 : NULL;
       MUON__TRY(muon__compute_copy(opt, w, (const char *)p->param + lo * es, c * es, 0, 0, op));
-      MUON__TRY(muon__compute_copy(opt, f0, p->exp_avg + lo, c * sizeof(float), 0, 0, op));
-      MUON__TRY(muon__compute_copy(opt, f1, p->exp_avg_sq + lo, c * sizeof(float), 0, 0, op));
+      MUON__TRY(muon__state_copy(opt, f0, p->exp_avg + lo, c, 0, op));
+      MUON__TRY(muon__state_copy(opt, f1, p->exp_avg_sq + lo, c, 0, op));
       MUON__TRY(muon__compute_adamw(opt, c, w, (const char *)p->grad + lo * muon__dtype_size(p->grad_dtype), f0, f1,
                                     &b, op));
       MUON__TRY(muon__compute_nonfinite(opt, f0, MUON_DTYPE_FP32, c, fl + MUON__CHECKS * k, op));
@@ -6447,12 +6538,12 @@ static muon_status muon__commit(muon_optimizer *opt) {
     if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
-      MUON__TRY(muon__momentum_stored(opt, x, 0, x->momentum_size,
+      MUON__TRY(muon__state_momentum(opt, x, 0, x->momentum_size,
                                       opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1, NULL,
                                       "muon_step: momentum (the update may be partly applied)"));
       x->momentum_fresh = 0;
     } else if (x->parts == 1) {
-      MUON__TRY(muon__momentum_stored(opt, x, 0, x->size, x->grad, &m, 1, NULL,
+      MUON__TRY(muon__state_momentum(opt, x, 0, x->size, x->grad, &m, 1, NULL,
                                       "muon_step: momentum (the update may be partly applied)"));
     }
     MUON__TRY(muon__compute_apply(opt, x->size, x->param, opt->plan.stash + x->stash, &a,
@@ -6472,8 +6563,8 @@ static muon_status muon__commit(muon_optimizer *opt) {
       size_t c = p->hi - p->lo;
       const char *op = "muon_step: AdamW of a Partial param (the update may be partly applied)";
       if (c) {
-        MUON__TRY(muon__compute_copy(opt, p->exp_avg, opt->plan.aw_m + p->roff, c * sizeof(float), 0, 0, op));
-        MUON__TRY(muon__compute_copy(opt, p->exp_avg_sq, opt->plan.aw_v + p->roff, c * sizeof(float), 0, 0, op));
+        MUON__TRY(muon__state_copy(opt, p->exp_avg, opt->plan.aw_m + p->roff, c, 1, op));
+        MUON__TRY(muon__state_copy(opt, p->exp_avg_sq, opt->plan.aw_v + p->roff, c, 1, op));
       }
       if (p->param_dtype == MUON_DTYPE_FP32)
         MUON__TRY(muon__compute_copy(opt, p->param, full, p->size * sizeof(float), 0, 0, op));
@@ -6481,8 +6572,8 @@ static muon_status muon__commit(muon_optimizer *opt) {
       if (p->mirror) MUON__TRY(muon__compute_cast(opt, p->mirror, MUON_DTYPE_BF16, full, MUON_DTYPE_FP32, p->size, op));
     } else {
       a = muon__adamw_args(opt, p);
-      MUON__TRY(muon__compute_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a,
-                                    "muon_step: AdamW (the update may be partly applied)"));
+      MUON__TRY(muon__state_adamw(opt, p->size, p->param, p->grad, p->exp_avg, p->exp_avg_sq, &a,
+                                  "muon_step: AdamW (the update may be partly applied)"));
     }
     p->step++;
   }
@@ -6778,9 +6869,12 @@ static size_t muon__largest_state(const muon_optimizer *opt) {
   return n;
 }
 
-static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const float *x, size_t n, float *tmp) {
+/* state: x is optimizer state (host memory when opt->state_host), else NorMuon's v. */
+static muon_status muon__put_state(muon_optimizer *opt, unsigned char **p, const float *x, size_t n, float *tmp,
+                                   int state) {
   muon_status st;
-  if (!opt->device) { muon__put_floats(p, x, n); return MUON_OK; }
+  if (state && (st = muon__state_settle(opt, "muon_state_save: reading the state")) != MUON_OK) return st;
+  if (!opt->device || (state && opt->state_host)) { muon__put_floats(p, x, n); return MUON_OK; }
   MUON__TRY(muon__compute_copy(opt, tmp, x, n * sizeof(float), 1, 0, "muon_state_save: reading the state"));
   if ((st = muon__sync(opt, "muon_state_save: reading the state")) != MUON_OK) return st;
   muon__put_floats(p, tmp, n);
@@ -6794,8 +6888,12 @@ static int muon__stored_momentum(const muon_optimizer *opt) {
   return 0;
 }
 
-static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src, float *x, size_t n, float *tmp) {
-  if (!opt->device) { muon__get_floats(&src, x, n); return MUON_OK; }
+static muon_status muon__get_state(muon_optimizer *opt, const unsigned char *src, float *x, size_t n, float *tmp,
+                                   int state) {
+  muon_status st;
+  if (state && (st = muon__state_settle(opt, "muon_state_load: writing the state (partly loaded)")) != MUON_OK)
+    return st;
+  if (!opt->device || (state && opt->state_host)) { muon__get_floats(&src, x, n); return MUON_OK; }
   muon__get_floats(&src, tmp, n);
   MUON__TRY(
       muon__compute_copy(opt, x, tmp, n * sizeof(float), 0, 1, "muon_state_load: writing the state (partly loaded)"));
@@ -6810,7 +6908,9 @@ static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, 
   size_t n = momentum ? x->momentum_size : x->size, k;
   muon_status st;
   if (!n) return MUON_OK;
-  if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
+  if (momentum && opt->state_host) {   /* host memory, once the queue has left it */
+    if ((st = muon__state_settle(opt, op)) != MUON_OK) return st;
+  } else if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
     void *dst = bf16 ? (void *)((uint16_t *)(void *)out + n) : (void *)out;
     MUON__TRY(muon__compute_copy(opt, dst, src, n * (bf16 ? 2 : 4), 1, 0, op));
     if ((st = muon__sync(opt, op)) != MUON_OK) return st;
@@ -6837,7 +6937,11 @@ static muon_status muon__put_momentum(muon_optimizer *opt, muon__matrix *x, floa
       memcpy(h + k, &b, sizeof b);
     }
   if (!n) return MUON_OK;
-  if (!opt->device) { memcpy(x->momentum, vals, n * es); return MUON_OK; }
+  if (!opt->device || opt->state_host) {
+    MUON__TRY(muon__state_settle(opt, op));
+    memcpy(x->momentum, vals, n * es);
+    return MUON_OK;
+  }
   return muon__compute_copy(opt, x->momentum, vals, n * es, 0, 1, op);
 }
 
@@ -6880,10 +6984,10 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
           (st = muon__read_piece(opt, x, 1, tmp, "muon_state_save: reading the state")) != MUON_OK)
         break;
       muon__put_floats(&p, tmp, muon__saved_momentum(x));
-    } else if ((st = muon__put_state(opt, &p, x->momentum, muon__saved_momentum(x), tmp)) != MUON_OK) break;
+    } else if ((st = muon__put_state(opt, &p, x->momentum, muon__saved_momentum(x), tmp, 1)) != MUON_OK) break;
     muon__put_layout(&p, &x->layout);
     muon__put32(&p, (uint32_t)muon__saved_normuon_len(x));   /* NorMuon's v: its owner's, else none */
-    if (muon__saved_normuon_len(x)) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp);
+    if (muon__saved_normuon_len(x)) st = muon__put_state(opt, &p, x->normuon, (size_t)x->normuon_len, tmp, 0);
   }
   for (i = 0; i < opt->n_adamw && st == MUON_OK; i++) {
     const muon__adamw *a = &opt->adamw[i];
@@ -6892,8 +6996,8 @@ MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size
     muon__put64(&p, (uint64_t)a->name_hash);
     muon__put64(&p, (uint64_t)a->full_size);
     muon__put64(&p, (uint64_t)a->state_offset);
-    if ((st = muon__put_state(opt, &p, a->exp_avg, a->state_size, tmp)) == MUON_OK)
-      st = muon__put_state(opt, &p, a->exp_avg_sq, a->state_size, tmp);
+    if ((st = muon__put_state(opt, &p, a->exp_avg, a->state_size, tmp, 1)) == MUON_OK)
+      st = muon__put_state(opt, &p, a->exp_avg_sq, a->state_size, tmp, 1);
   }
   muon__free(&opt->allocator, tmp);
   if (st != MUON_OK) return st;
@@ -6940,10 +7044,11 @@ typedef struct muon__saved_matrix {
 static muon_status muon__get_momentum(muon_optimizer *opt, const muon__saved_matrix *m, muon__matrix *x, size_t n,
                                       float *tmp) {
   const unsigned char *src = m->momentum;
-  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__get_state(opt, m->momentum, x->momentum, n, tmp);
+  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__get_state(opt, m->momentum, x->momentum, n, tmp, 1);
   muon__get_floats(&src, tmp, n);
   MUON__TRY(muon__put_momentum(opt, x, tmp, n, "muon_state_load: writing the state (partly loaded)"));
-  return opt->device ? muon__sync(opt, "muon_state_load: writing the state (partly loaded)") : MUON_OK;
+  return opt->device && !opt->state_host ? muon__sync(opt, "muon_state_load: writing the state (partly loaded)")
+                                         : MUON_OK;
 }
 
 typedef struct muon__saved_adamw {
@@ -7199,7 +7304,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       if (pass) {
         if (x->parts == 1 && (st = muon__get_momentum(opt, &m, x, x->size, tmp)) != MUON_OK) goto done;
         if (m.normuon_len)
-          st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp);
+          st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp, 0);
         else muon__normuon_drop(opt, x);
         if (st != MUON_OK) goto done;
         continue;
@@ -7254,8 +7359,8 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       muon__next_saved_adamw(&p, &s);
       if (pass) {
         a->step = (long long)s.step;
-        if ((st = muon__get_state(opt, s.exp_avg, a->exp_avg, a->state_size, tmp)) != MUON_OK ||
-            (st = muon__get_state(opt, s.exp_avg_sq, a->exp_avg_sq, a->state_size, tmp)) != MUON_OK) goto done;
+        if ((st = muon__get_state(opt, s.exp_avg, a->exp_avg, a->state_size, tmp, 1)) != MUON_OK ||
+            (st = muon__get_state(opt, s.exp_avg_sq, a->exp_avg_sq, a->state_size, tmp, 1)) != MUON_OK) goto done;
         continue;
       }
       if (s.step > MUON__STATE_MAX_STEP) {
@@ -7921,10 +8026,13 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
   return MUON_OK;
 }
 
-/* Host floats into backend memory: directly on the host, else a queued copy (sync follows). */
-static muon_status muon__put_tensor(muon_optimizer *opt, float *dst, const float *src, size_t n, const char *op) {
+/* Host floats into state (state) or NorMuon's v: directly on the host, else a queued copy (sync
+   follows). */
+static muon_status muon__put_tensor(muon_optimizer *opt, float *dst, const float *src, size_t n, int state,
+                                    const char *op) {
   if (!n) return MUON_OK;
-  if (!opt->device) { memcpy(dst, src, n * sizeof(float)); return MUON_OK; }
+  if (state) MUON__TRY(muon__state_settle(opt, op));
+  if (!opt->device || (state && opt->state_host)) { memcpy(dst, src, n * sizeof(float)); return MUON_OK; }
   MUON__TRY(muon__compute_copy(opt, dst, src, n * sizeof(float), 0, 1, op));
   return MUON_OK;
 }
@@ -8045,7 +8153,7 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     }
     if (st == MUON_OK && R.normuon[i])
       st = muon__put_tensor(opt, x->normuon_next ? x->normuon_next : x->normuon, R.normuon[i],
-                            (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len),
+                            (size_t)(x->normuon_next ? x->normuon_next_len : x->normuon_len), 0,
                             "muon_state_reshard: writing the state (partly loaded)");
     else if (st == MUON_OK)
       muon__normuon_drop(opt, x);
@@ -8053,9 +8161,9 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
   for (i = 0; i < na && st == MUON_OK; i++) {
     muon__adamw *a = &opt->adamw[i];
     size_t at = R.at[nm + i] - R.at[nm];
-    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->state_size,
+    if ((st = muon__put_tensor(opt, a->exp_avg, R.m1 + at, a->state_size, 1,
                                "muon_state_reshard: writing the state (partly loaded)")) == MUON_OK)
-      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->state_size,
+      st = muon__put_tensor(opt, a->exp_avg_sq, R.m2 + at, a->state_size, 1,
                             "muon_state_reshard: writing the state (partly loaded)");
     a->step = R.adamw_step[i];
   }

@@ -25,6 +25,8 @@
      3. torch.optim.Muon: bench/bench_torch.py times it on the same GPU and prints
         "torch.optim.Muon step: X ms"; give that X as --torch-ms X and the ratio is printed here
         (this program prints "muon step: X ms" in the same format).
+     2b. The same step with the momentum in pinned host memory (muon_desc.state_on_host) beside
+        device-resident momentum, interleaved; device memory each holds (cudaMemGetInfo).
      4. Memory: device bytes the optimizer holds beyond the momentum, as a fraction of the fp32
         parameters, from muon_get_stats and from cudaMemGetInfo around creation and planning.
 
@@ -453,6 +455,75 @@ static size_t free_bytes(void) {
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
+/* An optimizer over md's matrices (params p, gradients shared), state on the host or not. */
+static muon_optimizer *make_opt(const model *md, float *const *p, int state_on_host) {
+  muon_optimizer *opt = NULL;
+  muon_desc desc = muon_default_desc();
+  int s;
+  desc.hparams = md->hp;
+  desc.compute = &G;
+  desc.state_on_host = state_on_host;
+  if (muon_create(&opt, &desc) != MUON_OK) fail("muon_create", "see the logger (none set)", __LINE__);
+  for (s = 0; s < N_STACKS; s++) {
+    const stack *x = &md->st[s];
+    muon_matrix mt = muon_default_matrix();
+    mt.name = x->name;
+    mt.param = p[s];
+    mt.grad = x->grad;
+    mt.rows = x->rows;
+    mt.cols = x->cols;
+    mt.count = md->layers;
+    mt.param_dtype = MUON_DTYPE_FP32;
+    mt.grad_dtype = MUON_DTYPE_BF16;
+    CK_OPT(opt, muon_add_matrix(opt, &mt, NULL));
+  }
+  return opt;
+}
+
+/* 2b. The same step with the momentum in pinned host memory (muon_desc.state_on_host) beside
+   device-resident momentum, interleaved: the cost of moving the state over the bus each step. */
+static void bench_state_host(const model *md, int step_runs) {
+  float *pd[N_STACKS], *ph[N_STACKS];
+  muon_optimizer *od, *oh;
+  double td[MAX_RUNS], th[MAX_RUNS], d_ms, h_ms;
+  muon_stats st;
+  size_t f0, f1, f2;
+  int s, r;
+  for (s = 0; s < N_STACKS; s++) {
+    size_t all = (size_t)md->st[s].rows * md->st[s].cols * md->layers;
+    pd[s] = (float *)dev(all * 4);
+    ph[s] = (float *)dev(all * 4);
+    CK_CUDA(cudaMemcpy(pd[s], md->st[s].p0, all * 4, cudaMemcpyHostToDevice));
+    CK_CUDA(cudaMemcpy(ph[s], md->st[s].p0, all * 4, cudaMemcpyHostToDevice));
+  }
+  f0 = free_bytes();
+  od = make_opt(md, pd, 0);
+  run_muon(od);
+  f1 = free_bytes();
+  oh = make_opt(md, ph, 1);
+  run_muon(oh);
+  f2 = free_bytes();
+  for (r = 0; r < (smoke ? 1 : 3); r++) { run_muon(od); run_muon(oh); }
+  for (r = 0; r < step_runs; r++) {
+    if (r % 2 == 0) { td[r] = host_ms(run_muon, od); th[r] = host_ms(run_muon, oh); }
+    else { th[r] = host_ms(run_muon, oh); td[r] = host_ms(run_muon, od); }
+  }
+  CK_OPT(oh, muon_get_stats(oh, &st));
+  d_ms = median(td, step_runs);
+  h_ms = median(th, step_runs);
+  printf("\n-- 2b. state on the host (muon_desc.state_on_host): the same step, momentum in pinned host memory, "
+         "median of %d interleaved steps --\n", step_runs);
+  printf("  %-44s %9.3f  device memory held %.1f MiB\n", "device-resident momentum", d_ms, mib(f0 - f1));
+  printf("  %-44s %9.3f  device memory held %.1f MiB (%.1f MiB of state on the host)\n", "host-resident momentum",
+         h_ms, mib(f1 - f2), mib(st.state_bytes));
+  printf("  host-resident / device-resident = %.2fx (the momentum crosses the bus 3 times in, once out per step)\n",
+         h_ms / d_ms);
+  printf("state on host step: %.3f ms\n", h_ms);
+  muon_destroy(od);
+  muon_destroy(oh);
+  for (s = 0; s < N_STACKS; s++) { dev_free(pd[s]); dev_free(ph[s]); }
+}
+
 /* Results of 2 and 4 for the summary. */
 static double step_muon_ms = -1, step_base_ms = -1;
 
@@ -616,6 +687,7 @@ static void bench_step(int step_runs, double torch_ms) {
          smoke ? "not judged (smoke)" : verdict(step_base_ms / step_muon_ms >= 2.0));
   printf("muon step: %.3f ms\n", step_muon_ms);
   printf("C baseline step: %.3f ms\n", step_base_ms);
+  bench_state_host(&md, step_runs);
 
   /* 3. torch.optim.Muon */
   printf("\n-- 3. torch.optim.Muon (bench/bench_torch.py, same matrices, same GPU) --\n");

@@ -158,6 +158,15 @@ static void test_bad_desc(void) {
     d.rounding = (muon_rounding)9;
     d.logger.func = capture_log;
     CHECK(muon_create(&opt, &d) == MUON_ERR_ARG && strstr(last_log, "rounding"), "rounding 9: %s", last_log);
+    d = muon_default_desc();
+    d.state_on_host = 2;
+    d.logger.func = capture_log;
+    CHECK(muon_create(&opt, &d) == MUON_ERR_ARG && strstr(last_log, "muon_desc.state_on_host"), "state_on_host 2: %s",
+          last_log);
+    d.state_on_host = 1;   /* the CPU backend's state is host memory already: accepted, no effect */
+    CHECK(muon_create(&opt, &d) == MUON_OK, "state_on_host 1 on the CPU backend: %s", muon_error(opt));
+    muon_destroy(opt);
+    opt = NULL;
     {
       muon_dist_config half = muon_layout_config();
       half.gather = half_gather;

@@ -171,6 +171,7 @@ typedef struct setup {
   unsigned long long seed;
   float grad_scale;           /* 0: leave the default (1) */
   muon_nonfinite on_nonfinite;
+  int state_on_host;          /* muon_desc.state_on_host */
 } setup;
 
 static setup base_setup(const char *title) {
@@ -277,6 +278,7 @@ static int tr_create(trainer *t) {
   d.compute = t->cuda ? &G : NULL;
   d.rounding = t->s.rounding;
   d.seed = t->s.seed;
+  d.state_on_host = t->s.state_on_host;
   st = muon_create(&t->opt, &d);
   CHECK(st == MUON_OK, "muon_create (%s): %s", t->cuda ? "cuda" : "cpu", muon_status_string(st));
   if (st != MUON_OK) return 0;
@@ -435,13 +437,18 @@ static void snap_take(snap *sn, const trainer *t, int with_state) {
       muon_status st = muon_get_momentum_stored(t->opt, t->index[i] + (int)k, &buf, &size, &f);
       int ok = st == MUON_OK && buf && size == mat_n(m);
       CHECK(ok, "muon_get_momentum_stored(%d): %s, size %zu", t->index[i] + (int)k, muon_status_string(st), size);
+      if (ok && t->cuda && t->s.state_on_host)   /* pinned host memory, once the queue is done */
+        CHECK(G.vt->sync(G.ctx) == MUON_OK, "sync before reading host-resident momentum");
       if (ok && f == MUON_MOMENTUM_BF16) {   /* bf16 values: widened here */
         float *dst = sn->mom[i] + k * mat_n(m);
         uint16_t *h = (uint16_t *)xmalloc(size * 2 + 2);
         size_t e;
-        tr_get(t, h, buf, size * 2);
+        if (t->cuda && t->s.state_on_host) memcpy(h, buf, size * 2);
+        else tr_get(t, h, buf, size * 2);
         for (e = 0; e < size; e++) { uint32_t u = (uint32_t)h[e] << 16; memcpy(&dst[e], &u, 4); }
         free(h);
+      } else if (ok && t->cuda && t->s.state_on_host) {
+        memcpy(sn->mom[i] + k * mat_n(m), buf, size * 4);
       } else if (ok) tr_get(t, sn->mom[i] + k * mat_n(m), buf, size * 4);
       else memset(sn->mom[i] + k * mat_n(m), 0, mat_n(m) * 4);
     }
@@ -1593,6 +1600,215 @@ static void case_host_access(void) {
 }
 #endif
 
+/* =============================================================================================
+   11. State on the host (muon_desc.state_on_host): momentum and AdamW's moments in pinned host
+   memory, staged through device scratch around each slot that reads or writes them. On the
+   stand-in, pinned memory is closed to kernels (muon_standin_pinned_private), so no kernel
+   reads it through UVA: every move is an explicit copy.
+   a) against device-resident state, 5 steps (fp32 with NorMuon, AdamW; bf16 params and grads,
+      stochastic bf16 mirrors; bf16 momentum): params, mirrors, momentum and state blobs bitwise equal; the
+      device holds exactly the state's bytes less; syncs per step unchanged (2).
+   b) checkpoints: a device-resident blob after 3 steps loads into a host-resident optimizer and
+      2 more steps equal 5 uninterrupted device-resident ones; and back (host blob, device
+      optimizer); muon_state_reshard into a host-resident optimizer saves the same blob.
+   c) every cudaMemcpyAsync and every kernel launch of a step failing in turn: a step that
+      fails changes nothing (params, momentum, moments); the commit's own failures say "partly"
+      (or, for launches, surface at the next step) as with device state; the next step then
+      equals an unfaulted optimizer's.
+   ============================================================================================= */
+static void host_vs_device(const setup *s0, const char *title) {
+  trainer d, h;
+  setup s = *s0;
+  snap sd, sh;
+  size_t b0, b1, b2;
+  muon_stats a0, a1, c0, c1;
+  int step;
+  long long pinned0 = muon_standin_calls("cudaMallocHost");
+  b0 = muon_standin_device_bytes();
+  s.state_on_host = 0;
+  if (!tr_init(&d, &M_MID, &s, 1)) return;
+  b1 = muon_standin_device_bytes();
+  s.state_on_host = 1;
+  if (!tr_init(&h, &M_MID, &s, 1)) return;
+  b2 = muon_standin_device_bytes();
+  CHECK(muon_standin_calls("cudaMallocHost") > pinned0, "%s: no pinned allocation for the state", title);
+  for (step = 0; step < STEPS; step++) {
+    a0 = stats_of(d.opt); c0 = stats_of(h.opt);
+    tr_step(&d, step);
+    tr_step(&h, step);
+    a1 = stats_of(d.opt); c1 = stats_of(h.opt);
+    CHECK(a1.syncs - a0.syncs == c1.syncs - c0.syncs, "%s step %d: %lld syncs device-resident, %lld host-resident", title,
+          step, a1.syncs - a0.syncs, c1.syncs - c0.syncs);
+  }
+  CHECK((b1 - b0) - (b2 - b1) == c1.state_bytes, "%s: device bytes %zu (device state) vs %zu (host state), state %zu",
+        title, b1 - b0, b2 - b1, c1.state_bytes);
+  snap_take(&sd, &d, 1);
+  snap_take(&sh, &h, 1);
+  if (snap_same(&sd, &sh, title))
+    printf("  %s: %d steps bitwise equal; %zu state bytes off the device\n", title, STEPS, c1.state_bytes);
+  snap_free(&sd);
+  snap_free(&sh);
+  tr_free(&d);
+  tr_free(&h);
+}
+
+/* Saves a's blob, loads it into a fresh optimizer of `to_host` (the trainer restores params and
+   mirrors), 2 more steps on both: bitwise. */
+static void host_resume(int from_host, int to_host, muon_momentum_format fmt) {
+  trainer a, b;
+  setup s = base_setup("");
+  snap at3, sa, sb;
+  unsigned char *blob;
+  size_t n;
+  int step, i;
+  char what[96];
+  s.mirror = 1;
+  s.rounding = MUON_ROUND_STOCHASTIC;
+  s.seed = 5;
+  s.hp.normuon = MUON_NORMUON_LARGER;
+  s.hp.momentum_format = fmt;
+  s.state_on_host = from_host;
+  if (!tr_init(&a, &M_MID, &s, 1)) return;
+  s.state_on_host = to_host;
+  if (!tr_init(&b, &M_MID, &s, 1)) return;
+  for (step = 0; step < 3; step++) tr_step(&a, step);
+  n = muon_state_size(a.opt);
+  blob = (unsigned char *)xmalloc(n);
+  CHECK(muon_state_save(a.opt, blob, n) == MUON_OK, "muon_state_save: %s", muon_error(a.opt));
+  snap_take(&at3, &a, 0);
+  for (i = 0; i < M_MID.nm; i++) {
+    tr_put(&b, b.param[i], at3.param[i], at3.n[i] * 4);
+    tr_put(&b, b.mirror[i], at3.mirror[i], at3.n[i] * 2);
+  }
+  tr_put(&b, b.aparam, at3.aparam, at3.an * 4);
+  tr_put(&b, b.amirror, at3.amirror, at3.an * 2);
+  CHECK(muon_state_load(b.opt, blob, n) == MUON_OK, "muon_state_load: %s", muon_error(b.opt));
+  for (step = 3; step < STEPS; step++) { tr_step(&a, step); tr_step(&b, step); }
+  snap_take(&sa, &a, 1);
+  snap_take(&sb, &b, 1);
+  snprintf(what, sizeof what, "%s%s blob resumed %s", fmt == MUON_MOMENTUM_BF16 ? "bf16 momentum, " : "",
+           from_host ? "host-resident" : "device-resident", to_host ? "host-resident" : "device-resident");
+  if (snap_same(&sa, &sb, what)) printf("  %s: steps 4-5 bitwise equal\n", what);
+  if (to_host) {   /* resharding the step-3 blob into a host-resident optimizer saves it back unchanged */
+    trainer c;
+    const void *blobs[1];
+    size_t sizes[1];
+    unsigned char *blob2 = (unsigned char *)xmalloc(n);
+    blobs[0] = blob; sizes[0] = n;
+    if (tr_init(&c, &M_MID, &s, 1)) {
+      CHECK(muon_state_reshard(c.opt, blobs, sizes, 1) == MUON_OK, "muon_state_reshard: %s", muon_error(c.opt));
+      CHECK(muon_state_save(c.opt, blob2, n) == MUON_OK && memcmp(blob, blob2, n) == 0,
+            "a host-resident optimizer resharded from a blob saves a different one");
+      tr_free(&c);
+    }
+    free(blob2);
+  }
+  free(blob);
+  snap_free(&at3);
+  snap_free(&sa);
+  snap_free(&sb);
+  tr_free(&a);
+  tr_free(&b);
+}
+
+#ifdef MUON_CUDA_STANDIN
+typedef struct host_tally { int failing, late, passes; } host_tally;
+
+/* Returns 1 when the step did not reach the N-th call. */
+static int host_fault_once(const char *name, int nth, host_tally *t) {
+  trainer a, r;
+  setup s = base_setup("");
+  snap before, after, sa, sr;
+  muon_status st;
+  long long c0, used;
+  int done = 0;
+  char what[96];
+  s.state_on_host = 1;
+  if (!tr_init(&a, &M_SMALL, &s, 1) || !tr_init(&r, &M_SMALL, &s, 1)) return 1;
+  tr_step(&a, 0);
+  tr_step(&r, 0);
+  tr_grads(&a, 1, -1, -1);
+  snap_take(&before, &a, 1);
+  c0 = muon_standin_calls(name);
+  muon_standin_fail(name, nth);
+  st = muon_step(a.opt);
+  used = muon_standin_calls(name) - c0;
+  muon_standin_fail(name, 0);
+  snprintf(what, sizeof what, "host state, %s #%d failing", name, nth);
+  if (used < nth) {
+    done = 1;
+    t->passes++;
+    CHECK(st == MUON_OK, "%s: a step without the fault failed: %s", what, muon_error(a.opt));
+  } else if (st == MUON_OK || strstr(muon_error(a.opt), "partly")) {
+    t->late++;   /* the commit's own: as with device state, reported now or by the next step */
+    if (st == MUON_OK) CHECK(muon_step(a.opt) == MUON_ERR_BACKEND, "%s: the next step did not report it", what);
+  } else {
+    t->failing++;
+    CHECK(st == MUON_ERR_BACKEND, "%s: muon_step returned %s", what, muon_status_string(st));
+    muon_standin_reset_errors();
+    snap_take(&after, &a, 1);
+    snap_same(&before, &after, what);
+    snap_free(&after);
+    st = muon_step(a.opt);
+    CHECK(st == MUON_OK, "%s: the step after: %s", what, muon_error(a.opt));
+    tr_step(&r, 1);
+    snap_take(&sa, &a, 1);
+    snap_take(&sr, &r, 1);
+    snap_same(&sa, &sr, what);
+    snap_free(&sa);
+    snap_free(&sr);
+  }
+  snap_free(&before);
+  tr_free(&a);
+  tr_free(&r);
+  muon_standin_reset_errors();
+  (void)G.vt->sync(G.ctx);
+  return done;
+}
+#endif
+
+static void case_state_on_host(void) {
+  setup s = base_setup("fp32, NorMuon, AdamW");
+  TEST_CASE("11. state on the host: bitwise device-resident, checkpoints both ways, faults change nothing");
+#ifdef MUON_CUDA_STANDIN
+  muon_standin_pinned_private(1);
+#endif
+  s.hp.normuon = MUON_NORMUON_LARGER;
+  host_vs_device(&s, "fp32, NorMuon, AdamW");
+  s = base_setup("");
+  s.param_dtype = MUON_DTYPE_BF16;
+  s.grad_dtype = MUON_DTYPE_BF16;
+  s.mirror = 1;
+  s.rounding = MUON_ROUND_STOCHASTIC;
+  s.seed = 9;
+  s.hp.precision = MUON_PRECISION_BF16;
+  host_vs_device(&s, "bf16 params, grads, NS; stochastic mirrors");
+  s = base_setup("");
+  s.hp.momentum_format = MUON_MOMENTUM_BF16;   /* bf16 bytes staged through the scratch's bf16 half */
+  s.hp.normuon = MUON_NORMUON_ROWS;
+  host_vs_device(&s, "bf16 momentum, NorMuon");
+  host_resume(0, 1, MUON_MOMENTUM_FP32);
+  host_resume(1, 0, MUON_MOMENTUM_FP32);
+  host_resume(0, 1, MUON_MOMENTUM_BF16);
+  host_resume(1, 0, MUON_MOMENTUM_BF16);
+#ifdef MUON_CUDA_STANDIN
+  muon_standin_pinned_private(0);   /* proven above; the fault walk below needs speed, not this */
+  {
+    static const char *const names[] = {"cudaMemcpyAsync", "kernel"};
+    int j, nth;
+    for (j = 0; j < 2; j++) {
+      host_tally t;
+      memset(&t, 0, sizeof t);
+      for (nth = 1; nth < 1000; nth++)
+        if (host_fault_once(names[j], nth, &t)) break;
+      CHECK(t.passes == 1 && t.failing > 0, "%s: %d failing, %d passes", names[j], t.failing, t.passes);
+      printf("  host state, %-15s: %d faulted steps failed with nothing changed, %d in the commit\n", names[j], t.failing,
+             t.late);
+    }
+  }
+#endif
+}
+
 int main(void) {
   muon_cuda_desc cd = muon_cuda_default_desc();
   muon_status st;
@@ -1638,6 +1854,8 @@ int main(void) {
   case_formats_stochastic_mirror();
   drain();
   case_formats_bf16_params();
+  drain();
+  case_state_on_host();
   drain();
 #ifdef MUON_CUDA_STANDIN
   case_host_access();

@@ -135,6 +135,7 @@ typedef struct pinned {
   unsigned long long ticket;
 } pinned;
 static pinned *g_pinned;
+static int g_pin_private;          /* muon_standin_pinned_private: kernels find pinned blocks PROT_NONE */
 
 /* Queued work. */
 enum { OP_COPY, OP_SET, OP_KERNEL, OP_GEMM, OP_NRM2, OP_RECORD, OP_WAIT, OP_EXTERN };
@@ -945,6 +946,15 @@ static void exec_kernel(op *o) {
 #endif
 }
 
+/* muon_standin_pinned_private: every pinned block inaccessible (prot PROT_NONE) while a kernel,
+   GEMM or nrm2 runs, open again after it. */
+static void pinned_protect(int prot) {
+  pinned *b;
+  for (b = g_pinned; b; b = b->next)
+    if (mprotect(b->ptr, (b->size + 4095) & ~(size_t)4095, prot) != 0)
+      fault(cudaErrorUnknown, "mprotect(pinned) failed: %s", strerror(errno));
+}
+
 /* Returns 0 if the op cannot complete yet (it stays queued), else 1. */
 static int exec_op(op *o) {
   switch (o->kind) {
@@ -970,13 +980,18 @@ static int exec_op(op *o) {
     if (o->u.ext.progress(o->u.ext.arg)) return 1;
     snprintf(g_blocked_what, sizeof g_blocked_what, "%s", o->u.ext.what);
     return 0;
-  case OP_COPY: memmove(o->u.copy.dst, o->u.copy.src, o->u.copy.bytes); break;
-  case OP_SET: memset(o->u.set.dst, o->u.set.value, o->u.set.bytes); break;
+  case OP_COPY: memmove(o->u.copy.dst, o->u.copy.src, o->u.copy.bytes); return 1;
+  case OP_SET: memset(o->u.set.dst, o->u.set.value, o->u.set.bytes); return 1;
+  default: break;
+  }
+  if (g_pin_private) pinned_protect(PROT_NONE);
+  switch (o->kind) {
   case OP_KERNEL: exec_kernel(o); break;
   case OP_GEMM: exec_gemm(&o->u.gemm); break;
   case OP_NRM2: *o->u.nrm2.result = nrm2(o->u.nrm2.x, o->u.nrm2.n, o->u.nrm2.incx); break;
   default: break;
   }
+  if (g_pin_private) pinned_protect(PROT_READ | PROT_WRITE);
   return 1;
 }
 
@@ -1191,7 +1206,8 @@ static cudaError_t host_alloc(int id, void **ptr, size_t size, unsigned flags) {
   if (inject(id)) return rt_err(cudaErrorMemoryAllocation);
   if (size == 0) { *ptr = NULL; return cudaSuccess; }
   p = (pinned *)malloc(sizeof *p);
-  if (!p || posix_memalign(&mem, 4096, size) != 0) { free(p); return rt_err(cudaErrorMemoryAllocation); }
+  /* whole pages, so that muon_standin_pinned_private can protect a block and nothing else */
+  if (!p || posix_memalign(&mem, 4096, (size + 4095) & ~(size_t)4095) != 0) { free(p); return rt_err(cudaErrorMemoryAllocation); }
   memset(mem, STANDIN_FILL, size); /* not cleared on a GPU either */
   p->ptr = (unsigned char *)mem;
   p->size = size;
@@ -2105,6 +2121,13 @@ void muon_standin_ahead(int on) {
   lock();
   init_locked();
   g_ahead = on != 0;
+  unlock();
+}
+
+void muon_standin_pinned_private(int on) {
+  lock();
+  init_locked();
+  g_pin_private = on != 0;
   unlock();
 }
 

@@ -69,6 +69,13 @@ size_t muon_standin_device_bytes(void);
    for its producer runs ahead of it and reads stale data. Also MUON_STANDIN_AHEAD=1. */
 void muon_standin_ahead(int on);
 
+/* 1: pinned host memory (cudaMallocHost, cudaHostAlloc) is PROT_NONE while a kernel, GEMM or
+   nrm2 runs, so one that reads or writes it SEGFAULTs; copies and the host use it as usual. A
+   real GPU can reach pinned memory (UVA); this proves that code which promises explicit copies
+   (muon_desc.state_on_host) makes them. Single-threaded tests only: another host thread using
+   a pinned buffer while a kernel runs would fault too. Default 0. */
+void muon_standin_pinned_private(int on);
+
 /* Clears the sticky execution error and the last error (tests only). */
 void muon_standin_reset_errors(void);
 
