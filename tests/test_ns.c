@@ -17,7 +17,8 @@
    - the output holds no NaN/Inf (an all-zero input must give zeros: the eps path).
    MUON_GEMM_AUTO runs muon_newton_schulz itself; the others a CPU backend made with that
    muon_cpu_desc.gemm (its pack and newton_schulz slots, as muon_newton_schulz uses them).
-   Without MUON_USE_CBLAS, MUON_GEMM_CBLAS must be MUON_ERR_ARG. Builds as C99 and C++. */
+   Without MUON_USE_CBLAS, MUON_GEMM_CBLAS must be MUON_ERR_ARG. Gram's restart bits, bitwise
+   against the iteration split where the restart goes. Builds as C99 and C++. */
 #define MUON_IMPLEMENTATION
 #include "../muon.h"
 #include "test.h"
@@ -290,6 +291,44 @@ static void run_case(const char *path) {
   free(c.polar);
 }
 
+/* Gram NS's restart bit k restarts before iteration k: j iterations, then the rest as a fresh Gram
+   iteration from the X they left, are bit for bit one call with ns_restarts = 1 << j (a restart
+   only changes rounding, so no tolerance against numpy can tell where it happens). */
+static void gram_restart_case(int j, int bf16) {
+  enum { M = 6, N = 20 };
+  float X[M * N], Y[M * N];
+  float *ws = (float *)malloc(muon__ns_ws_floats(M, N, 1) * sizeof(float));
+  muon_hparams hp = muon_default_hparams(), h1, h2;
+  muon__gemm_ctx g;
+  int k;
+  size_t i;
+  char title[96];
+  snprintf(title, sizeof title, "ns: Gram restart bit %d is a restart before iteration %d (%s)", j, j,
+           bf16 ? "bf16" : "fp32");
+  TEST_CASE(title);
+  if (!ws) { CHECK(0, "malloc"); return; }
+  muon_set_ns_preset(&hp, MUON_NS_POLAR_EXPRESS);
+  hp.ns_algorithm = MUON_NS_GRAM;
+  hp.ns_steps = 5;
+  hp.precision = bf16 ? MUON_PRECISION_BF16 : MUON_PRECISION_FP32;
+  for (i = 0; i < (size_t)M * N; i++) X[i] = (float)(0.05 * (double)((i * 37u) % 23u) - 0.5) / 9.0f;
+  memcpy(Y, X, sizeof X);
+  memset(&g, 0, sizeof g);
+  g.symmetric = hp.symmetric;
+  g.pack = ws + (size_t)M * N + 5 * (size_t)M * M;
+  g.pack_floats = muon__ns_pack_floats(M, N);
+  g.packs = g.pack + g.pack_floats;
+  hp.ns_restarts = 1u << j;
+  muon__gram_iterations(X, M, N, &hp, ws, &g, bf16);
+  h1 = hp; h1.ns_steps = j; h1.ns_restarts = 0;
+  h2 = hp; h2.ns_steps = hp.ns_steps - j; h2.ns_restarts = 0;
+  for (k = 0; k < h2.ns_steps; k++) memcpy(h2.ns_coefficients[k], hp.ns_coefficients[k + j], sizeof h2.ns_coefficients[k]);
+  muon__gram_iterations(Y, M, N, &h1, ws, &g, bf16);
+  muon__gram_iterations(Y, M, N, &h2, ws, &g, bf16);
+  CHECK(memcmp(X, Y, sizeof X) == 0, "restart bit %d: not bitwise %d iterations then %d fresh ones", j, j, h2.ns_steps);
+  free(ws);
+}
+
 int main(int argc, char **argv) {
   char path[1024], name[256];
   FILE *list;
@@ -315,6 +354,10 @@ int main(int argc, char **argv) {
   fclose(list);
   TEST_CASE("ns: case list is not empty");
   CHECK(ncases > 0, "no cases in %s/ns.list", argv[1]);
+
+  gram_restart_case(1, 0);
+  gram_restart_case(2, 0);
+  gram_restart_case(3, 1);
 
 #ifndef MUON_USE_CBLAS
   TEST_CASE("ns: MUON_GEMM_CBLAS without MUON_USE_CBLAS is MUON_ERR_ARG");
