@@ -4483,9 +4483,32 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   return st;
 }
 
+/* This rank's matrix list as planning sends it: its entries, zero-padded to `max_local`. */
+static void muon__put_entries(const muon_optimizer *opt, muon__entry *pad, int max_local) {
+  int i;
+  memset(pad, 0, (size_t)max_local * sizeof *pad);
+  for (i = 0; i < opt->n_matrices; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    muon__entry *e = &pad[i];
+    if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
+    else snprintf(e->name, sizeof e->name, "#%d", i);
+    e->name_hash = x->name_hash;
+    e->key = x->layout.key;
+    e->rows = x->rows;
+    e->cols = x->cols;
+    e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
+    e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
+    e->hparams = muon__ns_hash(&opt->groups[x->group]);
+    e->normuon_have = x->normuon ? x->normuon_len : 0;
+    e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
+    e->momentum_have = x->parts > 1 && x->momentum && !x->momentum_fresh;
+    { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
+  }
+}
+
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
-  int P, me, r, i, max_local = 0, *count = NULL, moving = 0;
+  int P, me, r, max_local = 0, *count = NULL, moving = 0;
   long long plan_hash;
   muon__entry *all = NULL;
   float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
@@ -4534,24 +4557,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
     }
   /* Round 2: every rank's list, padded to the longest. */
   {
-    memset(pad, 0, (size_t)max_local * sizeof *pad);
-    for (i = 0; i < opt->n_matrices; i++) {
-      const muon__matrix *x = &opt->matrices[i];
-      muon__entry *e = &pad[i];
-      if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
-      else snprintf(e->name, sizeof e->name, "#%d", i);
-      e->name_hash = x->name_hash;
-      e->key = x->layout.key;
-      e->rows = x->rows;
-      e->cols = x->cols;
-      e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
-      e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
-      e->hparams = muon__ns_hash(&opt->groups[x->group]);
-      e->normuon_have = x->normuon ? x->normuon_len : 0;
-      e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
-      e->momentum_have = x->parts > 1 && x->momentum && !x->momentum_fresh;
-      { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
-    }
+    muon__put_entries(opt, pad, max_local);
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
     if (st != MUON_OK) goto done;
   }
