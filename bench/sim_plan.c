@@ -583,6 +583,16 @@ static int check_mode(void) {
   return fail ? 1 : 0;
 }
 
+/* Whether a comma-separated list names (a prefix of) name; NULL lists everything. */
+static int listed(const char *list, const char *name) {
+  while (list && *list) {
+    size_t n = strcspn(list, ",");
+    if (n && !strncmp(name, list, n)) return 1;
+    list += n + (list[n] == ',');
+  }
+  return list == NULL;
+}
+
 int main(int argc, char **argv) {
   int maxW = 16384, minW = 8, i, W, mi, mesh, verbose = 0, fails = 0;
   const char *models = NULL, *meshes = NULL;
@@ -607,9 +617,9 @@ int main(int argc, char **argv) {
          "pp", "dp", "globals", "plan s", "peak MiB", "lists MiB", "B/rk mean", "B/rk max", "formula", "NS GF max",
          "NS mean", "max/mean", "fp32 ms", "bf16 ms");
   for (mi = 0; mi < N_MODELS - 2; mi++) {
-    if (models && !strstr(models, MODELS[mi].name)) continue;
+    if (!listed(models, MODELS[mi].name)) continue;
     for (mesh = 0; mesh < 3; mesh++) {
-      if (meshes && !strstr(meshes, MESH_NAMES[mesh])) continue;
+      if (!listed(meshes, MESH_NAMES[mesh])) continue;
       for (W = minW; W <= maxW; W *= 2) {
         config c;
         result r;
