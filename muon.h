@@ -3462,8 +3462,8 @@ static size_t muon__bound(const long long *v, size_t n, long long x) {   /* v[i]
 
 /* The fast path of the tiling check, for distinct pieces that are whole rectangles (every mesh
    of SHARD levels): they tile the matrix iff they paint each cell of the grid their edges draw
-   exactly once. 1: they do; 0: unknown (not rectangles, a grid too fine, no memory) or not, and
-   the exact check below, row segment by row segment, says which and where. */
+   exactly once. 1: they do; 0: unknown (not rectangles, a grid too fine) or not, and the exact
+   check below, row segment by row segment, says which and where; -1: out of memory. */
 static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const int *first) {
   size_t n = 0, nr, nc, i, k, a, b, c, d, ok = 1;
   long long *rb, *cb;
@@ -3476,7 +3476,7 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
     n++;
   }
   rb = (long long *)muon__alloc(&opt->allocator, (4 * n + 4) * sizeof(long long));
-  if (!rb) return 0;
+  if (!rb) return -1;
   cb = rb + 2 * n + 2;
   rb[0] = cb[0] = 0; rb[1] = g->rows; cb[1] = g->cols;
   for (j = 0, i = 2; j < g->n_holders; j++) {
@@ -3487,10 +3487,13 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
   }
   nr = muon__unique(rb, 2 * n + 2);
   nc = muon__unique(cb, 2 * n + 2);
-  if (rb[0] != 0 || rb[nr - 1] != g->rows || cb[0] != 0 || cb[nc - 1] != g->cols || (nr - 1) * (nc - 1) > 4 * n + 64 ||
-      !(cell = (unsigned char *)muon__alloc(&opt->allocator, (nr - 1) * (nc - 1)))) {
+  if (rb[0] != 0 || rb[nr - 1] != g->rows || cb[0] != 0 || cb[nc - 1] != g->cols || (nr - 1) * (nc - 1) > 4 * n + 64) {
     muon__free(&opt->allocator, rb);
     return 0;
+  }
+  if (!(cell = (unsigned char *)muon__alloc(&opt->allocator, (nr - 1) * (nc - 1)))) {
+    muon__free(&opt->allocator, rb);
+    return -1;
   }
   memset(cell, 0, (nr - 1) * (nc - 1));
   for (j = 0; ok && j < g->n_holders; j++) {
@@ -3513,9 +3516,10 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
   long long next = 0;
   muon__interval *iv;
   muon_status st = MUON_OK;
-  if (first && muon__tiles_by_grid(opt, g, first)) {
+  int fast = first ? muon__tiles_by_grid(opt, g, first) : -1;
+  if (fast) {
     muon__free(&opt->allocator, first);
-    return MUON_OK;
+    return fast > 0 ? MUON_OK : muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
   }
   for (j = 0; first && j < g->n_holders; j++) {
     muon__seg s = muon__segs(&g->holders[j].piece);
