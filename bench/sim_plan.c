@@ -15,8 +15,8 @@
    flops come from the plan (every rank computes the same one) and are checked against the
    communicator's count on the ranks simulated.
 
-   Usage: sim_plan [--max-ranks W] [--min-ranks W] [--models a,b] [--meshes fsdp,hsdp,ep]
-                   [--check] [--reps N]
+   Usage: sim_plan [--max-ranks W] [--min-ranks W] [--models a,b] [--meshes fsdp,hsdp,ep] [-v]
+          sim_plan --text MODEL MESH W RANK   (that rank's muon_plan_text)
    --check: small worlds (8 to 64 ranks), exits non-zero unless the counted bytes equal the
    plan's and the formula's (make test). */
 #define _POSIX_C_SOURCE 200809L
@@ -557,6 +557,42 @@ static int config_make(config *c, const model *m, int mesh, int W) {
   return 0;
 }
 
+/* --text MODEL MESH W RANK: that rank's plan as muon_plan_text writes it (to compare builds). */
+static int text_mode(const char *model_name, const char *mesh_name, int W, int r) {
+  world_lists w;
+  config c;
+  sim_rank *s = (sim_rank *)malloc(sizeof *s);
+  int mi, mesh, rc = 1;
+  char *text;
+  size_t n;
+  for (mi = 0; mi < N_MODELS && strcmp(MODELS[mi].name, model_name); mi++) {}
+  for (mesh = 0; mesh < 3 && strcmp(MESH_NAMES[mesh], mesh_name); mesh++) {}
+  memset(&w, 0, sizeof w);
+  if (!s || mi == N_MODELS || mesh == 3 || r < 0 || r >= W || config_make(&c, &MODELS[mi], mesh, W) || make_lists(&c, &w) ||
+      !sim_open(s, &c, r)) {
+    fprintf(stderr, "sim --text: no such configuration\n");
+    return 2;
+  }
+  s->comm.lists = w.lists;
+  s->comm.list_bytes = w.bytes;
+  s->comm.counts = w.counts;
+  if (muon_plan(s->opt) == MUON_OK) {
+    n = muon_plan_text(s->opt, NULL, 0);
+    text = (char *)malloc(n + 1);
+    if (text) {
+      muon_plan_text(s->opt, text, n + 1);
+      fputs(text, stdout);
+      free(text);
+      rc = 0;
+    }
+  } else fprintf(stderr, "sim --text: %s\n", muon_error(s->opt));
+  sim_close(s);
+  free(s);
+  free(w.lists);
+  free(w.counts);
+  return rc;
+}
+
 static int check_mode(void) {
   /* Small worlds: the counted bytes equal the plan's (simulate_rank), and a pure FSDP world
      whose pieces divide evenly moves exactly the formula's bytes on average. */
@@ -599,6 +635,8 @@ int main(int argc, char **argv) {
   (void)median;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) return check_mode();
+    else if (!strcmp(argv[i], "--text") && i + 4 < argc)
+      return text_mode(argv[i + 1], argv[i + 2], atoi(argv[i + 3]), atoi(argv[i + 4]));
     else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) maxW = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--min-ranks") && i + 1 < argc) minW = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--models") && i + 1 < argc) models = argv[++i];
