@@ -1500,7 +1500,9 @@ typedef struct muon__holder {
   int part;             /* its part of a Partial gradient (0 without PARTIAL levels) */
   int has_momentum;     /* a Partial matrix's momentum is there (its owner stays) */
   size_t at;            /* owner, in a step: where its piece sits in the received buffer */
-  muon_layout layout;   /* as that rank described its piece (for the plan's text) */
+  int n_levels;         /* its layout's levels as that rank described its piece (for the plan's
+                           text), in the global's pool: a world has millions of holders */
+  const muon_level *levels;
 } muon__holder;
 
 typedef struct muon__global {
@@ -1521,6 +1523,7 @@ typedef struct muon__global {
   size_t roff;          /* owner of a Partial matrix: its reduced gradient in the plan's `reduced` */
   muon__holder *holders;
   int *holder_ranks;
+  muon_level *levels;   /* the holders' levels, one after another */
 } muon__global;
 
 /* One exchange of a step (a round's U to the owners, or its O back): its buffers, in backend
@@ -3303,6 +3306,15 @@ static void muon__layout_text(const muon_layout *l, char *out, size_t size) {
   }
 }
 
+/* A holder's layout as text (its levels; the key is the matrix's). */
+static void muon__holder_text(const muon__holder *h, char *out, size_t size) {
+  muon_layout l;
+  memset(&l, 0, sizeof l);
+  l.n_levels = h->n_levels;
+  memcpy(l.levels, h->levels, (size_t)h->n_levels * sizeof(muon_level));
+  muon__layout_text(&l, out, size);
+}
+
 typedef struct muon__entry {     /* one registered matrix on the wire */
   char name[64];                 /* for messages */
   unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
@@ -3322,6 +3334,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   for (g = 0; g < pl->n_globals; g++) {
     muon__free(a, pl->globals[g].holders);
     muon__free(a, pl->globals[g].holder_ranks);
+    muon__free(a, pl->globals[g].levels);
   }
   muon__free(a, pl->globals);
   muon__free(a, pl->round_start);
@@ -3949,17 +3962,23 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
   muon__plan *pl = &opt->plan;
   muon__global *x = &pl->globals[g];
   int me = pl->me, r, i, n = 0, k, prev = -1;
+  size_t n_levels = 0, at = 0;
   unsigned long long hp = 0;
   for (k = from; k < to; k++) {
     const muon__entry *e = &all[(size_t)ri[2 * k] * stride + ri[2 * k + 1]];
-    if (e->piece[5] > e->piece[4]) n++;
+    const unsigned char *q = e->layout;
+    uint32_t levels = muon__get32(&q);
+    if (e->piece[5] > e->piece[4]) { n++; n_levels += MUON__MIN(levels, (uint32_t)MUON_MAX_LEVELS); }
   }
   x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
   x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
-  if (!x->holders || !x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
+  x->levels = (muon_level *)muon__alloc(&opt->allocator, n_levels * sizeof(muon_level) + 1);
+  if (!x->holders || !x->holder_ranks || !x->levels)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
   for (k = from; k < to; k++) {
     const muon__entry *e;
     muon__holder *h = &x->holders[x->n_holders];
+    muon_layout layout;
     float scale;
     int parts;
     r = ri[2 * k];
@@ -3986,8 +4005,13 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
     h->piece.w = e->piece[3];
     h->piece.f0 = e->piece[4];
     h->piece.f1 = e->piece[5];
-    muon__get_layout(e->layout, &h->layout);
-    parts = muon__layout_parts(&h->layout, &h->part, &scale);
+    muon__get_layout(e->layout, &layout);
+    h->n_levels = MUON__MIN(layout.n_levels, MUON_MAX_LEVELS);
+    if (h->n_levels < 0) h->n_levels = 0;
+    memcpy(x->levels + at, layout.levels, (size_t)h->n_levels * sizeof(muon_level));
+    h->levels = x->levels + at;
+    at += (size_t)h->n_levels;
+    parts = muon__layout_parts(&layout, &h->part, &scale);
     if (x->n_holders && (parts != x->parts || scale != x->part_scale))
       return muon__fail(
           opt, MUON_ERR_MISMATCH,
@@ -4879,7 +4903,7 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
     for (j = 0; opt->distributed && j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       char levels[240];
-      muon__layout_text(&h->layout, levels, sizeof levels);
+      muon__holder_text(h, levels, sizeof levels);
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
       muon__say_piece(&t, &h->piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
@@ -8300,7 +8324,7 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
       long long want, got;
       char levels[240];
       if (!muon__misplaced(x, h, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
-      muon__layout_text(&h->layout, levels, sizeof levels);
+      muon__holder_text(h, levels, sizeof levels);
       if (got < 0)
         st = muon__fail(
             opt, MUON_ERR_SHAPE,
