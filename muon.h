@@ -1601,7 +1601,10 @@ typedef struct muon__plan {
   size_t aw_floats, aw_chunks, aw_total;
   int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
   int *host_out;
-  unsigned char *out_skips; /* (size + 1) x globals: which non-finite outputs each rank skips */
+  unsigned char *out_skips; /* (size + 1) x skip_bytes: which non-finite outputs each rank skips,
+                               one bit per matrix it holds (in global order), everyone's then mine */
+  size_t skip_bytes;
+  int *skip_at;         /* size: a cursor per rank while reading out_skips */
   /* The commit, tried first on copies (muon__check_commit): per local item, MUON__CHECKS flags
      per chunk of check_chunk elements (backend memory), set where a state or parameter would
      become non-finite; check_ws: room for one chunk of each buffer the commit writes. */
@@ -3364,6 +3367,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__compute_free(opt, pl->out_flags);
   muon__free(a, pl->host_out);
   muon__free(a, pl->out_skips);
+  muon__free(a, pl->skip_at);
   muon__free(a, pl->adamw_names);
   muon__free(a, pl->adamw_members);
   muon__free(a, pl->aw_order);
@@ -4131,11 +4135,23 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
   pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
   pl->out_flags = (int *)muon__compute_alloc(opt, (size_t)pl->n_globals * sizeof(int));
   pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
-  pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
+  pl->skip_at = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
+  if (pl->skip_at) {   /* the most matrices a rank holds, one bit each: a per-rank list of every matrix
+                          would be ranks x matrices (16,384 x 45,000 experts) */
+    int most = 0, j;
+    memset(pl->skip_at, 0, (size_t)P * sizeof(int));
+    for (g = 0; g < pl->n_globals; g++)
+      for (j = 0; j < pl->globals[g].n_holders; j++) {
+        int *c = &pl->skip_at[pl->globals[g].holders[j].rank];
+        if (++*c > most) most = *c;
+      }
+    pl->skip_bytes = ((size_t)most + 7) / 8;
+    pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * pl->skip_bytes + 1);
+  }
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
   if (!pl->stash || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
       (pl->reduced_floats && (!pl->reduced || !pl->scratch)) ||
-      !pl->out_flags || !pl->host_out || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
+      !pl->out_flags || !pl->host_out || !pl->skip_at || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
                       (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->reduced_floats +
                        pl->scratch_floats) *
@@ -6620,12 +6636,20 @@ static muon_status muon__vote(muon_optimizer *opt) {
   }
   /* Skip them: which ones is known to the ranks that found them, so say it once more, only now. */
   if (agreed && n_bad) {
-    unsigned char *flags = pl->out_skips;
-    for (g = 0; g < pl->n_globals; g++) flags[(size_t)P * pl->n_globals + g] = pl->host_out[g] != 0;
-    st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals,
-                         "muon_step: agreeing on non-finite outputs");
+    unsigned char *flags = pl->out_skips, *mine = flags + (size_t)P * pl->skip_bytes;
+    size_t k = 0;
+    int j;
+    memset(mine, 0, pl->skip_bytes);   /* a bit per matrix held here: only holders find anything */
+    for (g = 0; g < pl->n_globals; g++)
+      if (pl->globals[g].mine >= 0) { if (pl->host_out[g]) mine[k >> 3] |= (unsigned char)(1u << (k & 7)); k++; }
+    st = muon__allgather(opt, mine, flags, pl->skip_bytes, "muon_step: agreeing on non-finite outputs");
+    memset(pl->skip_at, 0, (size_t)P * sizeof(int));
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
-      for (r = 0; r < P; r++) if (flags[(size_t)r * pl->n_globals + g]) pl->globals[g].skip = 1;
+      for (j = 0; j < pl->globals[g].n_holders; j++) {
+        int h = pl->globals[g].holders[j].rank;
+        size_t b = (size_t)pl->skip_at[h]++;
+        if ((flags[(size_t)h * pl->skip_bytes + (b >> 3)] >> (b & 7)) & 1) pl->globals[g].skip = 1;
+      }
     if (st != MUON_OK) return st;
   } else {
     for (g = 0; g < pl->n_globals; g++) if (pl->host_out[g]) pl->globals[g].skip = 1;
