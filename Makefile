@@ -280,7 +280,8 @@ TESTS_unit := \
   "$(BUILD)/test_muoncmp $(BUILD)/muoncmp_test $(BUILD)/muoncmp" \
   "tests/run_fuzz.sh $(BUILD) replay" \
   "CC='$(CC)' OPT='$(OPT)' tests/run_state_grow.sh $(BUILD)" "tests/run_version.sh" \
-  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout"
+  "$(BUILD)/fuzz_state_replay tests/fuzz/corpus/state" "$(BUILD)/fuzz_layout_replay tests/fuzz/corpus/layout" \
+  "$(BUILD)/sim_plan --check"
 NEEDS_unit := $(BUILD)/golden/.done
 
 # Checkpoints across world sizes and layouts: one save, then loads at other sizes and layouts.
@@ -453,12 +454,13 @@ mutate: deps
 # ---- bench ----------------------------------------------------------------------------------
 # Ratios measured side by side in one run: GEMM and Newton-Schulz vs the OpenBLAS ceiling and
 # numpy (single-threaded), then 1 vs P ranks, batched vs per-matrix, zero-redundancy vs Moonlight;
-# last, 4 ranks in network namespaces over 1 Gbit/s and 10 ms RTT (root; else a skipped line).
+# then 4 ranks in network namespaces over 1 Gbit/s and 10 ms RTT (root; else a skipped line); last,
+# the planner on 8 to 16,384 virtual ranks (sim_plan: a few minutes of one core).
 $(BUILD)/%: bench/%.c bench/bench.h muon.h $$(call gloo_deps) | $(BUILD)
 	$(CC) $(CWARN) -O3 -march=native -DMUON_USE_CBLAS $(BLAS_CFLAGS) -I. $< $(if $(call need,GLOO),$(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS) $(BLAS_LIBS),-o $@ $(BLAS_LIBS) -lm)
 
 BENCH_RUN := OPENBLAS_NUM_THREADS=1 $(BUILD)/muonrun --timeout 300
-bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/bench_momentum $(BUILD)/muonrun $(BUILD)/netrelay
+bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD)/bench_momentum $(BUILD)/muonrun $(BUILD)/netrelay $(BUILD)/sim_plan
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_ns
 	OPENBLAS_NUM_THREADS=1 $(PYTHON) bench/bench_numpy.py
 	$(BENCH_RUN) -n 1 $(BUILD)/bench_dist --configs batched
@@ -473,6 +475,7 @@ bench: deps $(BUILD)/bench_ns $(BUILD)/bench_dist $(BUILD)/bench_partial $(BUILD
 	$(BENCH_RUN) -n 4 $(BUILD)/bench_partial --layers 1
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_momentum
 	timeout -k 10 1800 tests/run_netns.sh --bench $(BUILD)
+	$(BUILD)/sim_plan
 
 # ---- install --------------------------------------------------------------------------------
 install: $(BUILD)/muoncmp

@@ -1617,7 +1617,9 @@ typedef struct muon__holder {
   int part;             /* its part of a Partial gradient (0 without PARTIAL levels) */
   int has_momentum;     /* a Partial matrix's momentum is there (its owner stays) */
   size_t at;            /* owner, in a step: where its piece sits in the received buffer */
-  muon_layout layout;   /* as that rank described its piece (for the plan's text) */
+  int n_levels;         /* its layout's levels as that rank described its piece (for the plan's
+                           text), in the global's pool: a world has millions of holders */
+  const muon_level *levels;
 } muon__holder;
 
 typedef struct muon__global {
@@ -1638,6 +1640,7 @@ typedef struct muon__global {
   size_t roff;          /* owner of a Partial matrix: its reduced gradient in the plan's `reduced` */
   muon__holder *holders;
   int *holder_ranks;
+  muon_level *levels;   /* the holders' levels, one after another */
 } muon__global;
 
 /* One exchange of a step (a round's U to the owners, or its O back): its buffers, in backend
@@ -1715,7 +1718,10 @@ typedef struct muon__plan {
   size_t aw_floats, aw_chunks, aw_total;
   int *out_flags;       /* backend memory: per global matrix, its NS output is not finite */
   int *host_out;
-  unsigned char *out_skips; /* (size + 1) x globals: which non-finite outputs each rank skips */
+  unsigned char *out_skips; /* (size + 1) x skip_bytes: which non-finite outputs each rank skips,
+                               one bit per matrix it holds (in global order), everyone's then mine */
+  size_t skip_bytes;
+  int *skip_at;         /* size: a cursor per rank while reading out_skips */
   /* The commit, tried first on copies (muon__check_commit): per local item, MUON__CHECKS flags
      per chunk of check_chunk elements (backend memory), set where a state or parameter would
      become non-finite; check_ws: room for one chunk of each buffer the commit writes. */
@@ -1775,6 +1781,7 @@ struct muon_optimizer {
   int n_adamw_groups;
   muon__matrix *matrices;
   int n_matrices;
+  int matrices_cap;     /* room in matrices: grown by doubling, so registering n is O(n) */
   muon__adamw *adamw;
   int n_adamw;
   muon_compute compute;
@@ -2559,6 +2566,7 @@ static void muon__copy_name(char *dst, size_t size, const char *name) {
 static muon_status muon__reserve_verdicts(muon_optimizer *opt, int n, const char *op) {
   int *dev, *host;
   if (n <= opt->verdicts_cap) return MUON_OK;
+  if (opt->verdicts_cap <= INT_MAX / 2 && n < 2 * opt->verdicts_cap) n = 2 * opt->verdicts_cap;   /* doubling */
   dev = (int *)muon__compute_alloc(opt, (size_t)n * sizeof(int));
   host = dev ? (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int)) : NULL;
   if (!host) {
@@ -2658,6 +2666,13 @@ static muon_status muon__matrix_check(muon_optimizer *opt, const muon_matrix *m,
   return MUON_OK;
 }
 
+/* The matrix array's room for `need` matrices: doubled, so that registering n one at a time (a
+   MoE stage's thousands of experts) copies O(n) entries, not O(n^2). */
+static int muon__matrices_cap(const muon_optimizer *opt, int need) {
+  int cap = opt->matrices_cap > INT_MAX / 2 ? INT_MAX : 2 * opt->matrices_cap;
+  return cap > need ? cap : need;
+}
+
 /* Reserve: the verdicts, the grown matrix array and each slice's momentum (zeroed), so that a
    failure leaves the optimizer as it was. */
 static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *m, const char *name, int first,
@@ -2668,7 +2683,10 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
   muon_status st = MUON_OK;
   if ((st = muon__reserve_verdicts(opt, first + count + opt->n_adamw, "muon_add_matrix")) != MUON_OK) return st;
   moms = (float **)muon__alloc(&opt->allocator, (size_t)count * sizeof(float *));
-  grown = moms ? (muon__matrix *)muon__alloc(&opt->allocator, (size_t)(first + count) * sizeof(muon__matrix)) : NULL;
+  if (!moms) grown = NULL;
+  else if (first + count <= opt->matrices_cap) grown = opt->matrices;
+  else grown = (muon__matrix *)muon__alloc(&opt->allocator, (size_t)muon__matrices_cap(opt, first + count) *
+                                                                 sizeof(muon__matrix));
   muon__matrix fmt;
   fmt.mfmt = opt->groups[m->group].momentum_format;
   for (i = 0; grown && i < count; i++) {
@@ -2679,7 +2697,7 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
   }
   if (!grown || i < count) {
     while (grown && !m->momentum && i-- > 0) muon__state_free(opt, moms[i]);
-    muon__free(&opt->allocator, grown);
+    if (grown != opt->matrices) muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return muon__fail(opt, MUON_ERR_NOMEM,
                       "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows,
@@ -2689,7 +2707,7 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
     st = muon__state_zero(opt, moms[i], muon__mom_bytes(&fmt, r->size), "muon_add_matrix: zeroing the momentum");
   if (st != MUON_OK) {
     for (i = 0; !m->momentum && i < count; i++) muon__state_free(opt, moms[i]);
-    muon__free(&opt->allocator, grown);
+    if (grown != opt->matrices) muon__free(&opt->allocator, grown);
     muon__free(&opt->allocator, moms);
     return st;
   }
@@ -2702,7 +2720,12 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
 static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const char *name, int first,
                                 const muon__new_matrix *r, muon__matrix *grown, float **moms) {
   int i, count = r->count;
-  if (first) memcpy(grown, opt->matrices, (size_t)first * sizeof(muon__matrix));
+  if (grown != opt->matrices) {
+    if (first) memcpy(grown, opt->matrices, (size_t)first * sizeof(muon__matrix));
+    muon__free(&opt->allocator, opt->matrices);
+    opt->matrices_cap = muon__matrices_cap(opt, first + count);
+    opt->matrices = grown;
+  }
   for (i = 0; i < count; i++) {
     muon__matrix *x = &grown[first + i];
     memset(x, 0, sizeof *x);
@@ -2731,8 +2754,6 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
     x->part_scale = r->part_scale;
   }
   muon__free(&opt->allocator, moms);
-  muon__free(&opt->allocator, opt->matrices);
-  opt->matrices = grown;
   opt->n_matrices = first + count;
   opt->plan.ready = 0;
   if (r->parts == 1) opt->stats.state_bytes += (size_t)count * muon__mom_bytes(&grown[first], r->size);
@@ -3534,6 +3555,15 @@ static void muon__layout_text(const muon_layout *l, char *out, size_t size) {
   }
 }
 
+/* A holder's layout as text (its levels; the key is the matrix's). */
+static void muon__holder_text(const muon__holder *h, char *out, size_t size) {
+  muon_layout l;
+  memset(&l, 0, sizeof l);
+  l.n_levels = h->n_levels;
+  memcpy(l.levels, h->levels, (size_t)h->n_levels * sizeof(muon_level));
+  muon__layout_text(&l, out, size);
+}
+
 typedef struct muon__entry {     /* one registered matrix on the wire */
   char name[64];                 /* for messages */
   unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
@@ -3553,6 +3583,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   for (g = 0; g < pl->n_globals; g++) {
     muon__free(a, pl->globals[g].holders);
     muon__free(a, pl->globals[g].holder_ranks);
+    muon__free(a, pl->globals[g].levels);
   }
   muon__free(a, pl->globals);
   muon__free(a, pl->round_start);
@@ -3582,6 +3613,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__compute_free(opt, pl->out_flags);
   muon__free(a, pl->host_out);
   muon__free(a, pl->out_skips);
+  muon__free(a, pl->skip_at);
   muon__free(a, pl->adamw_names);
   muon__free(a, pl->adamw_members);
   muon__free(a, pl->aw_order);
@@ -3641,24 +3673,130 @@ static muon_status muon__gap(muon_optimizer *opt, const muon__global *g, int gi,
       b == (long long)g->rows * g->cols ? ", its tail" : "");
 }
 
+/* first[j]: the lowest index of the holders with holder j's piece (with_part: and its part). By
+   sorting, not by pairs: a matrix has thousands of holders at scale. */
+typedef struct muon__piece_key { muon__piece piece; int part, index; } muon__piece_key;
+static int muon__piece_key_cmp(const void *a, const void *b) {
+  const muon__piece_key *x = (const muon__piece_key *)a, *y = (const muon__piece_key *)b;
+  const long long *p = &x->piece.r0, *q = &y->piece.r0;
+  int k;
+  for (k = 0; k < 6; k++) if (p[k] != q[k]) return p[k] < q[k] ? -1 : 1;
+  if (x->part != y->part) return x->part < y->part ? -1 : 1;
+  return x->index - y->index;
+}
+static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, int with_part) {
+  int n = x->n_holders, j, lead = 0;
+  int *first = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
+  muon__piece_key *k = (muon__piece_key *)muon__alloc(&opt->allocator, (size_t)n * sizeof *k + 1);
+  if (!first || !k) {
+    muon__free(&opt->allocator, first);
+    muon__free(&opt->allocator, k);
+    return NULL;
+  }
+  for (j = 0; j < n; j++) {
+    k[j].piece = x->holders[j].piece;
+    k[j].part = with_part ? x->holders[j].part : 0;
+    k[j].index = j;
+  }
+  qsort(k, (size_t)n, sizeof *k, muon__piece_key_cmp);
+  for (j = 0; j < n; j++) {
+    if (j == 0 || !muon__same_piece(&k[j].piece, &k[j - 1].piece) || k[j].part != k[j - 1].part) lead = k[j].index;
+    first[k[j].index] = lead;
+  }
+  muon__free(&opt->allocator, k);
+  return first;
+}
+
+static int muon__ll_cmp(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return x < y ? -1 : x > y;
+}
+/* Sorted, without repeats; returns the count. */
+static size_t muon__unique(long long *v, size_t n) {
+  size_t i, k = 0;
+  qsort(v, n, sizeof *v, muon__ll_cmp);
+  for (i = 0; i < n; i++) if (!k || v[i] != v[k - 1]) v[k++] = v[i];
+  return k;
+}
+static size_t muon__bound(const long long *v, size_t n, long long x) {   /* v[i] == x, or n */
+  const long long *f = (const long long *)bsearch(&x, v, n, sizeof *v, muon__ll_cmp);
+  return f ? (size_t)(f - v) : n;
+}
+
+/* The fast path of the tiling check, for distinct pieces that are whole rectangles (every mesh
+   of SHARD levels): they tile the matrix iff they paint each cell of the grid their edges draw
+   exactly once. 1: they do; 0: unknown (not rectangles, a grid too fine) or not, and the exact
+   check below, row segment by row segment, says which and where; -1: out of memory. */
+static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const int *first) {
+  size_t n = 0, nr, nc, i, k, a, b, c, d, ok = 1;
+  long long *rb, *cb;
+  unsigned char *cell = NULL;
+  int j;
+  for (j = 0; j < g->n_holders; j++) {
+    const muon__piece *p = &g->holders[j].piece;
+    if (first[j] != j) continue;
+    if (p->f0 != 0 || p->f1 != p->h * p->w) return 0;
+    n++;
+  }
+  rb = (long long *)muon__alloc(&opt->allocator, (4 * n + 4) * sizeof(long long));
+  if (!rb) return -1;
+  cb = rb + 2 * n + 2;
+  rb[0] = cb[0] = 0; rb[1] = g->rows; cb[1] = g->cols;
+  for (j = 0, i = 2; j < g->n_holders; j++) {
+    const muon__piece *p = &g->holders[j].piece;
+    if (first[j] != j) continue;
+    rb[i] = p->r0; rb[i + 1] = p->r0 + p->h; cb[i] = p->c0; cb[i + 1] = p->c0 + p->w;
+    i += 2;
+  }
+  nr = muon__unique(rb, 2 * n + 2);
+  nc = muon__unique(cb, 2 * n + 2);
+  if (rb[0] != 0 || rb[nr - 1] != g->rows || cb[0] != 0 || cb[nc - 1] != g->cols || (nr - 1) * (nc - 1) > 4 * n + 64) {
+    muon__free(&opt->allocator, rb);
+    return 0;
+  }
+  if (!(cell = (unsigned char *)muon__alloc(&opt->allocator, (nr - 1) * (nc - 1)))) {
+    muon__free(&opt->allocator, rb);
+    return -1;
+  }
+  memset(cell, 0, (nr - 1) * (nc - 1));
+  for (j = 0; ok && j < g->n_holders; j++) {
+    const muon__piece *p = &g->holders[j].piece;
+    if (first[j] != j) continue;
+    a = muon__bound(rb, nr, p->r0); b = muon__bound(rb, nr, p->r0 + p->h);
+    c = muon__bound(cb, nc, p->c0); d = muon__bound(cb, nc, p->c0 + p->w);
+    for (i = a; ok && i < b && b < nr && d < nc; i++)
+      for (k = c; k < d; k++) if (cell[i * (nc - 1) + k]++) { ok = 0; break; }
+  }
+  for (i = 0; ok && i < (nr - 1) * (nc - 1); i++) ok = cell[i] == 1;
+  muon__free(&opt->allocator, cell);
+  muon__free(&opt->allocator, rb);
+  return (int)ok;
+}
+
 static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi) {
   size_t n = 0, k = 0;
-  int j, i;
+  int j, *first = muon__first_holders(opt, g, 0);
   long long next = 0;
   muon__interval *iv;
   muon_status st = MUON_OK;
-  for (j = 0; j < g->n_holders; j++) {
+  int fast = first ? muon__tiles_by_grid(opt, g, first) : -1;
+  if (fast) {
+    muon__free(&opt->allocator, first);
+    return fast > 0 ? MUON_OK : muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
+  }
+  for (j = 0; first && j < g->n_holders; j++) {
     muon__seg s = muon__segs(&g->holders[j].piece);
-    for (i = 0; i < j && !muon__same_piece(&g->holders[i].piece, &g->holders[j].piece); i++) {}
-    if (i < j) continue;
+    if (first[j] != j) continue;
     while (muon__next_seg(&g->holders[j].piece, &s)) n++;
   }
-  iv = (muon__interval *)muon__alloc(&opt->allocator, n * sizeof *iv);
-  if (!iv) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
+  iv = first ? (muon__interval *)muon__alloc(&opt->allocator, n * sizeof *iv + 1) : NULL;
+  if (!iv) {
+    muon__free(&opt->allocator, first);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
+  }
   for (j = 0; j < g->n_holders; j++) {
     muon__seg s = muon__segs(&g->holders[j].piece);
-    for (i = 0; i < j && !muon__same_piece(&g->holders[i].piece, &g->holders[j].piece); i++) {}
-    if (i < j) continue;
+    if (first[j] != j) continue;
     while (muon__next_seg(&g->holders[j].piece, &s)) {
       iv[k].start = s.row * g->cols + s.col;
       iv[k].len = s.len;
@@ -3681,25 +3819,31 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
   if (st == MUON_OK && next != (long long)g->rows * g->cols)
     st = muon__gap(opt, g, gi, next, (long long)g->rows * g->cols);
   muon__free(&opt->allocator, iv);
+  muon__free(&opt->allocator, first);
   return st;
 }
 
 /* A Partial matrix: every part's pieces tile it alike, so the owner can add them piece by piece. */
 static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x, int g) {
   long long pieces = 0, pairs = 0;
-  int j, i;
+  int j, *first, *first_part;
   if (opt->dist.gather)
     return muon__fail(
         opt, MUON_ERR_ARG,
         "muon_plan: matrix '%s' (global %d) has a PARTIAL level, which needs muon's own exchange: muon_dist_config.gather is set",
         x->name, g);
-  for (j = 0; j < x->n_holders; j++) {
-    const muon__holder *h = &x->holders[j];
-    for (i = 0; i < j && !muon__same_piece(&x->holders[i].piece, &h->piece); i++) {}
-    pieces += i == j;
-    for (i = 0; i < j && !(muon__same_piece(&x->holders[i].piece, &h->piece) && x->holders[i].part == h->part); i++) {}
-    pairs += i == j;
+  first = muon__first_holders(opt, x, 0);
+  first_part = first ? muon__first_holders(opt, x, 1) : NULL;
+  if (!first_part) {
+    muon__free(&opt->allocator, first);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the parts check of matrix %d failed", g);
   }
+  for (j = 0; j < x->n_holders; j++) {
+    pieces += first[j] == j;
+    pairs += first_part[j] == j;
+  }
+  muon__free(&opt->allocator, first);
+  muon__free(&opt->allocator, first_part);
   if (pairs != pieces * x->parts)
     return muon__fail(
         opt, MUON_ERR_SHAPE,
@@ -3800,26 +3944,19 @@ static muon_status muon__assign(muon_optimizer *opt) {
 /* ---- >>impl-plan-rounds Plan: sources, rounds, batches and the exchange buffers -------------- */
 /* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
    (in a row-major mesh: the same replica group); of a Partial matrix, each part of each piece. */
-static void muon__choose_sources(muon__global *x) {
-  int j, k, own = -1;
-  for (j = 0; j < x->n_holders; j++)
-    if (x->holders[j].rank == x->owner) own = j;
+static muon_status muon__choose_sources(muon_optimizer *opt, muon__global *x) {
+  int j, *first = muon__first_holders(opt, x, 1);
+  if (!first) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the sources of '%s' failed", x->name);
+  /* Per group of equal pieces (and parts), its lowest-index holder keeps the choice so far: the
+     nearest rank, the first of equals; the owner's own group gets the owner (distance 0). */
   for (j = 0; j < x->n_holders; j++) {
-    muon__holder *h = &x->holders[j];
-    if (muon__same_piece(&h->piece, &x->holders[own].piece) && h->part == x->holders[own].part) {
-      h->source = x->owner;
-      continue;
-    }
-    h->source = -1;
-    for (k = 0; k < x->n_holders; k++) {
-      const muon__holder *c = &x->holders[k];
-      int dk, db;
-      if (!muon__same_piece(&c->piece, &h->piece) || c->part != h->part) continue;
-      dk = abs(c->rank - x->owner);
-      db = h->source < 0 ? 0 : abs(h->source - x->owner);
-      if (h->source < 0 || dk < db) h->source = c->rank;
-    }
+    muon__holder *lead = &x->holders[first[j]];
+    int rank = x->holders[j].rank;
+    if (first[j] == j || abs(rank - x->owner) < abs(lead->source - x->owner)) lead->source = rank;
   }
+  for (j = 0; j < x->n_holders; j++) x->holders[j].source = x->holders[first[j]].source;
+  muon__free(&opt->allocator, first);
+  return MUON_OK;
 }
 
 /* Floats rank `me` moves in one round when no matrix is skipped: out (U to owners) and back
@@ -4013,92 +4150,129 @@ static int muon__plan_batches(muon_optimizer *opt) {
 
 /* ---- >>impl-plan-build Plan: building it from every rank's entries --------------------------- */
 /* 1. The global list: matrices matched by (name, key), in order of first appearance; gid[t] is
-   the global index of entry t (rank by rank). */
+   the global index of entry t (rank by rank). A hash table finds them: a world holds millions of
+   entries and, with experts, tens of thousands of matrices. */
 static muon_status muon__plan_globals(muon_optimizer *opt, const muon__entry *all, const int *count, int stride,
-                                      int *gid) {
+                                      int total, int *gid) {
   muon__plan *pl = &opt->plan;
-  int r, i, g, t;
-  for (r = 0, t = 0; r < pl->P; r++)
-    for (i = 0; i < count[r]; i++, t++) {
-      const muon__entry *e = &all[(size_t)r * stride + i];
-      for (g = 0; g < pl->n_globals; g++)
-        if (pl->globals[g].key == e->key && pl->globals[g].name_hash == e->name_hash) break;
-      gid[t] = g;
-      if (g == pl->n_globals) {
-        muon__global *x = &pl->globals[pl->n_globals++];
-        memcpy(x->name, e->name, sizeof x->name);
-        x->name_hash = e->name_hash;
-        x->key = e->key;
-        x->rows = (int)e->rows;
-        x->cols = (int)e->cols;
-        x->local = -1;
-        x->mine = -1;
-        x->owner = r; /* first registrant, for the messages below */
-      } else if (pl->globals[g].rows != e->rows || pl->globals[g].cols != e->cols) {
-        return muon__fail(opt, MUON_ERR_MISMATCH,
-                          "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d", e->name,
-                          pl->globals[g].rows, pl->globals[g].cols, pl->globals[g].owner, e->rows, e->cols, r);
+  size_t mask = 1, at;
+  int r, i, g, t, n = 0, *tab, *first;   /* first: per global, its first entry's rank and index */
+  muon_status st = MUON_OK;
+  while (mask < 2 * (size_t)total) mask <<= 1;
+  tab = (int *)muon__alloc(&opt->allocator, mask * sizeof(int));
+  first = (int *)muon__alloc(&opt->allocator, 2 * (size_t)total * sizeof(int) + 1);
+  if (!tab || !first) {
+    muon__free(&opt->allocator, tab);
+    muon__free(&opt->allocator, first);
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  }
+  memset(tab, 0xff, mask * sizeof(int));
+  mask--;
+  for (r = 0, t = 0; r < pl->P && st == MUON_OK; r++)
+    for (i = 0; i < count[r] && st == MUON_OK; i++, t++) {
+      const muon__entry *e = &all[(size_t)r * stride + i], *f = NULL;
+      at = (size_t)((e->name_hash ^ ((unsigned long long)e->key * 0x9e3779b97f4a7c15ull)) * 1099511628211ull >> 17) & mask;
+      for (; (g = tab[at]) >= 0; at = (at + 1) & mask) {
+        f = &all[(size_t)first[2 * g] * stride + first[2 * g + 1]];
+        if (f->key == e->key && f->name_hash == e->name_hash) break;
       }
+      gid[t] = g >= 0 ? g : n;
+      if (g < 0) { tab[at] = n; first[2 * n] = r; first[2 * n + 1] = i; n++; }
+      else if (f->rows != e->rows || f->cols != e->cols)
+        st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d",
+                        e->name, (int)f->rows, (int)f->cols, first[2 * g], e->rows, e->cols, r);
     }
-  return MUON_OK;
+  muon__free(&opt->allocator, tab);
+  if (st == MUON_OK &&
+      !(pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__global) + 1)))
+    st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  if (st == MUON_OK) memset(pl->globals, 0, (size_t)n * sizeof(muon__global));
+  for (g = 0; st == MUON_OK && g < n; g++) {
+    const muon__entry *e = &all[(size_t)first[2 * g] * stride + first[2 * g + 1]];
+    muon__global *x = &pl->globals[g];
+    memcpy(x->name, e->name, sizeof x->name);
+    x->name_hash = e->name_hash;
+    x->key = e->key;
+    x->rows = (int)e->rows;
+    x->cols = (int)e->cols;
+    x->local = -1;
+    x->mine = -1;
+    x->owner = first[2 * g];   /* first registrant, for the messages below */
+  }
+  if (st == MUON_OK) pl->n_globals = n;
+  muon__free(&opt->allocator, first);
+  return st;
 }
 
 /* 2. Holders (non-empty pieces) of global g, ascending by rank; this rank's local index; the
-   checks that the holders agree and their pieces tile the matrix. */
-static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *all, const int *count, int stride,
-                                      const int *gid, int g) {
+   checks that the holders agree and their pieces tile the matrix. Its entries are ri[2k] (rank)
+   and ri[2k + 1] (index) for k in [from, to), in rank order. */
+static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *all, int stride, const int *ri, int from,
+                                      int to, int g) {
   muon__plan *pl = &opt->plan;
   muon__global *x = &pl->globals[g];
-  int P = pl->P, me = pl->me, r, i, n = 0, t;
+  int me = pl->me, r, i, n = 0, k, prev = -1;
+  size_t n_levels = 0, at = 0;
   unsigned long long hp = 0;
-  for (r = 0, t = 0; r < P; r++)
-    for (i = 0; i < count[r]; i++, t++)
-      if (gid[t] == g && all[(size_t)r * stride + i].piece[5] > all[(size_t)r * stride + i].piece[4]) n++;
+  for (k = from; k < to; k++) {
+    const muon__entry *e = &all[(size_t)ri[2 * k] * stride + ri[2 * k + 1]];
+    const unsigned char *q = e->layout;
+    uint32_t levels = muon__get32(&q);
+    if (e->piece[5] > e->piece[4]) { n++; n_levels += MUON__MIN(levels, (uint32_t)MUON_MAX_LEVELS); }
+  }
   x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
   x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
-  if (!x->holders || !x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
-  for (r = 0, t = 0; r < P; r++) {
-    int seen = 0;
-    for (i = 0; i < count[r]; i++, t++) {
-      const muon__entry *e = &all[(size_t)r * stride + i];
-      muon__holder *h = &x->holders[x->n_holders];
-      float scale;
-      int parts;
-      if (gid[t] != g) continue;
-      if (seen++)
-        return muon__fail(opt, MUON_ERR_ARG,
-                          "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r,
-                          e->name);
-      if (r == me) x->local = i;
-      if (e->piece[5] <= e->piece[4]) continue;
-      if (x->n_holders && e->hparams != hp)
-        return muon__fail(opt, MUON_ERR_MISMATCH,
-                          "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters",
-                          e->name, x->holders[0].rank, r);
-      hp = e->hparams;
-      if (r == me) x->mine = x->n_holders;
-      h->rank = r;
-      h->local = i;
-      h->piece.r0 = e->piece[0];
-      h->piece.c0 = e->piece[1];
-      h->piece.h = e->piece[2];
-      h->piece.w = e->piece[3];
-      h->piece.f0 = e->piece[4];
-      h->piece.f1 = e->piece[5];
-      muon__get_layout(e->layout, &h->layout);
-      parts = muon__layout_parts(&h->layout, &h->part, &scale);
-      if (x->n_holders && (parts != x->parts || scale != x->part_scale))
-        return muon__fail(
-            opt, MUON_ERR_MISMATCH,
-            "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
-            e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
-            scale == 1.0f ? "sum" : "mean");
-      x->parts = parts;
-      x->part_scale = scale;
-      h->has_momentum = e->momentum_have != 0;
-      x->holder_ranks[x->n_holders] = r;
-      x->n_holders++;
-    }
+  x->levels = (muon_level *)muon__alloc(&opt->allocator, n_levels * sizeof(muon_level) + 1);
+  if (!x->holders || !x->holder_ranks || !x->levels)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
+  for (k = from; k < to; k++) {
+    const muon__entry *e;
+    muon__holder *h = &x->holders[x->n_holders];
+    muon_layout layout;
+    float scale;
+    int parts;
+    r = ri[2 * k];
+    i = ri[2 * k + 1];
+    e = &all[(size_t)r * stride + i];
+    if (r == prev)
+      return muon__fail(opt, MUON_ERR_ARG,
+                        "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r,
+                        e->name);
+    prev = r;
+    if (r == me) x->local = i;
+    if (e->piece[5] <= e->piece[4]) continue;
+    if (x->n_holders && e->hparams != hp)
+      return muon__fail(opt, MUON_ERR_MISMATCH,
+                        "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", e->name,
+                        x->holders[0].rank, r);
+    hp = e->hparams;
+    if (r == me) x->mine = x->n_holders;
+    h->rank = r;
+    h->local = i;
+    h->piece.r0 = e->piece[0];
+    h->piece.c0 = e->piece[1];
+    h->piece.h = e->piece[2];
+    h->piece.w = e->piece[3];
+    h->piece.f0 = e->piece[4];
+    h->piece.f1 = e->piece[5];
+    muon__get_layout(e->layout, &layout);
+    h->n_levels = MUON__MIN(layout.n_levels, MUON_MAX_LEVELS);
+    if (h->n_levels < 0) h->n_levels = 0;
+    memcpy(x->levels + at, layout.levels, (size_t)h->n_levels * sizeof(muon_level));
+    h->levels = x->levels + at;
+    at += (size_t)h->n_levels;
+    parts = muon__layout_parts(&layout, &h->part, &scale);
+    if (x->n_holders && (parts != x->parts || scale != x->part_scale))
+      return muon__fail(
+          opt, MUON_ERR_MISMATCH,
+          "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
+          e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
+          scale == 1.0f ? "sum" : "mean");
+    x->parts = parts;
+    x->part_scale = scale;
+    h->has_momentum = e->momentum_have != 0;
+    x->holder_ranks[x->n_holders] = r;
+    x->n_holders++;
   }
   if (x->n_holders == 0)
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
@@ -4129,7 +4303,7 @@ static muon_status muon__plan_owners(muon_optimizer *opt) {
     for (j = x->n_holders - 1; j >= 0; j--)
       if (x->holders[j].has_momentum) { pin = x->holders[j].rank; if (pin == x->owner) break; }
     if (pin >= 0) x->owner = pin;
-    muon__choose_sources(x);
+    if ((st = muon__choose_sources(opt, x)) != MUON_OK) return st;
   }
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
   {
@@ -4207,11 +4381,23 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
   pl->counts = (size_t *)muon__alloc(&opt->allocator, 9 * (size_t)P * sizeof(size_t));
   pl->out_flags = (int *)muon__compute_alloc(opt, (size_t)pl->n_globals * sizeof(int));
   pl->host_out = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int));
-  pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)pl->n_globals);
+  pl->skip_at = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
+  if (pl->skip_at) {   /* the most matrices a rank holds, one bit each: a per-rank list of every matrix
+                          would be ranks x matrices (16,384 x 45,000 experts) */
+    int most = 0, j;
+    memset(pl->skip_at, 0, (size_t)P * sizeof(int));
+    for (g = 0; g < pl->n_globals; g++)
+      for (j = 0; j < pl->globals[g].n_holders; j++) {
+        int *c = &pl->skip_at[pl->globals[g].holders[j].rank];
+        if (++*c > most) most = *c;
+      }
+    pl->skip_bytes = ((size_t)most + 7) / 8;
+    pl->out_skips = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * pl->skip_bytes + 1);
+  }
   pl->flags = (unsigned char *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)(pl->max_local + 1));
   if (!pl->stash || !pl->gathered || !pl->ns_ws || !pl->ops || !pl->counts || !pl->flags ||
       (pl->reduced_floats && (!pl->reduced || !pl->scratch)) ||
-      !pl->out_flags || !pl->host_out || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
+      !pl->out_flags || !pl->host_out || !pl->skip_at || !pl->out_skips || muon__alloc_xfers(opt) != MUON_OK)
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of exchange buffers failed",
                       (pl->stash_floats + pl->send_floats + pl->recv_floats + pl->gathered_floats + pl->reduced_floats +
                        pl->scratch_floats) *
@@ -4230,20 +4416,36 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
 /* The plan from every rank's entries (count[r] of them at all + r * stride). */
 static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
   muon__plan *pl = &opt->plan;
-  int r, i, g, total = 0;
-  int *gid;
+  int r, i, g, t, total = 0;
+  int *gid, *start = NULL, *ri = NULL;   /* the entries of global g: ri[2k], ri[2k + 1], k in [start[g], start[g+1]) */
   muon_status st;
   for (r = 0; r < pl->P; r++) total += count[r];
   gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
-  pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)total * sizeof(muon__global) + 1);
-  if (!gid || !pl->globals) {
-    muon__free(&opt->allocator, gid);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  if (!gid) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  st = muon__plan_globals(opt, all, count, stride, total, gid);
+  if (st == MUON_OK) {
+    start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
+    ri = (int *)muon__alloc(&opt->allocator, 2 * (size_t)total * sizeof(int) + 1);
+    if (!start || !ri) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
   }
-  memset(pl->globals, 0, (size_t)total * sizeof(muon__global));
-  st = muon__plan_globals(opt, all, count, stride, gid);
-  for (g = 0; g < pl->n_globals && st == MUON_OK; g++) st = muon__plan_holders(opt, all, count, stride, gid, g);
+  if (st == MUON_OK) {   /* a counting sort of the entries by global, stable: rank order within each */
+    memset(start, 0, (size_t)(pl->n_globals + 1) * sizeof(int));
+    for (t = 0; t < total; t++) start[gid[t] + 1]++;
+    for (g = 0; g < pl->n_globals; g++) start[g + 1] += start[g];
+    for (r = 0, t = 0; r < pl->P; r++)
+      for (i = 0; i < count[r]; i++, t++) {
+        int k = start[gid[t]]++;
+        ri[2 * k] = r;
+        ri[2 * k + 1] = i;
+      }
+    for (g = pl->n_globals; g > 0; g--) start[g] = start[g - 1];
+    start[0] = 0;
+  }
+  for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
+    st = muon__plan_holders(opt, all, stride, ri, start[g], start[g + 1], g);
   muon__free(&opt->allocator, gid);
+  muon__free(&opt->allocator, start);
+  muon__free(&opt->allocator, ri);
   if (st != MUON_OK) return st;
   for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].global = -1;
   for (g = 0; g < pl->n_globals; g++)
@@ -4730,9 +4932,32 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   return st;
 }
 
+/* This rank's matrix list as planning sends it: its entries, zero-padded to `max_local`. */
+static void muon__put_entries(const muon_optimizer *opt, muon__entry *pad, int max_local) {
+  int i;
+  memset(pad, 0, (size_t)max_local * sizeof *pad);
+  for (i = 0; i < opt->n_matrices; i++) {
+    const muon__matrix *x = &opt->matrices[i];
+    muon__entry *e = &pad[i];
+    if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
+    else snprintf(e->name, sizeof e->name, "#%d", i);
+    e->name_hash = x->name_hash;
+    e->key = x->layout.key;
+    e->rows = x->rows;
+    e->cols = x->cols;
+    e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
+    e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
+    e->hparams = muon__ns_hash(&opt->groups[x->group]);
+    e->normuon_have = x->normuon ? x->normuon_len : 0;
+    e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
+    e->momentum_have = x->parts > 1 && x->momentum && !x->momentum_fresh;
+    { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
+  }
+}
+
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
-  int P, me, r, i, max_local = 0, *count = NULL, moving = 0;
+  int P, me, r, max_local = 0, *count = NULL, moving = 0;
   long long plan_hash;
   muon__entry *all = NULL;
   float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
@@ -4781,24 +5006,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
     }
   /* Round 2: every rank's list, padded to the longest. */
   {
-    memset(pad, 0, (size_t)max_local * sizeof *pad);
-    for (i = 0; i < opt->n_matrices; i++) {
-      const muon__matrix *x = &opt->matrices[i];
-      muon__entry *e = &pad[i];
-      if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
-      else snprintf(e->name, sizeof e->name, "#%d", i);
-      e->name_hash = x->name_hash;
-      e->key = x->layout.key;
-      e->rows = x->rows;
-      e->cols = x->cols;
-      e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
-      e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
-      e->hparams = muon__ns_hash(&opt->groups[x->group]);
-      e->normuon_have = x->normuon ? x->normuon_len : 0;
-      e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
-      e->momentum_have = x->parts > 1 && x->momentum && !x->momentum_fresh;
-      { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
-    }
+    muon__put_entries(opt, pad, max_local);
     st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
     if (st != MUON_OK) goto done;
   }
@@ -4958,7 +5166,7 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
     for (j = 0; opt->distributed && j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       char levels[240];
-      muon__layout_text(&h->layout, levels, sizeof levels);
+      muon__holder_text(h, levels, sizeof levels);
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
       muon__say_piece(&t, &h->piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
@@ -6683,12 +6891,20 @@ static muon_status muon__vote(muon_optimizer *opt) {
   }
   /* Skip them: which ones is known to the ranks that found them, so say it once more, only now. */
   if (agreed && n_bad) {
-    unsigned char *flags = pl->out_skips;
-    for (g = 0; g < pl->n_globals; g++) flags[(size_t)P * pl->n_globals + g] = pl->host_out[g] != 0;
-    st = muon__allgather(opt, flags + (size_t)P * pl->n_globals, flags, (size_t)pl->n_globals,
-                         "muon_step: agreeing on non-finite outputs");
+    unsigned char *flags = pl->out_skips, *mine = flags + (size_t)P * pl->skip_bytes;
+    size_t k = 0;
+    int j;
+    memset(mine, 0, pl->skip_bytes);   /* a bit per matrix held here: only holders find anything */
+    for (g = 0; g < pl->n_globals; g++)
+      if (pl->globals[g].mine >= 0) { if (pl->host_out[g]) mine[k >> 3] |= (unsigned char)(1u << (k & 7)); k++; }
+    st = muon__allgather(opt, mine, flags, pl->skip_bytes, "muon_step: agreeing on non-finite outputs");
+    memset(pl->skip_at, 0, (size_t)P * sizeof(int));
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
-      for (r = 0; r < P; r++) if (flags[(size_t)r * pl->n_globals + g]) pl->globals[g].skip = 1;
+      for (j = 0; j < pl->globals[g].n_holders; j++) {
+        int h = pl->globals[g].holders[j].rank;
+        size_t b = (size_t)pl->skip_at[h]++;
+        if ((flags[(size_t)h * pl->skip_bytes + (b >> 3)] >> (b & 7)) & 1) pl->globals[g].skip = 1;
+      }
     if (st != MUON_OK) return st;
   } else {
     for (g = 0; g < pl->n_globals; g++) if (pl->host_out[g]) pl->globals[g].skip = 1;
@@ -8479,7 +8695,7 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
       long long want, got;
       char levels[240];
       if (!muon__misplaced(x, h, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
-      muon__layout_text(&h->layout, levels, sizeof levels);
+      muon__holder_text(h, levels, sizeof levels);
       if (got < 0)
         st = muon__fail(
             opt, MUON_ERR_SHAPE,
