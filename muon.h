@@ -8069,7 +8069,10 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
         return muon__fail(opt, MUON_ERR_STATE,
                           "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank,
                           x->name);
-      if (muon__layout_parts(&lay, NULL, NULL) > 1)
+      /* Kept whole on the saver's owner, none on its other holders: a Partial matrix's, and an
+         8-bit one's saved from pieces (whole where the piece is not, or nothing where it is). */
+      if (muon__layout_parts(&lay, NULL, NULL) > 1 ||
+          (m.size != (uint64_t)(from.f1 - from.f0) && (m.size == 0 || m.size == (uint64_t)x->rows * x->cols)))
         from = m.size ? muon__whole_piece(x->rows, x->cols) : muon__canonical(muon__whole_piece(0, 0));
       if ((uint64_t)(from.f1 - from.f0) != m.size)
         return muon__fail(opt, MUON_ERR_STATE,
