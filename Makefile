@@ -305,7 +305,11 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 4 $(RS) --layout hsdp --normuon rows --load $(BUILD)/reshard/f --from 1" \
   "$(RUN) -n 4 $(RS) --layout fsdp_flat --momentum bf16 --save $(BUILD)/reshard/g" \
   "$(RUN) -n 2 $(RS) --layout tp_fsdp --momentum bf16 --load $(BUILD)/reshard/g --from 4" \
-  "$(RUN) -n 3 $(RS) --layout tp --momentum bf16 --load $(BUILD)/reshard/g --from 4"
+  "$(RUN) -n 3 $(RS) --layout tp --momentum bf16 --load $(BUILD)/reshard/g --from 4" \
+  "$(RUN) -n 4 $(RS) --layout fsdp_flat --momentum int8 --save $(BUILD)/reshard/h" \
+  "$(RUN) -n 2 $(RS) --layout tp_fsdp --momentum int8 --load $(BUILD)/reshard/h --from 4" \
+  "$(RUN) -n 1 $(RS) --layout single --momentum int8 --load $(BUILD)/reshard/h --from 4" \
+  "$(RUN) -n 3 $(RS) --layout ddp --momentum int8 --load $(BUILD)/reshard/h --from 4"
 
 # Gloo, several processes: the communicator, the distributed step, agreement, dead and stalled
 # peers, Partial gradients, checkpoints, the verification workflow; MPI; several hosts in network
@@ -336,10 +340,10 @@ NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o 
 sr_runs = $(foreach e,$2,$(foreach n,$3,\
   "$(RUN) -n $(n) $1/$(e) --sr --quiet && echo 'sr-$(notdir $1)-$(e): 1 passed, 0 failed'"))
 
-# bf16 momentum (muon_hparams.momentum_format): flat, row and column cuts, bitwise against one
-# device that keeps bf16 momentum too. $(call mom_runs,DIR,EXAMPLES,SIZES)
+# bf16 / 8-bit momentum (muon_hparams.momentum_format): flat, row and column cuts, bitwise against
+# one device that keeps its momentum so too. $(call mom_runs,DIR,EXAMPLES,SIZES,FORMAT)
 mom_runs = $(foreach e,$2,$(foreach n,$3,\
-  "$(RUN) -n $(n) $1/$(e) --momentum bf16 --quiet && echo 'momentum-bf16-$(notdir $1)-$(e)-n$(n): 1 passed, 0 failed'"))
+  "$(RUN) -n $(n) $1/$(e) --momentum $4 --quiet && echo 'momentum-$4-$(notdir $1)-$(e)-n$(n): 1 passed, 0 failed'"))
 
 # The examples: every strategy at its world sizes, the option variants, bf16 on the wire,
 # overlap, Partial gradients; each bitwise against one device.
@@ -359,7 +363,10 @@ TESTS_examples := \
   "EXTRA='--partial mean' tests/run_overlap.sh --some $(BUILD) cp tp_hsdp" \
   "MUON_THREADS=3 $(RUN) -n 3 $(BUILD)/cp --partial sum --quiet && echo 'cp --partial sum MUON_THREADS=3: 1 passed, 0 failed'" \
   $(call sr_runs,$(BUILD),fsdp fsdp_flat,1 2 4) $(call sr_runs,$(BUILD),pp tp_fsdp,4) \
-  $(call mom_runs,$(BUILD),fsdp_flat,2 3) $(call mom_runs,$(BUILD),tp_fsdp,2 4) \
+  $(call mom_runs,$(BUILD),fsdp_flat,2 3,bf16) $(call mom_runs,$(BUILD),tp_fsdp,2 4,bf16) \
+  $(call mom_runs,$(BUILD),fsdp_flat,2 3,int8) $(call mom_runs,$(BUILD),tp_fsdp,2 4,int8) \
+  "$(RUN) -n 3 $(BUILD)/ddp --momentum int8 --partial sum --quiet && echo 'ddp --momentum int8 --partial sum: 1 passed, 0 failed'" \
+  "$(RUN) -n 4 $(BUILD)/hsdp --momentum int8 --late --normuon larger --quiet && echo 'hsdp --momentum int8 --late: 1 passed, 0 failed'" \
   "$(RUN) -n 3 $(BUILD)/ddp --momentum bf16 --partial sum --quiet && echo 'ddp --momentum bf16 --partial sum: 1 passed, 0 failed'" \
   "$(RUN) -n 4 $(BUILD)/hsdp --momentum bf16 --late --normuon larger --quiet && echo 'hsdp --momentum bf16 --late: 1 passed, 0 failed'" \
   "EXTRA='--momentum bf16' MUON_THREADS=2 tests/run_overlap.sh --some $(BUILD) fsdp_flat"
@@ -386,7 +393,8 @@ TESTS_cuda := \
   $(foreach d,cuda nccl,"$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/$(d)/fsdp --normuon larger --cautious --late --quiet && echo '$(d) fsdp --normuon larger --late: 1 passed, 0 failed'") \
   "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'" \
   $(call sr_runs,$(BUILD)/cuda,fsdp,1 2 4) $(call sr_runs,$(BUILD)/nccl,fsdp,1 2 4) $(call sr_runs,$(BUILD)/nccl,pp,4) \
-  $(call mom_runs,$(BUILD)/cuda,tp_fsdp,4) $(call mom_runs,$(BUILD)/nccl,fsdp_flat,2)
+  $(call mom_runs,$(BUILD)/cuda,tp_fsdp,4,bf16) $(call mom_runs,$(BUILD)/nccl,fsdp_flat,2,bf16) \
+  $(call mom_runs,$(BUILD)/cuda,tp_fsdp,4,int8)
 NEEDS_cuda := $(addprefix $(BUILD)/cuda/,muonrun $(STRATEGIES)) $(addprefix $(BUILD)/nccl/,muonrun $(STRATEGIES)) \
   $(BUILD)/cuda/muon_cuda.o $(BUILD)/cuda/test_cuda_slots_gpu $(addprefix $(BUILD)/gpu/,bench_gpu test_nccl bench_nccl)
 else

@@ -221,14 +221,25 @@ typedef enum muon_normuon {
                                       times |O|_F / max(|O'|_F, 1e-10). The formulas: muon__normuon */
 } muon_normuon;
 
+#define MUON_Q8_BLOCK 256   /* MUON_MOMENTUM_INT8's block: elements of the full matrix per scale */
 typedef enum muon_momentum_format {
   MUON_MOMENTUM_FP32 = 0,          /* the momentum buffer holds fp32 (torch)                    */
-  MUON_MOMENTUM_BF16               /* bf16 (uint16_t, the top half of the fp32 bits): half the
+  MUON_MOMENTUM_BF16,              /* bf16 (uint16_t, the top half of the fp32 bits): half the
                                       bytes. Each step widens it to fp32, computes the new
                                       momentum and U from that fp32 value, then stores the new
                                       momentum rounded to nearest even (never rounded in place
                                       on a value still in use). Per element, so the bits are
                                       the same on every layout and world size (docs/state.md) */
+  MUON_MOMENTUM_INT8               /* 8-bit blockwise: blocks of 256 consecutive elements of the
+                                      FULL matrix (row-major; the last may be shorter), each
+                                      stored as 1 exponent byte E then its int8 values q: value =
+                                      q * 2^(E - 127), the block's scale the smallest power of two
+                                      with 127 * scale >= its absmax (at least 2^-126), q its
+                                      value / scale rounded to nearest even. n + ceil(n / 256)
+                                      bytes. Stepped in fp32 as bf16 is; power-of-two scales make
+                                      int8 -> fp32 -> int8 exact. The blocks being the full
+                                      matrix's, a matrix held in pieces keeps its momentum whole
+                                      on its owner, as a Partial matrix does (docs/options.md) */
 } muon_momentum_format;
 
 typedef struct muon_hparams {
@@ -547,6 +558,13 @@ typedef struct muon_compute_vtable {
      muon__scale_store. NULL: on a host backend the core scales the buffers itself; a device
      backend without it cannot clip (muon_qk_clip returns MUON_ERR_BACKEND, nothing scaled). */
   muon_status (*scale)(void *ctx, size_t n, void *param, float factor, const muon_apply_args *a);
+  /* Optional. MUON_MOMENTUM_INT8's blocks (see there) of n values from a block boundary:
+     to_int8 ? blocks = values quantised (per block: absmax, E, then each q) : values = blocks
+     dequantised, exactly as muon__q8_encode / muon__q8_decode. blocks holds n + ceil(n / 256)
+     bytes; both backend memory, not overlapping. NULL: on a host backend the core runs those
+     formulas itself; a device backend without it cannot hold 8-bit momentum (muon_add_matrix
+     returns MUON_ERR_BACKEND for a matrix of such a group). */
+  muon_status (*blockwise)(void *ctx, int to_int8, size_t n, float *values, void *blocks);
 } muon_compute_vtable;
 
 typedef struct muon_compute {
@@ -965,7 +983,9 @@ MUON_API muon_status muon_get_stats(const muon_optimizer *opt, muon_stats *stats
    muon_gather_matrix and the state blob give fp32 values for every format. */
 MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, const float **buf, size_t *size);
 /* The momentum buffer as stored, whatever its group's format: *size values of *format
-   (MUON_MOMENTUM_BF16: uint16_t, the top half of the fp32 bits), where muon_get_momentum says. */
+   (MUON_MOMENTUM_BF16: uint16_t, the top half of the fp32 bits; MUON_MOMENTUM_INT8: blocks, *size
+   + ceil(*size / 256) bytes), where muon_get_momentum says, except that an 8-bit matrix held in
+   pieces keeps it whole on its owner, as a Partial one does. */
 MUON_API muon_status muon_get_momentum_stored(const muon_optimizer *opt, int index, const void **buf, size_t *size,
                                              muon_momentum_format *format);
 
@@ -1290,6 +1310,47 @@ MUON__HD float muon__bf16_stochastic(float x, uint32_t bits) {
 MUON__HD uint16_t muon__bf16_bits(float x) { return (uint16_t)(muon__f2u(x) >> 16); }
 MUON__HD float muon__from_bf16(uint16_t h) { return muon__u2f((uint32_t)h << 16); }
 
+/* MUON_MOMENTUM_INT8, one block (1 exponent byte E, then int8 values: value = q * 2^(E - 127)).
+   Power-of-two scales: q * 2^e is exact, and so is v / 2^e wherever it is not rounded to 0
+   anyway, so values read from blocks quantise back to themselves. 2^e for -127 <= e <= 127;
+   2^-127 is given as 0: E = 0 is a zeroed buffer's, whose values are all 0. */
+MUON__HD float muon__pow2(int e) { return muon__u2f((uint32_t)(e + 127) << 23); }
+/* E of a block whose largest |value| is absmax: the smallest e >= -126 with 127 * 2^e >= absmax. */
+MUON__HD unsigned char muon__q8_exponent(float absmax) {
+  int e;
+  if (!(absmax > muon__mul(127.0f, muon__pow2(-126)))) return 1;
+  e = (int)((muon__f2u(absmax) >> 23) & 0xffu) - 127 - 6;   /* floor(log2(absmax)) - 6 */
+  if (muon__mul(127.0f, muon__pow2(e)) < absmax) e++;
+  return (unsigned char)(e + 127);
+}
+/* v / 2^(E - 127) to the nearest integer, ties to even (|v| <= 127 * 2^(E - 127) by E's choice). */
+MUON__HD unsigned char muon__q8(float v, unsigned char E) {
+  float t = muon__mul(muon__u2f(muon__f2u(v) & 0x7fffffffu), muon__pow2(127 - (int)E));
+  int q;
+  t = muon__sub(muon__add(t, 8388608.0f), 8388608.0f);   /* 2^23: rounds to an integer, to even */
+  q = t <= 127.0f ? (int)t : t > 127.0f ? 127 : 0;       /* NaN: 0 (a step never stores one) */
+  return (unsigned char)((muon__f2u(v) >> 31) ? 256 - q : q);
+}
+MUON__HD float muon__dq8(unsigned char q, unsigned char E) {
+  return muon__mul((float)(q < 128 ? (int)q : (int)q - 256), muon__pow2((int)E - 127));
+}
+/* Block of c <= MUON_Q8_BLOCK values x into blk (1 + c bytes), and back. */
+MUON__HD float muon__q8_absmax(const float *x, size_t c) {
+  float m = 0.0f, a;
+  size_t i;
+  for (i = 0; i < c; i++) if ((a = muon__u2f(muon__f2u(x[i]) & 0x7fffffffu)) > m) m = a;
+  return m;
+}
+MUON__HD void muon__q8_encode(const float *x, size_t c, unsigned char *blk) {
+  size_t i;
+  blk[0] = muon__q8_exponent(muon__q8_absmax(x, c));
+  for (i = 0; i < c; i++) blk[1 + i] = muon__q8(x[i], blk[0]);
+}
+MUON__HD void muon__q8_decode(const unsigned char *blk, size_t c, float *x) {
+  size_t i;
+  for (i = 0; i < c; i++) x[i] = muon__dq8(blk[1 + i], blk[0]);
+}
+
 /* SplitMix64 finaliser of (seed, index): the random bits of one element. */
 MUON__HD uint32_t muon__random_bits(unsigned long long seed, unsigned long long index) {
   unsigned long long z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
@@ -1601,11 +1662,19 @@ typedef struct muon__matrix {
   muon_momentum_format mfmt;   /* how `momentum` stores its values: its group's, fixed at registration */
 } muon__matrix;
 
-/* Bytes of n momentum values in x's stored format. */
+/* Bytes of n momentum values in x's stored format (int8: an exponent byte per block). */
 static size_t muon__mom_bytes(const muon__matrix *x, size_t n) {
+  if (x->mfmt == MUON_MOMENTUM_INT8) return n + (n + MUON_Q8_BLOCK - 1) / MUON_Q8_BLOCK;
   return n * (x->mfmt == MUON_MOMENTUM_BF16 ? sizeof(uint16_t) : sizeof(float));
 }
-/* Momentum element `at` of x's buffer: the address, whatever the format. */
+/* The momentum lives whole on the matrix's owner, not in pieces on its holders: a Partial
+   matrix's (the owner sums the parts), and an 8-bit one held in pieces (its blocks are the full
+   matrix's). Its holders send their gradient pieces to the owner instead of U. */
+static int muon__owner_momentum(const muon__matrix *x) {
+  return x->parts > 1 || (x->mfmt == MUON_MOMENTUM_INT8 && x->size != (size_t)x->rows * x->cols);
+}
+/* Momentum element `at` of x's buffer: the address, whatever the format (int8: `at` starts a
+   block; chunks of the state are multiples of MUON_Q8_BLOCK, see muon__plan_checks). */
 static void *muon__mom_at(const muon__matrix *x, size_t at) { return (char *)x->momentum + muon__mom_bytes(x, at); }
 
 /* One rank's share of a global matrix. */
@@ -1638,6 +1707,7 @@ typedef struct muon__global {
   int parts;            /* MUON_PARTIAL: parts of the gradient, summed by the owner (1: none) */
   float part_scale;
   size_t roff;          /* owner of a Partial matrix: its reduced gradient in the plan's `reduced` */
+  int on_owner;         /* its momentum lives whole on the owner (muon__owner_momentum, agreed) */
   muon__holder *holders;
   int *holder_ranks;
   muon_level *levels;   /* the holders' levels, one after another */
@@ -1921,7 +1991,7 @@ static muon_status muon__check_hparams(const muon_hparams *hp, char *buf, size_t
                      hp->ns_restarts, hp->ns_steps);
   if ((unsigned)hp->normuon > (unsigned)MUON_NORMUON_LARGER)
     return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.normuon is not a muon_normuon (got %d)", (int)hp->normuon);
-  if ((unsigned)hp->momentum_format > (unsigned)MUON_MOMENTUM_BF16)
+  if ((unsigned)hp->momentum_format > (unsigned)MUON_MOMENTUM_INT8)
     return muon__why(buf, size, MUON_ERR_ARG, "muon_hparams.momentum_format is not a muon_momentum_format (got %d)",
                      (int)hp->momentum_format);
   if (hp->normuon && !(muon__finite(hp->normuon_beta2) && hp->normuon_beta2 >= 0 && hp->normuon_beta2 < 1))
@@ -2590,6 +2660,7 @@ typedef struct muon__new_matrix {
   size_t size, stride, grad_stride, mirror_stride, mom_stride;
   int count, parts;
   float part_scale;
+  int on_owner;         /* its momentum lives whole on its owner (muon__owner_momentum) */
 } muon__new_matrix;
 
 /* Validate: every field of m, its layout and strides, before anything is allocated. */
@@ -2642,6 +2713,14 @@ static muon_status muon__matrix_check(muon_optimizer *opt, const muon_matrix *m,
               "muon_matrix.momentum must be NULL in group %d: its muon_hparams.momentum_format is not FP32, and muon "
               "allocates the stored form itself",
               m->group);
+  r->on_owner = r->parts > 1 || (opt->groups[m->group].momentum_format == MUON_MOMENTUM_INT8 &&
+                                  size != (size_t)m->rows * (size_t)m->cols);
+  if (opt->groups[m->group].momentum_format == MUON_MOMENTUM_INT8 && opt->device &&
+      !MUON__SLOT(opt->compute.vt, 1, blockwise))
+    MUON__BAD(MUON_ERR_BACKEND,
+              "group %d's muon_hparams.momentum_format is INT8, but the compute backend has no `blockwise` slot "
+              "(a device backend must quantise its own memory)",
+              m->group);
   if (r->parts > 1 && m->momentum)
     MUON__BAD(
         MUON_ERR_ARG,
@@ -2690,7 +2769,7 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
   muon__matrix fmt;
   fmt.mfmt = opt->groups[m->group].momentum_format;
   for (i = 0; grown && i < count; i++) {
-    if (r->parts > 1) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
+    if (r->on_owner) { moms[i] = NULL; continue; }   /* its owner's, allocated at planning */
     moms[i] = m->momentum ? m->momentum + (size_t)i * r->mom_stride
                           : (float *)muon__state_alloc(opt, muon__mom_bytes(&fmt, r->size));
     if (!moms[i]) break;
@@ -2703,7 +2782,7 @@ static muon_status muon__matrix_reserve(muon_optimizer *opt, const muon_matrix *
                       "muon_add_matrix: allocating momentum for %d x %d x %d failed (matrix %d, '%s')", count, m->rows,
                       m->cols, first, name);
   }
-  for (i = 0; i < count && r->parts == 1 && st == MUON_OK; i++)
+  for (i = 0; i < count && !r->on_owner && st == MUON_OK; i++)
     st = muon__state_zero(opt, moms[i], muon__mom_bytes(&fmt, r->size), "muon_add_matrix: zeroing the momentum");
   if (st != MUON_OK) {
     for (i = 0; !m->momentum && i < count; i++) muon__state_free(opt, moms[i]);
@@ -2747,7 +2826,7 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
     x->piece = r->piece;
     x->global = -1;
     x->momentum = moms[i];
-    x->momentum_size = r->parts > 1 ? 0 : r->size;
+    x->momentum_size = r->on_owner ? 0 : r->size;
     x->own_momentum = m->momentum == NULL;
     x->mfmt = opt->groups[m->group].momentum_format;
     x->parts = r->parts;
@@ -2756,7 +2835,7 @@ static void muon__matrix_commit(muon_optimizer *opt, const muon_matrix *m, const
   muon__free(&opt->allocator, moms);
   opt->n_matrices = first + count;
   opt->plan.ready = 0;
-  if (r->parts == 1) opt->stats.state_bytes += (size_t)count * muon__mom_bytes(&grown[first], r->size);
+  if (!r->on_owner) opt->stats.state_bytes += (size_t)count * muon__mom_bytes(&grown[first], r->size);
 }
 
 MUON_API muon_status muon_add_matrix(muon_optimizer *opt, const muon_matrix *m, int *index_out) {
@@ -3119,6 +3198,14 @@ static muon_status muon__compute_normuon(muon_optimizer *opt, float *X, int m, i
                                          float *v_new, const muon_hparams *hp, const char *op) {
   return muon__compute_done(opt, opt->compute.vt->normuon(opt->compute.ctx, X, m, n, per_column, v, v_new, hp), op);
 }
+/* MUON_MOMENTUM_INT8's blocks; a host backend without the slot: the core's own loop. */
+static muon_status muon__cpu_blockwise(void *ctx, int to_int8, size_t n, float *values, void *blocks);
+static muon_status muon__compute_blockwise(muon_optimizer *opt, int to_int8, size_t n, float *values, void *blocks,
+                                           const char *op) {
+  muon_status (*slot)(void *, int, size_t, float *, void *) = MUON__SLOT(opt->compute.vt, 1, blockwise);
+  if (!slot) return muon__compute_done(opt, muon__cpu_blockwise(NULL, to_int8, n, values, blocks), op);
+  return muon__compute_done(opt, slot(opt->compute.ctx, to_int8, n, values, blocks), op);
+}
 static muon_status muon__compute_sync(muon_optimizer *opt, const char *op) {
   opt->stats.syncs++;
   return muon__compute_done(opt, opt->compute.vt->sync(opt->compute.ctx), op);
@@ -3188,20 +3275,21 @@ static muon_status muon__state_widen(muon_optimizer *opt, const muon__matrix *x,
                                      uint16_t *H, const char *op) {
   const void *src = muon__mom_at(x, at);
   if (x->mfmt == MUON_MOMENTUM_FP32) return muon__state_copy(opt, F, (const float *)src, c, 0, op);
-  if (opt->state_host) {
-    MUON__TRY(muon__compute_copy(opt, H, src, c * sizeof(uint16_t), 0, 1, op));
+  if (opt->state_host) {   /* int8's c + ceil(c / 256) bytes fit H too */
+    MUON__TRY(muon__compute_copy(opt, H, src, muon__mom_bytes(x, c), 0, 1, op));
     src = H;
   }
+  if (x->mfmt == MUON_MOMENTUM_INT8) return muon__compute_blockwise(opt, 0, c, F, (void *)(uintptr_t)src, op);
   return muon__compute_cast(opt, F, MUON_DTYPE_FP32, src, MUON_DTYPE_BF16, c, op);
 }
 /* The reverse: F's c values become x's momentum [at, at + c), bf16 by nearest even. */
 static muon_status muon__state_narrow(muon_optimizer *opt, const muon__matrix *x, size_t at, size_t c, const float *F,
                                       uint16_t *H, const char *op) {
-  void *dst = muon__mom_at(x, at);
+  void *dst = muon__mom_at(x, at), *w = opt->state_host ? (void *)H : dst;
   if (x->mfmt == MUON_MOMENTUM_FP32) return muon__state_copy(opt, (float *)dst, F, c, 1, op);
-  if (!opt->state_host) return muon__compute_cast(opt, dst, MUON_DTYPE_BF16, F, MUON_DTYPE_FP32, c, op);
-  MUON__TRY(muon__compute_cast(opt, H, MUON_DTYPE_BF16, F, MUON_DTYPE_FP32, c, op));
-  return muon__compute_copy(opt, dst, H, c * sizeof(uint16_t), 1, 0, op);
+  if (x->mfmt == MUON_MOMENTUM_INT8) MUON__TRY(muon__compute_blockwise(opt, 1, c, (float *)(uintptr_t)F, w, op));
+  else MUON__TRY(muon__compute_cast(opt, w, MUON_DTYPE_BF16, F, MUON_DTYPE_FP32, c, op));
+  return opt->state_host ? muon__compute_copy(opt, dst, H, muon__mom_bytes(x, c), 1, 0, op) : MUON_OK;
 }
 
 /* The momentum slot on x's momentum, n values from element `at` (a piece's, or a Partial
@@ -3573,6 +3661,7 @@ typedef struct muon__entry {     /* one registered matrix on the wire */
   unsigned char layout[MUON__LAYOUT_RECORD];   /* as the rank described its piece */
   long long normuon_have, normuon_want;        /* NorMuon's second moment: held here, wanted */
   long long momentum_have;                     /* a Partial matrix's momentum is held here */
+  long long on_owner;                          /* muon__owner_momentum of this rank's piece */
 } muon__entry;
 
 static void muon__plan_free(muon_optimizer *opt) {
@@ -3830,7 +3919,8 @@ static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x,
   if (opt->dist.gather)
     return muon__fail(
         opt, MUON_ERR_ARG,
-        "muon_plan: matrix '%s' (global %d) has a PARTIAL level, which needs muon's own exchange: muon_dist_config.gather is set",
+        "muon_plan: matrix '%s' (global %d) keeps its momentum whole on its owner (a PARTIAL level, or "
+        "muon_hparams.momentum_format INT8 held in pieces), which needs muon's own exchange: muon_dist_config.gather is set",
         x->name, g);
   first = muon__first_holders(opt, x, 0);
   first_part = first ? muon__first_holders(opt, x, 1) : NULL;
@@ -4268,6 +4358,13 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
           "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
           e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
           scale == 1.0f ? "sum" : "mean");
+    if (x->n_holders && (e->on_owner != 0) != x->on_owner)
+      return muon__fail(opt, MUON_ERR_MISMATCH,
+                        "muon_plan: matrix '%s': rank %d keeps its momentum whole on the owner, rank %d in pieces "
+                        "(muon_hparams.momentum_format INT8 with a piece of the matrix on one and the whole on the "
+                        "other): every holder must hold a piece, or every one the whole matrix",
+                        e->name, x->on_owner ? x->holders[0].rank : r, x->on_owner ? r : x->holders[0].rank);
+    x->on_owner = e->on_owner != 0;
     x->parts = parts;
     x->part_scale = scale;
     h->has_momentum = e->momentum_have != 0;
@@ -4277,7 +4374,7 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
   if (x->n_holders == 0)
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
                       g);
-  if (x->parts > 1) {
+  if (x->on_owner) {
     muon_status st = muon__check_tiling(opt, x, g);
     return st == MUON_OK ? muon__check_parts(opt, x, g) : st;
   }
@@ -4357,7 +4454,7 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
     size_t full = (size_t)x->rows * x->cols;
     if (x->owner != me) continue;
     if (opt->dist.gather && 2 * full > pl->gathered_floats) pl->gathered_floats = 2 * full; /* full + operand */
-    if (x->parts > 1) {
+    if (x->on_owner) {
       pl->globals[g].roff = pl->reduced_floats;
       pl->reduced_floats += full;
       if (full > pl->scratch_floats) pl->scratch_floats = full;
@@ -4718,7 +4815,7 @@ static muon_status muon__partial_prepare(muon_optimizer *opt) {
   int i;
   muon_status st;
   for (i = 0; i < opt->n_matrices; i++)
-    if (opt->matrices[i].parts > 1 && muon__owns(opt, &opt->matrices[i]) &&
+    if (muon__owner_momentum(&opt->matrices[i]) && muon__owns(opt, &opt->matrices[i]) &&
         (st = muon__partial_room(opt, &opt->matrices[i], "muon_plan")) != MUON_OK)
       return st;
   return MUON_OK;
@@ -4727,7 +4824,7 @@ static muon_status muon__partial_prepare(muon_optimizer *opt) {
 static void muon__partial_finish(muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++)
-    if (opt->matrices[i].parts > 1 && opt->matrices[i].momentum && !muon__owns(opt, &opt->matrices[i]))
+    if (muon__owner_momentum(&opt->matrices[i]) && opt->matrices[i].momentum && !muon__owns(opt, &opt->matrices[i]))
       muon__partial_drop(opt, &opt->matrices[i]);
 }
 
@@ -4861,7 +4958,7 @@ static muon_status muon__plan_checks(muon_optimizer *opt) {
     muon__matrix *x = &opt->matrices[i];
     size_t full = (size_t)x->rows * x->cols;
     x->check = n;
-    x->checks = muon__check_count(x->parts > 1 && muon__owns(opt, x) && full > x->size ? full : x->size, &chunk);
+    x->checks = muon__check_count(muon__owner_momentum(x) && muon__owns(opt, x) && full > x->size ? full : x->size, &chunk);
     n += x->checks;
   }
   for (i = 0; i < opt->n_adamw; i++) {
@@ -4870,6 +4967,8 @@ static muon_status muon__plan_checks(muon_optimizer *opt) {
     p->checks = muon__check_count(p->size, &chunk);
     n += p->checks;
   }
+  for (i = 0; i < opt->n_matrices; i++)   /* an 8-bit momentum's chunks are whole blocks */
+    if (opt->matrices[i].mfmt == MUON_MOMENTUM_INT8) chunk = (chunk + MUON_Q8_BLOCK - 1) / MUON_Q8_BLOCK * MUON_Q8_BLOCK;
   pl->n_checks = n;
   pl->check_chunk = chunk;
   pl->checks = (int *)muon__compute_alloc(opt, n * sizeof(int));
@@ -4950,7 +5049,8 @@ static void muon__put_entries(const muon_optimizer *opt, muon__entry *pad, int m
     e->hparams = muon__ns_hash(&opt->groups[x->group]);
     e->normuon_have = x->normuon ? x->normuon_len : 0;
     e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
-    e->momentum_have = x->parts > 1 && x->momentum && !x->momentum_fresh;
+    e->momentum_have = muon__owner_momentum(x) && x->momentum && !x->momentum_fresh;
+    e->on_owner = muon__owner_momentum(x);
     { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
   }
 }
@@ -5171,7 +5271,7 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       muon__say_piece(&t, &h->piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
       else if (h->source == h->rank)
-        muon__say(&t, x->parts > 1 ? "; sends its part of the gradient\n" : "; sends its U\n");
+        muon__say(&t, x->on_owner ? "; sends its part of the gradient\n" : "; sends its U\n");
       else muon__say(&t, "; a replica: rank %d sends this U\n", h->source);
     }
   }
@@ -5796,7 +5896,7 @@ static int muon__wire_bf16(const muon_optimizer *opt) {
   for (g = 0; g < opt->n_groups; g++)
     if (opt->groups[g].precision != MUON_PRECISION_BF16 || opt->groups[g].normuon != MUON_NORMUON_OFF) return 0;
   for (g = 0; g < opt->plan.n_globals; g++)   /* parts are summed in fp32 before any rounding */
-    if (opt->plan.globals[g].parts > 1) return 0;
+    if (opt->plan.globals[g].on_owner) return 0;
   return 1;
 }
 
@@ -6134,7 +6234,7 @@ static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) 
     const muon__global *x = &pl->globals[g];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip || !h || h->source != me || x->owner == me) continue;
-    st = x->parts > 1 ? muon__grad_part(opt, &opt->matrices[x->local], out->send + cur[x->owner])
+    st = x->on_owner ? muon__grad_part(opt, &opt->matrices[x->local], out->send + cur[x->owner])
                       : muon__u_piece(opt, &opt->matrices[x->local], out->send + cur[x->owner]);
     if (st != MUON_OK) return st;
     cur[x->owner] += muon__piece_size(&h->piece);
@@ -6204,12 +6304,12 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
     const muon__global *x = &pl->globals[g];
     if (x->skip || x->owner != me) continue;
     if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
-    if (x->parts > 1 && (st = muon__reduce_parts(opt, x, out)) != MUON_OK) return st;
+    if (x->on_owner && (st = muon__reduce_parts(opt, x, out)) != MUON_OK) return st;
   }
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
     const muon__matrix *own;
-    if (x->skip || x->owner != me || x->parts > 1) continue;
+    if (x->skip || x->owner != me || x->on_owner) continue;
     own = &opt->matrices[x->local];
     if ((st = muon__u_piece(opt, own, pl->stash + own->stash)) != MUON_OK) return st;
     pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
@@ -6217,7 +6317,7 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 1)) != MUON_OK) return st;
   for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
-    if (x->skip || x->owner != me || x->parts > 1) continue;
+    if (x->skip || x->owner != me || x->on_owner) continue;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->rank != h->source || h->source == me) continue;
@@ -6657,10 +6757,10 @@ static muon_status muon__check_commit(muon_optimizer *opt) {
     muon_apply_args a = muon__apply_args(opt, x), b;
     int *fl = pl->checks + x->check;
     const void *grad = x->grad;
-    size_t n = x->parts == 1 ? x->size : 0;
+    size_t n = !muon__owner_momentum(x) ? x->size : 0;
     void *w = x->param_dtype == MUON_DTYPE_BF16 ? (void *)h0 : (void *)f2;
     if (x->skip) continue;
-    if (x->parts > 1 && muon__owns(opt, x)) {   /* as muon__commit moves it */
+    if (muon__owner_momentum(x) && muon__owns(opt, x)) {   /* as muon__commit moves it */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
       grad = pl->reduced + pl->globals[x->global].roff;
@@ -6743,14 +6843,14 @@ static muon_status muon__commit(muon_optimizer *opt) {
     muon_momentum_args m = muon__momentum_args(opt, x);
     muon_apply_args a = muon__apply_args(opt, x);
     if (x->skip) continue;
-    if (x->parts > 1 && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
+    if (muon__owner_momentum(x) && muon__owns(opt, x)) {   /* the whole momentum, from the summed gradient */
       m.grad_scale *= x->part_scale;
       m.grad_dtype = MUON_DTYPE_FP32;
       MUON__TRY(muon__state_momentum(opt, x, 0, x->momentum_size,
                                       opt->plan.reduced + opt->plan.globals[x->global].roff, &m, 1, NULL,
                                       "muon_step: momentum (the update may be partly applied)"));
       x->momentum_fresh = 0;
-    } else if (x->parts == 1) {
+    } else if (!muon__owner_momentum(x)) {
       MUON__TRY(muon__state_momentum(opt, x, 0, x->size, x->grad, &m, 1, NULL,
                                       "muon_step: momentum (the update may be partly applied)"));
     }
@@ -7042,7 +7142,7 @@ MUON_API muon_status muon_get_momentum(const muon_optimizer *opt, int index, con
 /* The momentum a blob records: the local piece's; a Partial matrix's whole one on its owner,
    none elsewhere or while it is planning's zeros. */
 static size_t muon__saved_momentum(const muon__matrix *x) {
-  return x->parts == 1 ? x->size : x->momentum && !x->momentum_fresh ? x->momentum_size : 0;
+  return !muon__owner_momentum(x) ? x->size : x->momentum && !x->momentum_fresh ? x->momentum_size : 0;
 }
 
 /* The v a blob records: none while it is planning's zeros (a failed step leaves the state as it
@@ -7077,7 +7177,7 @@ static size_t muon__largest_state(const muon_optimizer *opt) {
   int i;
   for (i = 0; i < opt->n_matrices; i++) {
     if (opt->matrices[i].size > n) n = opt->matrices[i].size;
-    if (opt->matrices[i].parts > 1 && (size_t)opt->matrices[i].rows * opt->matrices[i].cols > n)
+    if (muon__owner_momentum(&opt->matrices[i]) && (size_t)opt->matrices[i].rows * opt->matrices[i].cols > n)
       n = (size_t)opt->matrices[i].rows * opt->matrices[i].cols;
     if ((size_t)opt->matrices[i].normuon_len > n) n = (size_t)opt->matrices[i].normuon_len;
   }
@@ -7121,16 +7221,29 @@ static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, 
                                     const char *op) {
   const void *src = momentum ? (const void *)x->momentum : x->param;
   int bf16 = momentum ? x->mfmt == MUON_MOMENTUM_BF16 : x->param_dtype == MUON_DTYPE_BF16;
+  int q8 = momentum && x->mfmt == MUON_MOMENTUM_INT8;
   size_t n = momentum ? x->momentum_size : x->size, k;
+  size_t bytes = q8 ? muon__mom_bytes(x, n) : n * (bf16 ? 2 : 4);
   muon_status st;
   if (!n) return MUON_OK;
   if (momentum && opt->state_host) {   /* host memory, once the queue has left it */
     if ((st = muon__state_settle(opt, op)) != MUON_OK) return st;
-  } else if (opt->device) {   /* bf16 lands in the upper half of out, then widens in place, front to back */
-    void *dst = bf16 ? (void *)((uint16_t *)(void *)out + n) : (void *)out;
-    MUON__TRY(muon__compute_copy(opt, dst, src, n * (bf16 ? 2 : 4), 1, 0, op));
+  } else if (opt->device) {   /* bf16 / int8 land at the end of out, then widen in place, front to back */
+    void *dst = (char *)out + (n * sizeof(float) - bytes);
+    MUON__TRY(muon__compute_copy(opt, dst, src, bytes, 1, 0, op));
     if ((st = muon__sync(opt, op)) != MUON_OK) return st;
     src = dst;
+  }
+  if (q8) {   /* each block copied out first: with src at the end of out, block b's floats end
+                 before block b + 1's bytes start (4 * 256 (b + 1) <= 3n - ceil(n / 256) + 257 (b + 1)) */
+    const unsigned char *b = (const unsigned char *)src;
+    unsigned char blk[1 + MUON_Q8_BLOCK];
+    for (k = 0; k < n; k += MUON_Q8_BLOCK, b += 1 + MUON_Q8_BLOCK) {
+      size_t c = MUON__MIN((size_t)MUON_Q8_BLOCK, n - k);
+      memcpy(blk, b, 1 + c);
+      muon__q8_decode(blk, c, out + k);
+    }
+    return MUON_OK;
   }
   if (!bf16) { if (src != out) memcpy(out, src, n * sizeof(float)); return MUON_OK; }
   for (k = 0; k < n; k++) {
@@ -7142,23 +7255,29 @@ static muon_status muon__read_piece(muon_optimizer *opt, const muon__matrix *x, 
 }
 
 /* n fp32 momentum values (host memory, consumed: narrowed in place) into x's buffer, converted
-   to its format: bf16 by nearest even, exact for values saved from bf16. */
+   to its format: bf16 by nearest even, int8 by blocks; exact for values saved from that format. */
 static muon_status muon__put_momentum(muon_optimizer *opt, muon__matrix *x, float *vals, size_t n, const char *op) {
   uint16_t *h = (uint16_t *)(void *)vals;
-  size_t k;
-  size_t es = x->mfmt == MUON_MOMENTUM_FP32 ? sizeof(float) : sizeof(uint16_t);
-  if (x->mfmt != MUON_MOMENTUM_FP32)
+  size_t k, bytes = muon__mom_bytes(x, n);
+  if (x->mfmt == MUON_MOMENTUM_BF16)
     for (k = 0; k < n; k++) {   /* front to back: bytes 2k..2k+1 are read before (as vals[k / 2]) */
       uint16_t b = muon__bf16_bits(muon__bf16(vals[k]));
       memcpy(h + k, &b, sizeof b);
     }
+  if (x->mfmt == MUON_MOMENTUM_INT8)   /* block b's 257 bytes end before block b + 1's floats */
+    for (k = 0; k < n; k += MUON_Q8_BLOCK) {
+      float blk[MUON_Q8_BLOCK];
+      size_t c = MUON__MIN((size_t)MUON_Q8_BLOCK, n - k);
+      memcpy(blk, vals + k, c * sizeof(float));
+      muon__q8_encode(blk, c, (unsigned char *)(void *)vals + k + k / MUON_Q8_BLOCK);
+    }
   if (!n) return MUON_OK;
   if (!opt->device || opt->state_host) {
     MUON__TRY(muon__state_settle(opt, op));
-    memcpy(x->momentum, vals, n * es);
+    memcpy(x->momentum, vals, bytes);
     return MUON_OK;
   }
-  return muon__compute_copy(opt, x->momentum, vals, n * es, 0, 1, op);
+  return muon__compute_copy(opt, x->momentum, vals, bytes, 0, 1, op);
 }
 
 MUON_API muon_status muon_state_save(muon_optimizer *opt, void *buf, size_t size) {
@@ -7230,10 +7349,10 @@ static int muon__blob_finite(const unsigned char *p, size_t n, int nonneg) {
 }
 
 /* A saved momentum that x's format can hold: finite, and finite once rounded to bf16 (a value
-   past bf16's largest rounds to Inf, which no step could leave). */
+   past bf16's largest rounds to Inf, which no step could leave); int8 holds every finite value. */
 static int muon__blob_momentum_ok(const unsigned char *p, size_t n, const muon__matrix *x) {
   size_t i;
-  if (x->mfmt == MUON_MOMENTUM_FP32) return muon__blob_finite(p, n, 0);
+  if (x->mfmt != MUON_MOMENTUM_BF16) return muon__blob_finite(p, n, 0);
   for (i = 0; i < n; i++)
     if (!muon__state_ok(muon__bf16(muon__u2f(muon__get32(&p))), 0)) return 0;
   return 1;
@@ -7511,14 +7630,14 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       muon__matrix *x = &opt->matrices[i];
       muon__saved_matrix m;
       muon__next_saved_matrix(&p, &m);
-      if (pass && x->parts > 1) {   /* the owner that saved it stays the owner: the next step re-plans */
+      if (pass && muon__owner_momentum(x)) {   /* the owner that saved it stays the owner: the next step re-plans */
         if (m.size) { st = muon__get_momentum(opt, &m, x, (size_t)m.size, tmp); x->momentum_fresh = 0; }
         else if (x->momentum) muon__partial_drop(opt, x);
         opt->plan.ready = 0;
         if (st != MUON_OK) goto done;
       }
       if (pass) {
-        if (x->parts == 1 && (st = muon__get_momentum(opt, &m, x, x->size, tmp)) != MUON_OK) goto done;
+        if (!muon__owner_momentum(x) && (st = muon__get_momentum(opt, &m, x, x->size, tmp)) != MUON_OK) goto done;
         if (m.normuon_len)
           st = muon__get_state(opt, m.normuon, x->normuon_next ? x->normuon_next : x->normuon, m.normuon_len, tmp, 0);
         else muon__normuon_drop(opt, x);
@@ -7526,13 +7645,13 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
         continue;
       }
       if (m.rows != (uint32_t)x->rows || m.cols != (uint32_t)x->cols ||
-          (x->parts == 1 ? m.size != (uint64_t)x->size
+          (!muon__owner_momentum(x) ? m.size != (uint64_t)x->size
                          : m.size != 0 && m.size != (uint64_t)x->rows * (uint64_t)x->cols)) {
         st = muon__fail(
             opt, MUON_ERR_STATE,
             "muon_state_load: matrix %d ('%s') is %d x %d (%zu floats here%s), the state has %u x %u (%llu floats)", i,
-            x->name, x->rows, x->cols, x->parts == 1 ? x->size : (size_t)x->rows * x->cols,
-            x->parts == 1 ? "" : " on its owner, none elsewhere: Partial", m.rows, m.cols, (unsigned long long)m.size);
+            x->name, x->rows, x->cols, !muon__owner_momentum(x) ? x->size : (size_t)x->rows * x->cols,
+            !muon__owner_momentum(x) ? "" : " on its owner, none elsewhere", m.rows, m.cols, (unsigned long long)m.size);
         goto done;
       }
       if (m.name_hash != (uint64_t)x->name_hash) {
@@ -7564,7 +7683,7 @@ MUON_API muon_status muon_state_load(muon_optimizer *opt, const void *buf, size_
       }
       if ((st = muon__check_saved_normuon(opt, &m, x, &groups[x->group], "muon_state_load", "the state")) != MUON_OK)
         goto done;
-      if (x->parts > 1 && m.size && (st = muon__partial_room(opt, x, "muon_state_load")) != MUON_OK) goto done;
+      if (muon__owner_momentum(x) && m.size && (st = muon__partial_room(opt, x, "muon_state_load")) != MUON_OK) goto done;
       if (m.normuon_len && !(x->normuon && x->normuon_len == (int)m.normuon_len) &&
           (st = muon__normuon_room(opt, x, (int)m.normuon_len, "muon_state_load")) != MUON_OK) goto done;
     }
@@ -8166,7 +8285,10 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
         return muon__fail(opt, MUON_ERR_STATE,
                           "%s: rank %u's piece of matrix '%s' has an impossible layout (corrupted)", op, b.rank,
                           x->name);
-      if (muon__layout_parts(&lay, NULL, NULL) > 1)
+      /* Kept whole on the saver's owner, none on its other holders: a Partial matrix's, and an
+         8-bit one's saved from pieces (whole where the piece is not, or nothing where it is). */
+      if (muon__layout_parts(&lay, NULL, NULL) > 1 ||
+          (m.size != (uint64_t)(from.f1 - from.f0) && (m.size == 0 || m.size == (uint64_t)x->rows * x->cols)))
         from = m.size ? muon__whole_piece(x->rows, x->cols) : muon__canonical(muon__whole_piece(0, 0));
       if ((uint64_t)(from.f1 - from.f0) != m.size)
         return muon__fail(opt, MUON_ERR_STATE,
@@ -8177,7 +8299,7 @@ static muon_status muon__reshard_blob(muon_optimizer *opt, muon__staging *R, con
                           x->name, x->mfmt == MUON_MOMENTUM_BF16 ? " (as bf16, its momentum_format)" : "");
       R->matched[i] = 1;
       {   /* a Partial matrix's momentum is whole (on its owner), both saved and here */
-        muon__piece to = x->parts > 1 ? muon__whole_piece(x->rows, x->cols) : x->piece;
+        muon__piece to = muon__owner_momentum(x) ? muon__whole_piece(x->rows, x->cols) : x->piece;
         bad = muon__reshard_copy(&to, R->mom + R->at[i], R->got + R->at[i], &from, m.momentum);
       }
       if (bad >= 0)
@@ -8274,7 +8396,7 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     for (i = 0; i < nm; i++) {
       R.at[i] = total;
       total +=
-          opt->matrices[i].parts > 1 ? (size_t)opt->matrices[i].rows * opt->matrices[i].cols : opt->matrices[i].size;
+          muon__owner_momentum(&opt->matrices[i]) ? (size_t)opt->matrices[i].rows * opt->matrices[i].cols : opt->matrices[i].size;
     }
     for (i = 0; i < na; i++) { R.at[nm + i] = total; total += opt->adamw[i].state_size; }
     R.at[nm + na] = total;
@@ -8317,10 +8439,10 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
      saved Partial before a step moved it, none). */
   for (i = 0; i < nm; i++) {
     const muon__matrix *x = &opt->matrices[i];
-    muon__piece to = x->parts > 1 ? muon__whole_piece(x->rows, x->cols) : x->piece;
+    muon__piece to = muon__owner_momentum(x) ? muon__whole_piece(x->rows, x->cols) : x->piece;
     size_t want = R.at[i + 1] - R.at[i], arrived = 0;
     for (d = 0; d < want; d++) arrived += R.got[R.at[i] + d];
-    if (x->parts > 1 && R.matched[i] && !arrived) continue;
+    if (muon__owner_momentum(x) && R.matched[i] && !arrived) continue;
     for (d = 0; d < want && R.got[R.at[i] + d]; d++) {}
     if (d < want) {
       muon__seg s = muon__segs(&to);
@@ -8349,18 +8471,18 @@ static muon_status muon__reshard(muon_optimizer *opt, const void *const *blobs, 
     muon__matrix *x = &opt->matrices[i];
     int len = R.normuon[i] ? muon__normuon_len(&R.groups[x->group], x->rows, x->cols) : 0;
     if (len && !(x->normuon && x->normuon_len == len)) st = muon__normuon_room(opt, x, len, fn);
-    if (st == MUON_OK && x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x)))
+    if (st == MUON_OK && muon__owner_momentum(x) && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x)))
       st = muon__partial_room(opt, x, fn);
   }
   if (st != MUON_OK) goto done;
   /* All arrived: now the optimizer changes. */
   for (i = 0; i < nm && st == MUON_OK; i++) {
     muon__matrix *x = &opt->matrices[i];
-    if (x->parts > 1 && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) {
+    if (muon__owner_momentum(x) && R.got[R.at[i]] && (!opt->plan.ready || muon__owns(opt, x))) {
       st = muon__put_momentum(opt, x, R.mom + R.at[i], x->momentum_size,
                               "muon_state_reshard: writing the state (partly loaded)");
       x->momentum_fresh = 0;
-    } else if (x->parts > 1) {   /* none saved (planning's zeros then), or not the owner's */
+    } else if (muon__owner_momentum(x)) {   /* none saved (planning's zeros then), or not the owner's */
       if (x->momentum) muon__partial_drop(opt, x);
       if (opt->plan.ready && muon__owns(opt, x)) opt->plan.ready = 0;
     } else {
@@ -8518,9 +8640,9 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
   size_t W;
   size_t piece = muon__largest_piece(x), full = (size_t)x->rows * x->cols;
   muon_status st =
-      muon__share_pieces(opt, g, piece + (x->parts > 1 ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
+      muon__share_pieces(opt, g, piece + (x->on_owner ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
   if (st != MUON_OK || me != root) { muon__free(&opt->allocator, blocks); return st; }
-  for (j = 0; momentum && x->parts > 1 && j < x->n_holders; j++)
+  for (j = 0; momentum && x->on_owner && j < x->n_holders; j++)
     if (x->holders[j].rank == x->owner)
       memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__piece_size(&x->holders[j].piece),
              full * sizeof(float));
@@ -8533,7 +8655,7 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
     while (muon__next_seg(&h->piece, &s)) {
       size_t at = (size_t)s.row * (size_t)x->cols + (size_t)s.col;
       if (param) memcpy(param + at, b + s.off, (size_t)s.len * sizeof(float));
-      if (momentum && x->parts == 1) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
+      if (momentum && !x->on_owner) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
     }
   }
   muon__free(&opt->allocator, blocks);
@@ -10085,6 +10207,18 @@ static muon_status muon__cpu_cast(void *ctx, void *dst, muon_dtype dst_dtype, co
   return MUON_OK;
 }
 
+static muon_status muon__cpu_blockwise(void *ctx, int to_int8, size_t n, float *values, void *blocks) {
+  unsigned char *b = (unsigned char *)blocks;
+  size_t lo;
+  (void)ctx;
+  for (lo = 0; lo < n; lo += MUON_Q8_BLOCK, b += 1 + MUON_Q8_BLOCK) {
+    size_t c = MUON__MIN((size_t)MUON_Q8_BLOCK, n - lo);
+    if (to_int8) muon__q8_encode(values + lo, c, b);
+    else muon__q8_decode(b, c, values + lo);
+  }
+  return MUON_OK;
+}
+
 static muon_status muon__cpu_sync(void *ctx) { (void)ctx; return MUON_OK; }
 /* A context of muon_cpu_create's (the optimizer's own CPU context is never handed out). */
 static void muon__cpu_destroy(void *ctx) {
@@ -10124,7 +10258,8 @@ static const muon_compute_vtable muon__cpu_vtable = {
   /* .destroy            = */ muon__cpu_destroy,
   /* .normuon            = */ muon__cpu_normuon,
   /* .newton_schulz_many = */ muon__cpu_newton_schulz_many,
-  /* .scale              = */ muon__cpu_scale
+  /* .scale              = */ muon__cpu_scale,
+  /* .blockwise          = */ muon__cpu_blockwise
 };
 
 MUON_API muon_cpu_desc muon_cpu_default_desc(void) {

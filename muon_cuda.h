@@ -453,6 +453,32 @@ static cudaError_t muon_cuda__scale_launch(const muon_cuda__scale_k *k, cudaStre
                            *k);
 }
 
+/* blockwise: MUON_MOMENTUM_INT8's blocks, one thread per block of 256 walking it in muon.h's
+   order (its absmax, then each value): the kernels are element-wise (see the top), and a max is
+   the same in any order anyway. */
+typedef struct muon_cuda__blockwise_k {
+  size_t n, blocks;
+  float *values;
+  unsigned char *q;
+  int to_int8;
+} muon_cuda__blockwise_k;
+
+MUON_CUDA__KERNEL(muon_cuda__blockwise_kernel, muon_cuda__blockwise_k) {
+  size_t b;
+  for (b = MUON_CUDA__INDEX; b < a.blocks; b += MUON_CUDA__STRIDE) {
+    size_t lo = b * MUON_Q8_BLOCK, c = a.n - lo < (size_t)MUON_Q8_BLOCK ? a.n - lo : (size_t)MUON_Q8_BLOCK;
+    unsigned char *blk = a.q + b * (1 + MUON_Q8_BLOCK);
+    if (a.to_int8) muon__q8_encode(a.values + lo, c, blk);
+    else muon__q8_decode(blk, c, a.values + lo);
+  }
+}
+
+static cudaError_t muon_cuda__blockwise_launch(const muon_cuda__blockwise_k *k, cudaStream_t stream) {
+  if (k->blocks == 0) return cudaSuccess;
+  return MUON_CUDA__LAUNCH(muon_cuda__blockwise_kernel, muon_cuda__grid(k->blocks), muon_cuda__dim3(MUON_CUDA__BLOCK),
+                           stream, *k);
+}
+
 /* adamw: one torch.optim.AdamW element per i (param, m, v updated; + bf16 mirror). */
 typedef struct muon_cuda__adamw_k {
   size_t n;
@@ -661,6 +687,19 @@ static muon_status muon_cuda__scale(void *ctx, size_t n, void *param, float fact
   k.factor = factor;
   k.args = *a;
   MUON_CUDA__CHECK(c, muon_cuda__scale_launch(&k, c->stream));
+  return MUON_OK;
+}
+
+static muon_status muon_cuda__blockwise(void *ctx, int to_int8, size_t n, float *values, void *blocks) {
+  muon_cuda__ctx *c = (muon_cuda__ctx *)ctx;
+  muon_cuda__blockwise_k k;
+  memset(&k, 0, sizeof k);
+  k.n = n;
+  k.blocks = (n + MUON_Q8_BLOCK - 1) / MUON_Q8_BLOCK;
+  k.values = values;
+  k.q = (unsigned char *)blocks;
+  k.to_int8 = to_int8;
+  MUON_CUDA__CHECK(c, muon_cuda__blockwise_launch(&k, c->stream));
   return MUON_OK;
 }
 
@@ -1372,7 +1411,8 @@ static const muon_compute_vtable muon_cuda__vtable = {
   /* .destroy            = */ muon_cuda__destroy,
   /* .normuon            = */ muon_cuda__normuon,
   /* .newton_schulz_many = */ NULL, /* one batched call per shape is what cuBLAS wants */
-  /* .scale              = */ muon_cuda__scale
+  /* .scale              = */ muon_cuda__scale,
+  /* .blockwise          = */ muon_cuda__blockwise
 };
 
 MUON_API muon_cuda_desc muon_cuda_default_desc(void) {

@@ -126,7 +126,8 @@ static const muon_compute_vtable null_device_vt = {
   /* .destroy            = */ NULL,
   /* .normuon            = */ nd_normuon,
   /* .newton_schulz_many = */ NULL,
-  /* .scale              = */ NULL
+  /* .scale              = */ NULL,
+  /* .blockwise          = */ NULL
 };
 
 /* ---- the counting communicator ------------------------------------------------------------- */

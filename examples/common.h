@@ -28,8 +28,8 @@
    (stochastic rounding, desc.rounding = MUON_ROUND_STOCHASTIC: every matrix and AdamW param gets
    a bf16 mirror, and the check compares the mirrors too: a ZeRO piece of "wte" must draw the
    full tensor's random bits; not with --partial, whose AdamW chunks refuse it), --momentum
-   fp32|bf16 (muon_hparams.momentum_format: the momentum stored as bf16, on every rank and on the
-   single device, still bitwise equal).
+   fp32|bf16|int8 (muon_hparams.momentum_format: the momentum stored as bf16 or 8-bit blocks, on
+   every rank and on the single device, still bitwise equal).
 
    The task: every matrix W is pulled toward a random target T, loss = 1/2 sum (W - T)^2, with
    gradient (W - T) + noise. The gradient is element-wise, so each rank computes its own piece
@@ -81,7 +81,7 @@ typedef struct ex_world {
   muon_reduce reduce;
   const char *dump;   /* --dump PATH */
   int sr;             /* --sr: stochastic rounding into bf16 mirrors */
-  muon_momentum_format mom_fmt; /* --momentum fp32|bf16: muon_hparams.momentum_format */
+  muon_momentum_format mom_fmt; /* --momentum fp32|bf16|int8: muon_hparams.momentum_format */
 } ex_world;
 
 /* One matrix (or a stack of `count`) of the model, as every rank sees it. */
@@ -126,7 +126,10 @@ static inline ex_world ex_init(int argc, char **argv) {
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; w.normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
     else if (!strcmp(argv[i], "--dump") && i + 1 < argc) w.dump = argv[++i];
     else if (!strcmp(argv[i], "--sr")) w.sr = 1;
-    else if (!strcmp(argv[i], "--momentum") && i + 1 < argc) { i++; w.mom_fmt = !strcmp(argv[i], "bf16") ? MUON_MOMENTUM_BF16 : MUON_MOMENTUM_FP32; }
+    else if (!strcmp(argv[i], "--momentum") && i + 1 < argc) {
+      i++;
+      w.mom_fmt = !strcmp(argv[i], "bf16") ? MUON_MOMENTUM_BF16 : !strcmp(argv[i], "int8") ? MUON_MOMENTUM_INT8 : MUON_MOMENTUM_FP32;
+    }
     else if (!strcmp(argv[i], "--partial") && i + 1 < argc) { i++; w.partial = 1; w.reduce = !strcmp(argv[i], "mean") ? MUON_REDUCE_MEAN : MUON_REDUCE_SUM; }
   }
 #ifdef EX_NCCL
@@ -205,10 +208,11 @@ static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) {
   ex_wait(w);
   if (cudaMemcpy(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
 }
-static void ex_get_bf16(const ex_world *w, uint16_t *host, const void *dev, size_t n) {
+static void ex_get_bytes(const ex_world *w, void *host, const void *dev, size_t bytes) {
   ex_wait(w);
-  if (cudaMemcpy(host, dev, n * 2, cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
+  if (cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) ex_die(w, "cudaMemcpy", "from the GPU");
 }
+static void ex_get_bf16(const ex_world *w, uint16_t *host, const void *dev, size_t n) { ex_get_bytes(w, host, dev, n * 2); }
 static void ex_device_free(float *p) { cudaFree(p); }
 static void ex_compute_done(void) { muon_compute_destroy(&ex__compute); }
 #else
@@ -217,6 +221,7 @@ static float *ex_device(const ex_world *w, size_t n) { (void)w; (void)n; return 
 static void ex_put(const ex_world *w, float *dev, const float *host, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
 static void ex_get(const ex_world *w, float *host, const float *dev, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
 static void ex_get_bf16(const ex_world *w, uint16_t *host, const void *dev, size_t n) { (void)w; (void)dev; (void)host; (void)n; }
+static void ex_get_bytes(const ex_world *w, void *host, const void *dev, size_t bytes) { (void)w; (void)dev; (void)host; (void)bytes; }
 static void ex_device_free(float *p) { (void)p; }
 static void ex_compute_done(void) {}
 #endif
@@ -609,7 +614,8 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
       const void *mom;
       size_t n;
       muon_momentum_format f;
-      if (muon_get_momentum_stored(opt, muon_matrix_count(opt) - 1, &mom, &n, &f) != MUON_OK || n != (sl[s].parts > 1 ? 0 : piece))
+      int whole = sl[s].parts > 1 || (w->mom_fmt == MUON_MOMENTUM_INT8 && piece != (size_t)sp->rows * (size_t)sp->cols);
+      if (muon_get_momentum_stored(opt, muon_matrix_count(opt) - 1, &mom, &n, &f) != MUON_OK || n != (whole ? 0 : piece))
         ex_die(w, sp->name, "muon's piece has another size than the one cut here (--wrong-dim needs even splits)");
     }
     s += count;
@@ -765,6 +771,16 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
           if (EX_ON_DEVICE) ex_get_bf16(w, h, rm, full); else memcpy(h, rm, full * sizeof(uint16_t));
           for (e = 0; e < full; e++) { u = (uint32_t)h[e] << 16; memcpy(&ref_m[e], &u, 4); }
           free(h);
+        } else if (w->mom_fmt == MUON_MOMENTUM_INT8) {   /* blocks: an exponent byte E, then q: q * 2^(E - 127) */
+          size_t bytes = full + (full + MUON_Q8_BLOCK - 1) / MUON_Q8_BLOCK;
+          unsigned char *b = (unsigned char *)malloc(bytes);
+          if (EX_ON_DEVICE) ex_get_bytes(w, b, rm, bytes); else memcpy(b, rm, bytes);
+          for (e = 0; e < full; e++) {
+            const unsigned char *blk = b + e / MUON_Q8_BLOCK * (MUON_Q8_BLOCK + 1);
+            unsigned char q = blk[1 + e % MUON_Q8_BLOCK];
+            ref_m[e] = blk[0] ? ldexpf((float)(q < 128 ? (int)q : (int)q - 256), (int)blk[0] - 127) : 0.0f;
+          }
+          free(b);
         } else if (EX_ON_DEVICE) ex_get(w, ref_m, (const float *)rm, full); else memcpy(ref_m, rm, full * sizeof(float));
         for (e = 0; e < full; e++) asm_bad += memcmp(&p[e], &sl[s].full_w[e], 4) != 0 || memcmp(&mo[e], &ref_m[e], 4) != 0;
         free(ref_m);
@@ -793,7 +809,9 @@ static inline int ex_run(ex_world *w, const char *title, const ex_spec *specs, i
     if (w->partial && late_moved) {   /* a Partial matrix's momentum does not move: nor does its owner */
       if (w->rank == 0) printf("late matrix: a Partial matrix changed owner\n");
       bad++;
-    } else if (w->size > 1 && !late_moved && !w->partial) {   /* --late is there to move owners: else it tested nothing */
+    } else if (w->size > 1 && !late_moved && !w->partial && w->mom_fmt != MUON_MOMENTUM_INT8) {
+      /* --late is there to move owners: else it tested nothing (8-bit momentum in pieces stays
+         on its owner, as a Partial matrix's does) */
       if (w->rank == 0) printf("late matrix: no owner moved, so no NorMuon second moment moved either\n");
       bad++;
     }

@@ -1798,6 +1798,152 @@ static void test_momentum_bf16(void) {
   }
 }
 
+/* MUON_MOMENTUM_INT8's rule written again with libm: per block of 256 the smallest e >= -126 with
+   127 * 2^e >= absmax, q = |v| / 2^e to nearest even with v's sign; byte E = e + 127 first. */
+static void q8_ref(const float *x, size_t n, unsigned char *out) {
+  size_t lo, i;
+  for (lo = 0; lo < n; lo += 256, out += 257) {
+    size_t c = n - lo < 256 ? n - lo : 256;
+    float amax = 0;
+    int e = -126;
+    for (i = 0; i < c; i++) if (fabsf(x[lo + i]) > amax) amax = fabsf(x[lo + i]);
+    while (127.0f * ldexpf(1.0f, e) < amax) e++;
+    out[0] = (unsigned char)(e + 127);
+    for (i = 0; i < c; i++) {
+      int q = (int)nearbyintf(ldexpf(fabsf(x[lo + i]), -e));
+      out[1 + i] = (unsigned char)((signbit(x[lo + i]) ? -q : q) & 0xff);
+    }
+  }
+}
+static float q8_val(const unsigned char *b, size_t k) {
+  const unsigned char *blk = b + k / 256 * 257;
+  int q = blk[1 + k % 256];
+  return blk[0] ? ldexpf((float)(q < 128 ? q : q - 256), blk[0] - 127) : 0.0f;
+}
+static size_t q8_bytes(size_t n) { return n + (n + 255) / 256; }
+
+static void test_momentum_int8(void) {
+  enum { N1 = 2 * 24 * 40, N2 = 50 * 16 };
+  static float mom1[N1], mom2[N2];
+  static unsigned char q[N1 + 64];
+  model a, b, c;
+  muon_desc d = muon_default_desc(), d8 = muon_default_desc();
+  muon_optimizer *oa = NULL, *ob = NULL, *oc = NULL;
+  muon_matrix ma = muon_default_matrix(), mb = muon_default_matrix();
+  muon_adamw_param p = muon_default_adamw_param(), pq = muon_default_adamw_param();
+  muon_stats sa, sb;
+  muon_hparams hp;
+  const float *buf;
+  const void *raw;
+  muon_momentum_format fmt;
+  size_t n, k, bad = 0;
+  void *blob = NULL;
+  int step, i;
+  TEST_CASE("int8 momentum: an fp32 run quantised after every step, bit for bit; state; bad values");
+  d8.hparams.momentum_format = MUON_MOMENTUM_INT8;
+  model_init(&a, 9u);
+  memcpy(&b, &a, sizeof b);
+  if (muon_create(&oa, &d) != MUON_OK || muon_create(&ob, &d8) != MUON_OK) { CHECK(0, "create"); return; }
+  ma.name = "w1"; ma.param = a.w1; ma.grad = a.g1; ma.rows = 24; ma.cols = 40; ma.count = 2; ma.momentum = mom1;
+  mb.name = "w2"; mb.param = a.w2; mb.grad = a.g2; mb.rows = 50; mb.cols = 16; mb.momentum = mom2;
+  p.name = "b"; p.param = a.b; p.grad = a.gb; p.size = 24;
+  pq.name = "e"; pq.param = a.e; pq.grad = a.ge; pq.size = 10;
+  CHECK(muon_add_matrix(oa, &ma, NULL) == MUON_OK && muon_add_matrix(oa, &mb, NULL) == MUON_OK &&
+        muon_add_adamw_param(oa, &p, NULL) == MUON_OK && muon_add_adamw_param(oa, &pq, NULL) == MUON_OK,
+        "register a: %s", muon_error(oa));
+  CHECK(model_register(ob, &b) == MUON_OK, "register b: %s", muon_error(ob));
+  for (step = 0; step < 6; step++) {
+    model_grads(&a, 200u + (unsigned)step);
+    model_grads(&b, 200u + (unsigned)step);
+    CHECK(muon_step(oa) == MUON_OK && muon_step(ob) == MUON_OK, "step %d: %s %s", step, muon_error(oa), muon_error(ob));
+    for (i = 0; i < 3; i++) {   /* each matrix's blocks are its own */
+      float *m = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
+      size_t nm = i < 2 ? 24u * 40 : (size_t)N2;
+      q8_ref(m, nm, q);
+      for (k = 0; k < nm; k++) m[k] = q8_val(q, k);
+    }
+  }
+  bad = !same(a.w1, b.w1, sizeof a.w1) + !same(a.w2, b.w2, sizeof a.w2) + !same(a.b, b.b, sizeof a.b);
+  CHECK(bad == 0, "parameters differ from the quantised fp32 run");
+  for (i = 0; i < 3; i++) {
+    const float *ref = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
+    CHECK(muon_get_momentum_stored(ob, i, &raw, &n, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_INT8 &&
+              n == (i < 2 ? 24u * 40 : (size_t)N2), "get_momentum_stored %d", i);
+    q8_ref(ref, n, q);
+    CHECK(same(raw, q, q8_bytes(n)), "matrix %d: the stored blocks differ from the rule's", i);
+  }
+  CHECK(muon_get_momentum(ob, 0, &buf, &n) == MUON_ERR_ARG && !buf && !n, "muon_get_momentum of int8: not floats");
+  muon_get_stats(oa, &sa);
+  muon_get_stats(ob, &sb);
+  CHECK(sa.state_bytes - sb.state_bytes == 4 * (size_t)(N1 + N2) - (2 * q8_bytes(N1 / 2) + q8_bytes(N2)),
+        "state bytes %zu (fp32) vs %zu (int8)", sa.state_bytes, sb.state_bytes);
+
+  /* save int8 -> load into int8 (continues bit for bit) and into fp32 (the same values) */
+  n = muon_state_size(ob);
+  blob = malloc(n);
+  CHECK(muon_state_save(ob, blob, n) == MUON_OK, "save: %s", muon_error(ob));
+  memcpy(&c, &b, sizeof c);
+  CHECK((oc = make_opt(&c, &d8)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load int8");
+  model_grads(&b, 999u);
+  model_grads(&c, 999u);
+  CHECK(muon_step(ob) == MUON_OK && muon_step(oc) == MUON_OK, "step after load");
+  CHECK(same(b.w1, c.w1, sizeof b.w1) && same(b.w2, c.w2, sizeof b.w2), "a loaded int8 run continues bit for bit");
+  muon_destroy(oc);
+  memcpy(&c, &a, sizeof c);
+  CHECK((oc = make_opt(&c, NULL)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load into fp32");
+  CHECK(oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK && k == N2, "fp32 momentum");
+  for (k = 0, bad = 0; oc && k < N2; k++) bad += buf[k] != mom2[k];
+  CHECK(bad == 0, "int8 -> fp32 load: %zu values differ", bad);
+  /* and an fp32 blob into int8 quantises by the rule */
+  free(blob);
+  n = muon_state_size(oc);
+  blob = malloc(n);
+  if (oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK)   /* values int8 cannot hold (host memory) */
+    for (k = 0; k < N2; k++) ((float *)(uintptr_t)buf)[k] = mom2[k] = mom2[k] * 1.0009765625f + 1e-9f * (float)k;
+  CHECK(oc && muon_state_save(oc, blob, n) == MUON_OK, "save fp32");
+  muon_destroy(oc);
+  memcpy(&c, &a, sizeof c);
+  CHECK((oc = make_opt(&c, &d8)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "fp32 -> int8 load");
+  CHECK(oc && muon_get_momentum_stored(oc, 2, &raw, &k, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_INT8 && k == N2, "get");
+  q8_ref(mom2, N2, q);
+  CHECK(oc && same(raw, q, q8_bytes(N2)), "fp32 -> int8 load: the blocks are not the rule's");
+  muon_destroy(oc);
+  free(blob);
+
+  /* bad values, each naming the field */
+  CHECK(muon_get_group(ob, 0, &hp) == MUON_OK, "get_group");
+  hp.momentum_format = MUON_MOMENTUM_BF16;
+  CHECK(muon_set_group(ob, 0, &hp) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
+        "changing a used group's format: %s", muon_error(ob));
+  hp.momentum_format = (muon_momentum_format)3;
+  CHECK(muon_add_group(ob, &hp, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
+        "format 3: %s", muon_error(ob));
+  mb.momentum = mom2; mb.name = "w3";
+  CHECK(muon_add_matrix(ob, &mb, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_matrix.momentum") &&
+        muon_matrix_count(ob) == 3, "a trainer's float buffer with int8: %s", muon_error(ob));
+  muon_destroy(oa);
+  muon_destroy(ob);
+
+  /* a device backend without the blockwise slot cannot hold 8-bit momentum */
+  {
+    static muon_compute_vtable vt;
+    muon_compute cpu = muon_compute_cpu(), dev;
+    muon_matrix m = muon_default_matrix();
+    static float w[8 * 8], g[8 * 8];
+    vt = *cpu.vt;
+    vt.memory = MUON_MEMORY_DEVICE;
+    vt.blockwise = NULL;
+    dev.vt = &vt; dev.ctx = cpu.ctx;
+    d8.compute = &dev;
+    m.param = w; m.grad = g; m.rows = 8; m.cols = 8;
+    CHECK(muon_create(&oc, &d8) == MUON_OK, "create: %s", oc ? muon_error(oc) : "");
+    CHECK(oc && muon_add_matrix(oc, &m, NULL) == MUON_ERR_BACKEND && strstr(muon_error(oc), "blockwise") &&
+              strstr(muon_error(oc), "momentum_format") && muon_matrix_count(oc) == 0,
+          "no blockwise slot: %s", oc ? muon_error(oc) : "");
+    muon_destroy(oc);
+  }
+}
+
 int main(void) {
   test_defaults();
   test_bad_desc();
@@ -1826,5 +1972,6 @@ int main(void) {
   test_dropin();
   test_orthogonality();
   test_momentum_bf16();
+  test_momentum_int8();
   return test_summary();
 }

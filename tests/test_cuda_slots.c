@@ -535,6 +535,40 @@ static void test_scale(void) {
   free(p0); free(pw); free(gotf); free(p0b); free(pwb); free(mw); free(gotb);
 }
 
+/* blockwise (MUON_MOMENTUM_INT8): bitwise the host's muon__q8_encode / muon__q8_decode, a short
+   last block, tiny, huge, zero and negative-zero blocks. */
+static void test_blockwise(void) {
+  const size_t n = 5 * 256 + 37, nb = (n + 255) / 256, bytes = n + nb;
+  float *x = (float *)xmalloc(n * 4), *back = (float *)xmalloc(n * 4), *got = (float *)xmalloc(n * 4);
+  unsigned char *q = (unsigned char *)xmalloc(bytes), *gotq = (unsigned char *)xmalloc(bytes);
+  void *dx = dalloc(n * 4), *dq = dalloc(bytes);
+  size_t b, i;
+  TEST_CASE("blockwise: int8 blocks to and from fp32, bitwise the host's formulas");
+  CHECK(G.vt->blockwise != NULL, "the blockwise slot is NULL");
+  fill(x, n, 3.0f, 0);
+  for (i = 256; i < 512; i++) x[i] *= 1e-37f;           /* block 1: near the smallest scale */
+  for (i = 512; i < 768; i++) x[i] *= 1e37f;            /* block 2: near the largest */
+  for (i = 768; i < 1024; i++) x[i] = i & 1 ? -0.0f : 0.0f;   /* block 3: zeros */
+  for (b = 0; b < nb; b++) {
+    size_t lo = b * 256, c = n - lo < 256 ? n - lo : 256;
+    muon__q8_encode(x + lo, c, q + b * 257);
+    muon__q8_decode(q + b * 257, c, back + lo);
+  }
+  if (G.vt->blockwise) {
+    up(dx, x, n * 4);
+    CHECK(G.vt->blockwise(G.ctx, 1, n, (float *)dx, dq) == MUON_OK, "to int8: %s", G.vt->error(G.ctx));
+    CHECK(G.vt->blockwise(G.ctx, 1, 0, (float *)dx, dq) == MUON_OK, "nothing: %s", G.vt->error(G.ctx));
+    down(gotq, dq, bytes);
+    if (sync_ok()) CHECK(memcmp(gotq, q, bytes) == 0, "int8 blocks differ from muon__q8_encode's");
+    CHECK(G.vt->zero(G.ctx, dx, n * 4) == MUON_OK, "zero");
+    CHECK(G.vt->blockwise(G.ctx, 0, n, (float *)dx, dq) == MUON_OK, "to fp32: %s", G.vt->error(G.ctx));
+    down(got, dx, n * 4);
+    if (sync_ok()) same_bits(got, back, n, 4, "fp32 values");
+  }
+  dfree(dx); dfree(dq);
+  free(x); free(back); free(got); free(q); free(gotq);
+}
+
 /* apply's cautious decay at the signs of zero (tests/cautious.h): bitwise the cautious_wd formula. */
 static void test_cautious_zeros(void) {
   muon_apply_args a;
@@ -1194,6 +1228,7 @@ int main(void) {
   test_momentum();
   test_apply();
   test_scale();
+  test_blockwise();
   test_cautious_zeros();
   test_adamw();
   test_ns_workspace();

@@ -39,9 +39,10 @@ static const char *fs_dir;
 
 /* ---- the flaky compute backend ------------------------------------------------------------- */
 enum { FB_ALLOC, FB_COPY, FB_ZERO, FB_PACK, FB_MOMENTUM, FB_NS, FB_APPLY, FB_ADAMW, FB_NONFINITE,
-       FB_CAST, FB_SYNC, FB_NORMUON, FB_SLOTS };
+       FB_CAST, FB_SYNC, FB_NORMUON, FB_BLOCKWISE, FB_SLOTS };
 static const char *const fb_names[FB_SLOTS] = { "alloc", "copy", "zero", "pack", "momentum", "newton_schulz",
-                                                "apply", "adamw", "nonfinite", "cast", "sync", "normuon" };
+                                                "apply", "adamw", "nonfinite", "cast", "sync", "normuon",
+                                                "blockwise" };
 
 typedef struct fb_ctx {
   muon_compute cpu;
@@ -101,6 +102,9 @@ static muon_status fb_sync(void *c) { return FB_CALL(c, FB_SYNC, sync(FB_CPU(c).
 static muon_status fb_normuon(void *c, float *X, int m, int n, int pc, const float *v, float *vn, const muon_hparams *hp) {
   return FB_CALL(c, FB_NORMUON, normuon(FB_CPU(c).ctx, X, m, n, pc, v, vn, hp));
 }
+static muon_status fb_blockwise(void *c, int to_int8, size_t n, float *x, void *q) {
+  return FB_CALL(c, FB_BLOCKWISE, blockwise(FB_CPU(c).ctx, to_int8, n, x, q));
+}
 static const char *fb_error(void *c) { return ((fb_ctx *)c)->text; }
 
 /* Every slot of vtable version 1 is wrapped below (newton_schulz_many counted as newton_schulz);
@@ -119,6 +123,7 @@ static muon_compute fb_init(fb_ctx *f, int device) {
   f->vt.ns_workspace = fb_ns_workspace; f->vt.newton_schulz = fb_ns; f->vt.apply = fb_apply;
   f->vt.adamw = fb_adamw; f->vt.nonfinite = fb_nonfinite; f->vt.cast = fb_cast; f->vt.sync = fb_sync;
   f->vt.error = fb_error; f->vt.destroy = NULL; f->vt.normuon = fb_normuon; f->vt.newton_schulz_many = fb_ns_many;
+  f->vt.blockwise = fb_blockwise;
   c.vt = &f->vt;
   c.ctx = f;
   return c;
@@ -442,7 +447,8 @@ static void fs_step(fs_run *r, int step) {
 /* A new optimizer on the run's model, registration included (counted unless paused). */
 static int fs_create(fs_run *r) {
   muon_hparams hp = muon_default_hparams();
-  hp.normuon = MUON_NORMUON_LARGER;   /* group 1: h and s */
+  hp.normuon = MUON_NORMUON_LARGER;   /* group 1: h and s, their momentum 8-bit (the blockwise slot) */
+  hp.momentum_format = MUON_MOMENTUM_INT8;
   if (muon_create(&r->opt, &r->desc) != MUON_OK || muon_add_group(r->opt, &hp, NULL) != MUON_OK) {
     fs_bad(r, "create: %s", muon_error(r->opt));
     return 0;

@@ -38,7 +38,7 @@ static const ex_spec specs[N_SPECS] = {
 #define N_SLICES 6   /* qkv, fc, blocks.w[0..2], head */
 static muon_normuon normuon;   /* --normuon rows|larger: NorMuon, whose second moments follow their
                                   matrices to the new owners */
-static muon_momentum_format mom_fmt;   /* --momentum bf16: stored bf16, the reference's too */
+static muon_momentum_format mom_fmt;   /* --momentum bf16|int8: stored so, the reference's too */
 
 typedef struct model {
   /* the single device */
@@ -241,12 +241,39 @@ static long long params_differ(const model *m) {
   return bad;
 }
 
+/* An 8-bit momentum (blocks of the whole matrix: on its owner, or on every holder before the
+   first plan, none elsewhere) against the reference's, value by value. */
+static long long momentum_differs_int8(const model *m, int s, int zero) {
+  const void *rm = NULL, *rf = NULL;
+  size_t n, nf, e, full = (size_t)slice_spec(s)->rows * (size_t)slice_spec(s)->cols;
+  muon_momentum_format fm, ff;
+  long long bad = 0;
+  float *a, *b;
+  if (muon_get_momentum_stored(m->opt, s, &rm, &n, &fm) != MUON_OK || fm != mom_fmt) return -1;
+  if (muon_get_momentum_stored(m->ref, s, &rf, &nf, &ff) != MUON_OK || ff != mom_fmt || nf != full) return -1;
+  if (n != full) return n == 0 && m->n[s] != full ? 0 : -1;
+  a = (float *)malloc(full * sizeof(float));
+  b = (float *)calloc(full, sizeof(float));
+  muon__cpu_blockwise(NULL, 0, full, a, (void *)(uintptr_t)rm);
+  if (!zero) muon__cpu_blockwise(NULL, 0, full, b, (void *)(uintptr_t)rf);
+  for (e = 0; e < full; e++) bad += memcmp(&a[e], &b[e], sizeof(float)) != 0;
+  free(a);
+  free(b);
+  return bad;
+}
+
 /* Local momentum against the reference's: how many elements differ; `zero`: against 0. */
 static long long momentum_differs(const model *m, int zero) {
   long long bad = 0;
   int s;
   size_t e;
   for (s = 0; s < N_SLICES; s++) {
+    if (mom_fmt == MUON_MOMENTUM_INT8) {
+      long long d = momentum_differs_int8(m, s, zero);
+      if (d < 0) return -1;
+      bad += d;
+      continue;
+    }
     const void *rm = NULL, *rf = NULL;
     const float *mine, *full;
     size_t n, nf;
@@ -308,7 +335,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--save") && i + 1 < argc) save = argv[++i];
     else if (!strcmp(argv[i], "--load") && i + 1 < argc) load = argv[++i];
     else if (!strcmp(argv[i], "--from") && i + 1 < argc) from = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--momentum") && i + 1 < argc) { i++; mom_fmt = !strcmp(argv[i], "bf16") ? MUON_MOMENTUM_BF16 : MUON_MOMENTUM_FP32; }
+    else if (!strcmp(argv[i], "--momentum") && i + 1 < argc) {
+      i++;
+      mom_fmt = !strcmp(argv[i], "bf16") ? MUON_MOMENTUM_BF16 : !strcmp(argv[i], "int8") ? MUON_MOMENTUM_INT8 : MUON_MOMENTUM_FP32;
+    }
     else if (!strcmp(argv[i], "--normuon") && i + 1 < argc) { i++; normuon = !strcmp(argv[i], "rows") ? MUON_NORMUON_ROWS : MUON_NORMUON_LARGER; }
   }
   if (!layout || !!save == !!load || (load && from < 1)) {
