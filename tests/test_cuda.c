@@ -447,6 +447,15 @@ static void snap_take(snap *sn, const trainer *t, int with_state) {
         else tr_get(t, h, buf, size * 2);
         for (e = 0; e < size; e++) { uint32_t u = (uint32_t)h[e] << 16; memcpy(&dst[e], &u, 4); }
         free(h);
+      } else if (ok && f == MUON_MOMENTUM_INT8) {   /* blocks: decoded here by muon.h's formula */
+        size_t bytes = size + (size + MUON_Q8_BLOCK - 1) / MUON_Q8_BLOCK, e;
+        unsigned char *q = (unsigned char *)xmalloc(bytes + 1);
+        if (t->cuda && t->s.state_on_host) memcpy(q, buf, bytes);
+        else tr_get(t, q, buf, bytes);
+        for (e = 0; e < size; e += MUON_Q8_BLOCK)
+          muon__q8_decode(q + e + e / MUON_Q8_BLOCK, size - e < MUON_Q8_BLOCK ? size - e : MUON_Q8_BLOCK,
+                          sn->mom[i] + k * mat_n(m) + e);
+        free(q);
       } else if (ok && t->cuda && t->s.state_on_host) {
         memcpy(sn->mom[i] + k * mat_n(m), buf, size * 4);
       } else if (ok) tr_get(t, sn->mom[i] + k * mat_n(m), buf, size * 4);
@@ -626,8 +635,8 @@ static void case_vs_cpu(const setup *s, int keep) {
       snap_free(&sg);
     }
   }
-  if (s->hp.momentum_format == MUON_MOMENTUM_BF16)   /* widened and narrowed by cast: the CPU's bits */
-    CHECK(mom_bitwise, "bf16 momentum: CUDA's differs from the CPU's");
+  if (s->hp.momentum_format != MUON_MOMENTUM_FP32)   /* cast / blockwise on the shared formulas: the CPU's bits */
+    CHECK(mom_bitwise, "bf16 or int8 momentum: CUDA's differs from the CPU's");
   printf("  %-40s worst %s %.2e (bound %.0e, at %s); momentum rel %.2e (%s); AdamW rel %.2e (%s)\n", s->title + 3,
          bf16 ? "update rel err" : "param rel err", bf16 ? worst_update : worst_param, bf16 ? BF16_UPDATE_TOL : FP32_PARAM_TOL,
          worst_at, worst_mom, mom_bitwise ? "bitwise" : "NOT bitwise", worst_adamw, adamw_bitwise ? "bitwise" : "NOT bitwise");
@@ -651,6 +660,10 @@ static void cases_vs_cpu(void) {
   drain();
   s = base_setup("1. CPU vs CUDA: bf16 momentum");
   s.hp.momentum_format = MUON_MOMENTUM_BF16;
+  case_vs_cpu(&s, -1);
+  drain();
+  s = base_setup("1. CPU vs CUDA: int8 momentum");
+  s.hp.momentum_format = MUON_MOMENTUM_INT8;
   case_vs_cpu(&s, -1);
   drain();
   s = base_setup("1. CPU vs CUDA: Polar Express coefficients");
@@ -1298,8 +1311,8 @@ static void case_alloc(void) {
    bf16 mirrors rounded stochastically, which depend on the restored step count, momentum,
    state). The same blob loads into a CPU optimizer of the same shapes: its momentum (host
    memory) has the CUDA momentum's bits, and it saves back the identical blob; so does a CUDA
-   optimizer that takes it through muon_state_reshard. Run again with bf16 momentum
-   (muon_hparams.momentum_format): the device's bf16 buffers widen into the blob and narrow back.
+   optimizer that takes it through muon_state_reshard. Run again with bf16 and int8 momentum
+   (muon_hparams.momentum_format): the device's buffers widen into the blob and narrow back.
    ============================================================================================= */
 static void case_state(muon_momentum_format fmt) {
   trainer a, b, c;
@@ -1311,7 +1324,8 @@ static void case_state(muon_momentum_format fmt) {
   int step, i, k;
   muon_status st;
   TEST_CASE(bf ? "8b. state with bf16 momentum: the same on CUDA, the CPU and a reshard"
-               : "8. state: save after 3 CUDA steps, load, 2 more = 5 uninterrupted; loads on the CPU");
+     : fmt == MUON_MOMENTUM_INT8 ? "8c. state with int8 momentum: the same on CUDA, the CPU and a reshard"
+                                 : "8. state: save after 3 CUDA steps, load, 2 more = 5 uninterrupted; loads on the CPU");
   s.hp.momentum_format = fmt;
   s.mirror = 1;
   s.rounding = MUON_ROUND_STOCHASTIC;
@@ -1358,6 +1372,15 @@ static void case_state(muon_momentum_format fmt) {
             bad += memcmp(&u, at3.mom[i] + (size_t)k * rc + e, 4) != 0;
           }
           CHECK(bad == 0, "matrix %d slice %d: CPU bf16 momentum after load differs (%zu)", i, k, bad);
+        } else if (fmt == MUON_MOMENTUM_INT8) {   /* the CPU's blocks, decoded, against CUDA's decoded */
+          size_t e, bad = 0;
+          float d[MUON_Q8_BLOCK];
+          for (e = 0; e < rc; e += MUON_Q8_BLOCK) {
+            size_t c8 = rc - e < MUON_Q8_BLOCK ? rc - e : MUON_Q8_BLOCK;
+            muon__q8_decode((const unsigned char *)buf + e + e / MUON_Q8_BLOCK, c8, d);
+            bad += memcmp(d, at3.mom[i] + (size_t)k * rc + e, c8 * 4) != 0;
+          }
+          CHECK(bad == 0, "matrix %d slice %d: CPU int8 momentum after load differs (%zu blocks)", i, k, bad);
         } else
           CHECK(memcmp(buf, at3.mom[i] + (size_t)k * rc, rc * 4) == 0, "matrix %d slice %d: CPU momentum after load differs", i, k);
       }
@@ -1686,7 +1709,8 @@ static void host_resume(int from_host, int to_host, muon_momentum_format fmt) {
   for (step = 3; step < STEPS; step++) { tr_step(&a, step); tr_step(&b, step); }
   snap_take(&sa, &a, 1);
   snap_take(&sb, &b, 1);
-  snprintf(what, sizeof what, "%s%s blob resumed %s", fmt == MUON_MOMENTUM_BF16 ? "bf16 momentum, " : "",
+  snprintf(what, sizeof what, "%s%s blob resumed %s",
+           fmt == MUON_MOMENTUM_BF16 ? "bf16 momentum, " : fmt == MUON_MOMENTUM_INT8 ? "int8 momentum, " : "",
            from_host ? "host-resident" : "device-resident", to_host ? "host-resident" : "device-resident");
   if (snap_same(&sa, &sb, what)) printf("  %s: steps 4-5 bitwise equal\n", what);
   if (to_host) {   /* resharding the step-3 blob into a host-resident optimizer saves it back unchanged */
@@ -1787,10 +1811,13 @@ static void case_state_on_host(void) {
   s.hp.momentum_format = MUON_MOMENTUM_BF16;   /* bf16 bytes staged through the scratch's bf16 half */
   s.hp.normuon = MUON_NORMUON_ROWS;
   host_vs_device(&s, "bf16 momentum, NorMuon");
+  s.hp.momentum_format = MUON_MOMENTUM_INT8;   /* int8 blocks through the same bytes */
+  host_vs_device(&s, "int8 momentum, NorMuon");
   host_resume(0, 1, MUON_MOMENTUM_FP32);
   host_resume(1, 0, MUON_MOMENTUM_FP32);
   host_resume(0, 1, MUON_MOMENTUM_BF16);
   host_resume(1, 0, MUON_MOMENTUM_BF16);
+  host_resume(0, 1, MUON_MOMENTUM_INT8);
 #ifdef MUON_CUDA_STANDIN
   muon_standin_pinned_private(0);   /* proven above; the fault walk below needs speed, not this */
   {
@@ -1848,6 +1875,7 @@ int main(void) {
 #endif
   case_state(MUON_MOMENTUM_FP32);
   case_state(MUON_MOMENTUM_BF16);
+  case_state(MUON_MOMENTUM_INT8);
   drain();
   case_formats_nearest();
   drain();
