@@ -394,7 +394,7 @@ TESTS_cuda := \
   "$(BUILD)/muonrun -n 4 --timeout 120 $(BUILD)/cuda/tp_fsdp --normuon rows --gram --late --quiet && echo 'cuda tp_fsdp --normuon rows --gram --late: 1 passed, 0 failed'" \
   $(call sr_runs,$(BUILD)/cuda,fsdp,1 2 4) $(call sr_runs,$(BUILD)/nccl,fsdp,1 2 4) $(call sr_runs,$(BUILD)/nccl,pp,4) \
   $(call mom_runs,$(BUILD)/cuda,tp_fsdp,4,bf16) $(call mom_runs,$(BUILD)/nccl,fsdp_flat,2,bf16) \
-  $(call mom_runs,$(BUILD)/cuda,tp_fsdp,4,int8)
+  $(call mom_runs,$(BUILD)/cuda,tp_fsdp,4,int8) $(call mom_runs,$(BUILD)/nccl,fsdp_flat,3,int8)
 NEEDS_cuda := $(addprefix $(BUILD)/cuda/,muonrun $(STRATEGIES)) $(addprefix $(BUILD)/nccl/,muonrun $(STRATEGIES)) \
   $(BUILD)/cuda/muon_cuda.o $(BUILD)/cuda/test_cuda_slots_gpu $(addprefix $(BUILD)/gpu/,bench_gpu test_nccl bench_nccl)
 else
