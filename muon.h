@@ -1328,7 +1328,9 @@ MUON__HD unsigned char muon__q8(float v, unsigned char E) {
   float t = muon__mul(muon__u2f(muon__f2u(v) & 0x7fffffffu), muon__pow2(127 - (int)E));
   int q;
   t = muon__sub(muon__add(t, 8388608.0f), 8388608.0f);   /* 2^23: rounds to an integer, to even */
-  q = t <= 127.0f ? (int)t : t > 127.0f ? 127 : 0;       /* NaN: 0 (a step never stores one) */
+  if (!(t <= 127.0f)) q = t > 127.0f ? 127 : 0;          /* NaN: 0 (a step never stores one) */
+  else q = (int)(muon__f2u(muon__add(t, 8388608.0f)) - 0x4b000000u);   /* t's value from its bits: no
+                                                           float-to-int conversion, which fast-math flushes */
   return (unsigned char)((muon__f2u(v) >> 31) ? 256 - q : q);
 }
 MUON__HD float muon__dq8(unsigned char q, unsigned char E) {
