@@ -8,9 +8,6 @@ CWARN    := -std=c99 -Wall -Wextra -Wpedantic -Werror
 CXXWARN  := -std=c++17 -Wall -Wextra -Werror
 OPT      ?= -O2 -march=native
 O2       ?= -O2            # the fixed level of the tools, stand-ins and backend objects (coverage: -O0)
-# The examples' level: they check layouts, whose steps wait on the network, not on -O2; the
-# library's -O2 (and -Ofast) builds are the tests'. -Og halves make test's compile time for them.
-EXOPT    ?= -Og -march=native
 SAN      := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
 BLAS_CFLAGS = $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   = $(shell pkg-config --libs openblas 2>/dev/null || echo -lopenblas)
@@ -78,7 +75,7 @@ endif
 
 # ==== build families: a binary's directory and name say how it is built ======================
 #   tools/X.c             $(BUILD)/X          the tools, at $(O2)
-#   examples/X.c          $(BUILD)/X          $(EXOPT), linked with the Gloo shim (single.c: alone)
+#   examples/X.c          $(BUILD)/X          $(OPT), linked with the Gloo shim (single.c: alone)
 #   tests/X.c             $(BUILD)/X          C99 at $(OPT)
 #                         $(BUILD)/X_cxx      the same source as C++17
 #                         $(BUILD)/X_san      AddressSanitizer + UBSan ($(SAN))
@@ -147,9 +144,9 @@ $(BUILD)/golden/qk_clip.bin: tests/ref_qk_clip.py | $(BUILD)
 # ---- examples -------------------------------------------------------------------------------
 examples: deps $(addprefix $(BUILD)/,$(EXAMPLES))
 $(BUILD)/single: examples/single.c muon.h | $(BUILD)
-	$(CC) $(CWARN) $(EXOPT) -I. $< -o $@ -lm
+	$(CC) $(CWARN) $(OPT) -I. $< -o $@ -lm
 $(BUILD)/%: examples/%.c examples/common.h muon.h muon_gloo.h $(BUILD)/muon_gloo.o | $(BUILD)
-	$(CC) $(CWARN) $(EXOPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
+	$(CC) $(CWARN) $(OPT) $(INC) $< $(BUILD)/muon_gloo.o -o $@ $(GLOO_LIBS)
 
 # The flagship: TP x FSDP (2 x 2) on 4 local Gloo processes, checked bitwise against one device.
 demo: deps $(BUILD)/muonrun $(BUILD)/tp_fsdp
@@ -190,7 +187,7 @@ $(BUILD)/cuda/%_fast: tests/%.c $(CUDA_DEPS) $(BUILD)/cuda/standin.o
 $(BUILD)/cuda/%_standin: bench/%.c bench/bench.h muon.h muon_cuda.h $(BUILD)/cuda/standin.o
 	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(BUILD)/cuda/standin.o -o $@ -lm
 $(BUILD)/cuda/%: examples/%.c examples/common.h muon.h muon_gloo.h muon_cuda.h $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o
-	$(CC) $(CWARN) $(EXOPT) -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
+	$(CC) $(CWARN) $(O2) -DEX_CUDA $(STANDIN) $(INC) $< $(BUILD)/muon_gloo.o $(BUILD)/cuda/standin.o -o $@ $(GLOO_LIBS)
 
 # ---- NCCL: muon_nccl.h compiled against the real nccl.h and run on the stand-ins (nccl/): the
 # tests, the bench's smoke run, every strategy with CUDA compute + NCCL; the _san build puts
@@ -202,7 +199,7 @@ $(BUILD)/nccl/%_san: tests/%.c $(CUDA_DEPS) muon_nccl.h examples/muon_nccl.c $(B
 $(BUILD)/nccl/%: bench/%.c muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
 	$(CC) $(CWARN) $(O2) $(STANDIN) -I. $< $(NCCL_STANDIN) -o $@ -lm -pthread
 $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $(NCCL_STANDIN)
-	$(CC) $(CWARN) $(EXOPT) -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
+	$(CC) $(CWARN) $(O2) -DEX_NCCL $(STANDIN) $(INC) $< $(NCCL_STANDIN) -o $@ -lm -pthread
 
 # ---- MPI (mpi/): muon_mpi.h over Open MPI, run under mpirun (tests/run_mpi.sh, run_examples.sh
 # --mpi): tests/test_mpi.c, test_dist and the strategy examples with -DEX_MPI (common.h's world is
@@ -211,12 +208,12 @@ $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $
 MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null | sed 's/-I/-isystem /g')
 MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null)
 mpi_build  = @if pkg-config --exists ompi-c; then \
-	  echo "$(CC) ... -DEX_MPI $< -o $@"; $(CC) $(CWARN) $(1) $(posix) -DEX_MPI $(MPI_CFLAGS) $(INC) $< -o $@ $(MPI_LIBS) -lm; \
+	  echo "$(CC) ... -DEX_MPI $< -o $@"; $(CC) $(CWARN) $(OPT) $(posix) -DEX_MPI $(MPI_CFLAGS) $(INC) $< -o $@ $(MPI_LIBS) -lm; \
 	else echo "Open MPI (libopenmpi-dev) not installed: $@ not built"; fi
 $(BUILD)/mpi/%: tests/%.c $(TEST_DEPS) muon_mpi.h examples/common.h | $(BUILD)/mpi
-	$(call mpi_build,$(OPT))
+	$(mpi_build)
 $(BUILD)/mpi/%: examples/%.c examples/common.h muon.h muon_mpi.h | $(BUILD)/mpi
-	$(call mpi_build,$(EXOPT))
+	$(mpi_build)
 
 # ---- on a real GPU (gpu/): the same suites and benches linked against nvcc's object and the
 # real libraries (and libnccl); built by make test to prove the calls link, run by test-gpu.
@@ -441,7 +438,7 @@ COV_BUILD := $(BUILD)/cov
 coverage: deps
 	@tools/install-deps.sh gcovr
 	@rm -rf $(COV_BUILD) && mkdir -p $(COV_BUILD)
-	@$(MAKE) --no-print-directory BUILD=$(COV_BUILD) OPT="-O0 -march=native" EXOPT="-O0 -march=native" O2=-O0 REPLAY_SAN=-O0 \
+	@$(MAKE) --no-print-directory BUILD=$(COV_BUILD) OPT="-O0 -march=native" O2=-O0 REPLAY_SAN=-O0 \
 	  CC="$(CC) --coverage -DMUON_COVERAGE" CXX="$(CXX) --coverage -DMUON_COVERAGE" test \
 	  | tee $(COV_BUILD)/test.log; echo "suite: $$(tail -n 1 $(COV_BUILD)/test.log)"
 	@rm -f a-*.gcno   # check-headers' syntax-only compiles leave their notes in the working directory
