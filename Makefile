@@ -409,12 +409,14 @@ TABLES    := unit dist examples cuda
 $(foreach t,$(TABLES),$(eval BINS_$t := $$(strip $$(call uniq,$$(call binaries,$$(TESTS_$t)) $$(NEEDS_$t)))))
 TEST_BINS := $(call uniq,$(foreach t,$(TABLES),$(BINS_$t)))
 
-# The binaries build in parallel (JOBS, default: every core); the tests then run one at a time,
-# all four tables in one tests/run.sh (one closing line); test-<table> builds and runs one.
+# The binaries build in parallel (JOBS, default: every core); the tests then run in two lanes
+# side by side, each one command at a time (tests/run.sh's "::"), with one closing line: the
+# single-process and stand-in tables beside the multi-process ones, whose ranks mostly wait on
+# the network. test-<table> builds and runs one table alone.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 test: deps check-headers
 	@$(MAKE) --no-print-directory -j$(JOBS) $(TEST_BINS)
-	@tests/run.sh $(foreach t,$(TABLES),$(TESTS_$t))
+	@tests/run.sh $(TESTS_unit) $(TESTS_cuda) :: $(TESTS_dist) $(TESTS_examples)
 $(addprefix test-,$(TABLES)): test-%: deps
 	$(if $(BINS_$*),@$(MAKE) --no-print-directory -j$(JOBS) $(BINS_$*))
 	@tests/run.sh $(TESTS_$*)
