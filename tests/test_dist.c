@@ -539,6 +539,34 @@ static void test_validation(void) {
   }
 }
 
+/* One name under many layout keys is many matrices: the planner's table matches (name, key), and
+   with 48 keys per rank of one name, some must meet in one probe chain of its hash table. */
+static void test_one_name_many_keys(void) {
+  enum { K = 48 };
+  muon_dist_config c = muon_layout_config();
+  muon_optimizer *opt;
+  tmat t[K];
+  muon_layout l;
+  muon_status st;
+  int k, ok = 1;
+  TEST_CASE("one name under 48 layout keys per rank: 48 x world matrices, planned");
+  opt = make(&c, NULL);
+  memset(&l, 0, sizeof l);   /* held whole by this rank alone, as an expert */
+  for (k = 0; k < K; k++) {
+    l.key = 1000 + W.rank * K + k;
+    tmat_init(&t[k], "expert.w", 4, 6, NULL, 1.0f);
+    t[k].layout = l;
+    ok &= tmat_add(opt, &t[k]) == MUON_OK;
+  }
+  CHECK(ok, "add: %s", muon_error(opt));
+  st = muon_plan(opt);
+  CHECK(st == MUON_OK, "muon_plan: %s", muon_error(opt));
+  if (st == MUON_OK)
+    CHECK(muon_global_count(opt) == K * W.size, "%d global matrices, expected %d", muon_global_count(opt), K * W.size);
+  for (k = 0; k < K; k++) tmat_free(&t[k]);
+  muon_destroy(opt);
+}
+
 /* ---- non-finite gradients: agreed by all ranks ----------------------------------------------- */
 static void test_nonfinite(void) {
   muon_auto_desc ad;
@@ -943,6 +971,7 @@ int main(int argc, char **argv) {
   test_owners();
   test_memory();
   test_validation();
+  test_one_name_many_keys();
   test_nonfinite();
   test_empty();
   test_state();

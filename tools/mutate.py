@@ -99,6 +99,9 @@ STEPS = [
     ("examples --normuon", ["build/fsdp", "build/tp_fsdp", "build/muonrun"],
      RUN + " -n 4 build/fsdp --normuon larger --cautious --late --quiet && "
      + RUN + " -n 4 build/tp_fsdp --normuon rows --gram --quiet", GLOO),
+    ("examples --momentum", ["build/fsdp_flat", "build/tp_fsdp", "build/muonrun"],
+     RUN + " -n 3 build/fsdp_flat --momentum int8 --quiet && "
+     + RUN + " -n 4 build/tp_fsdp --momentum bf16 --quiet", GLOO),
     ("cuda examples", ["build/cuda/fsdp", "build/cuda/tp_fsdp", "build/cuda/muonrun"],
      EXAMPLES_AT("build/cuda", "fsdp tp_fsdp"), CUDA | {"muon_gloo.h"}),
     ("nccl examples", ["build/nccl/fsdp", "build/nccl/tp_hsdp", "build/nccl/muonrun"],
