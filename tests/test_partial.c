@@ -1057,6 +1057,55 @@ static muon_status aw_step(muon_optimizer *opt, muon_optimizer *const *refs, int
 }
 
 /* 6a. SUM over the world, fp32, 29 elements. */
+/* A Partial *matrix* with replicas of its parts: [PARTIAL(2), REPLICATE(2)] at P = 4, so in rank
+   order the holders of the one piece have parts 0, 1, 0, 1 (interleaved): the planner must pair
+   each part once, however the parts interleave. Bitwise a single device given g0 + g1. */
+static void test_matrix_replica(void) {
+  enum { R = 12, C = 10, STEPS_ = 3 };
+  muon_dist_config cfg = muon_layout_config();
+  muon_optimizer *opt, *ref;
+  muon_layout l;
+  muon_matrix m = muon_default_matrix(), r = muon_default_matrix();
+  float w[R * C], g[R * C], rw[R * C], rg[R * C];
+  int t, e, part = W.rank % 2, bad = 0;
+  if (W.size != 4) return;
+  TEST_CASE("Partial matrix [PARTIAL(2), REPLICATE(2)] at P=4 (parts interleaved in rank order): bitwise one device");
+  memset(&l, 0, sizeof l);
+  l.n_levels = 2;
+  l.levels[0] = muon_partial(NULL, MUON_REDUCE_SUM);
+  l.levels[0].size = 2; l.levels[0].index = part;
+  l.levels[1] = muon_replicate(NULL);
+  l.levels[1].size = 2; l.levels[1].index = W.rank / 2;
+  opt = make_dist(MUON_NONFINITE_ERROR, &cfg);
+  ref = make_single();
+  CHECK(opt && ref, "create: %s", muon_error(NULL));
+  if (!opt || !ref) { muon_destroy(opt); muon_destroy(ref); return; }
+  for (e = 0; e < R * C; e++) w[e] = rw[e] = 0.2f * ex_value(ex_hash("replica_w", 1u), e);
+  m.name = r.name = "replica_w";
+  m.rows = r.rows = R;
+  m.cols = r.cols = C;
+  m.param = w; m.grad = g; m.layout = &l;
+  r.param = rw; r.grad = rg;
+  CHECK(muon_add_matrix(opt, &m, NULL) == MUON_OK, "add: %s", muon_error(opt));
+  CHECK(muon_add_matrix(ref, &r, NULL) == MUON_OK, "ref add: %s", muon_error(ref));
+  for (t = 0; t < STEPS_; t++) {
+    muon_status st;
+    for (e = 0; e < R * C; e++) {
+      float g0 = ex_value(ex_hash("replica_g0", (unsigned)t), e), g1 = ex_value(ex_hash("replica_g1", (unsigned)t), e);
+      g[e] = part ? g1 : g0;
+      rg[e] = g0 + g1;
+    }
+    st = muon_step(opt);
+    CHECK(st == MUON_OK, "rank %d step %d: %s", W.rank, t, muon_error(opt));
+    CHECK(muon_step(ref) == MUON_OK, "ref step: %s", muon_error(ref));
+    if (st != MUON_OK) break;
+  }
+  for (e = 0; e < R * C; e++) bad += memcmp(&w[e], &rw[e], sizeof w[e]) != 0;
+  CHECK(bad == 0, "rank %d: %d elements differ from one device", W.rank, bad);
+  muon_destroy(opt);
+  muon_destroy(ref);
+}
+
 static void test_aw_sum(void) {
   muon_dist_config cfg = muon_layout_config();
   muon_optimizer *opt = make_dist(MUON_NONFINITE_ERROR, &cfg), *ref = make_single_scaled(0.75f);
@@ -1928,6 +1977,7 @@ int main(int argc, char **argv) {
   test_state();
   test_reshard();
   test_errors();
+  test_matrix_replica();
   test_aw_sum();
   test_aw_mean_bf16();
   test_aw_mixed();

@@ -94,6 +94,7 @@ STEPS = [
     ("wire", ["build/ddp", "build/fsdp", "build/tp_fsdp", "build/hsdp", "build/muonrun"],
      "tests/run_wire.sh build 4 ddp fsdp tp_fsdp hsdp", GLOO),
     ("test_partial -n 3", ["build/test_partial", "build/muonrun"], RUN + " -n 3 build/test_partial build/partial", GLOO),
+    ("test_partial -n 4", ["build/test_partial", "build/muonrun"], RUN + " -n 4 build/test_partial build/partial", GLOO),
     ("partial", ["build/ddp", "build/cp", "build/hsdp", "build/tp_hsdp", "build/muonrun"],
      "tests/run_partial.sh build ddp cp hsdp tp_hsdp", GLOO),
     ("examples --normuon", ["build/fsdp", "build/tp_fsdp", "build/muonrun"],
