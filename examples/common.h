@@ -110,6 +110,9 @@ static inline ex_world ex_init(int argc, char **argv) {
   int i;
   memset(&w, 0, sizeof w);
   w.steps = 5;
+  /* Line by line: when another rank fails, the launcher stops this one with SIGTERM, and a
+     buffered line (the layout check's verdict, say) would die with it. */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--steps") && i + 1 < argc) w.steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--quiet")) w.quiet = 1;
