@@ -93,7 +93,7 @@ endif
 #   (gpu/: muon_nccl.o and libnccl; the stand-ins' self-tests: nccl_standin.o).
 WITH_PTHREAD := test_threads test_faults test_misuse test_parallel test_nccl_standin
 WITH_POSIX   := muonrun test_clip test_netns test_dist test_agree test_verify test_reshard test_partial
-WITH_GLOO    := test_gloo test_clip test_netns test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial
+WITH_GLOO    := test_gloo test_clip test_netns test_dist test_agree test_verify test_reshard test_partial test_llmc bench_dist bench_partial sim_plan
 WITH_NCCL    := test_nccl bench_nccl test_nccl_standin
 # ThreadSanitizer is slow: test_parallel's small problems, with the pool's split thresholds lowered.
 TSAN.test_parallel  := -DTEST_SMALL -DMUON__SPLIT_MACS=1000 -DMUON__SPLIT_ELEMENTS=256
@@ -309,8 +309,9 @@ RESHARD_TESTS := "rm -rf $(BUILD)/reshard && mkdir -p $(BUILD)/reshard && echo '
   "$(RUN) -n 3 $(RS) --layout ddp --momentum int8 --load $(BUILD)/reshard/h --from 4"
 
 # Gloo, several processes: the communicator, the distributed step, agreement, dead and stalled
-# peers, Partial gradients, checkpoints, the verification workflow; MPI; several hosts in network
-# namespaces (tests/run_netns.sh, root only, else one skipped line).
+# peers, Partial gradients, checkpoints, the verification workflow, the planner simulator against
+# a real run (sim_plan --real); MPI; several hosts in network namespaces (tests/run_netns.sh, root
+# only, else one skipped line).
 TESTS_dist := \
   $(call ranks,1 2 3 4 8,$(BUILD)/test_gloo) \
   "$(RUN) -n 4 $(BUILD)/test_gloo --die" "$(RUN) -n 3 $(BUILD)/test_gloo --die-started" "$(RUN) -n 3 $(BUILD)/test_gloo --stall" \
@@ -327,9 +328,10 @@ TESTS_dist := \
   $(RESHARD_TESTS) \
   $(call ranks,1 2 3 4,$(BUILD)/test_verify $(BUILD)/muoncmp $(BUILD)/verify) \
   "tests/run_wrong_dim.sh $(BUILD)" \
+  "$(RUN) -n 8 $(BUILD)/sim_plan --real tiny fsdp 2" "$(RUN) -n 4 $(BUILD)/sim_plan --real tiny-moe ep 2" \
   "tests/run_mpi.sh $(BUILD)" "timeout -k 10 300 tests/run_netns.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp) \
+NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/sim_plan $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp) \
   $(BUILD)/netrelay $(BUILD)/test_netns $(BUILD)/fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO

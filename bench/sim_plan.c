@@ -17,11 +17,14 @@
 
    Usage: sim_plan [--max-ranks W] [--min-ranks W] [--models a,b] [--meshes fsdp,hsdp,ep] [-v]
           sim_plan --text MODEL MESH W RANK   (that rank's muon_plan_text)
+          muonrun -n W sim_plan --real MODEL MESH TP   (rank r over Gloo against virtual rank r)
    --check: small worlds (8 to 64 ranks), exits non-zero unless the counted bytes equal the
-   plan's and the formula's (make test). */
+   plan's and the formula's (make test). --real (make test, tiny models at 4 and 8 ranks): a
+   real run over Gloo plans the same bytes of plan text and moves the bytes counted here. */
 #define _POSIX_C_SOURCE 200809L
 #define MUON_IMPLEMENTATION
 #include "muon.h"
+#include "muon_gloo.h"
 #include "bench.h"
 
 #include <stdint.h>
@@ -183,16 +186,23 @@ static muon_status sc_allgather(void *ctx, const void *send, void *recv, size_t 
   return MUON_OK;
 }
 static const char *sc_error(void *ctx) { return ((sim_comm *)ctx)->error; }
-static const muon_comm_vtable sim_comm_vt = {MUON_COMM_VTABLE_VERSION, sc_alltoallv, NULL /* join */,
-                                             NULL /* finish */, sc_allgather, sc_error, NULL /* destroy */,
-                                             MUON_MEMORY_DEVICE, 0 /* queued */};
+static const muon_comm_vtable sim_comm_vt = {
+    MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ sc_alltoallv,
+    /* .join      = */ NULL,
+    /* .finish    = */ NULL,
+    /* .allgather = */ sc_allgather,
+    /* .error     = */ sc_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_DEVICE,
+    /* .queued    = */ 0};
 
 /* ---- models: the hidden 2-D weights (torch's [out, in]); embeddings, head, norms and the
    MoE router are AdamW's and left out --------------------------------------------------------- */
 typedef struct model {
   const char *name;
   int layers, d, q, kv, ffn, pp;   /* q, kv: attention projections' out features; pp: stages */
-  int dense_layers, experts, expert_ffn, shared_ffn, mla;   /* MoE (DeepSeek-V3-like) */
+  int dense_layers, experts, expert_ffn, shared_ffn, mla;   /* MoE (DeepSeek-V3-like); mla: MLA's heads */
 } model;
 
 static const model MODELS[] = {
@@ -200,10 +210,10 @@ static const model MODELS[] = {
     {"llama3-8b", 32, 4096, 4096, 1024, 14336, 1, 0, 0, 0, 0, 0},
     {"llama3-70b", 80, 8192, 8192, 1024, 28672, 4, 0, 0, 0, 0, 0},
     {"llama3-405b", 126, 16384, 16384, 1024, 53248, 16, 0, 0, 0, 0, 0},
-    {"dsv3-moe", 61, 7168, 0, 0, 18432, 16, 3, 256, 2048, 2048, 1},
+    {"dsv3-moe", 61, 7168, 0, 0, 18432, 16, 3, 256, 2048, 2048, 128},
     /* --check only: small enough for every world size to divide it evenly */
     {"tiny", 4, 256, 256, 256, 1024, 2, 0, 0, 0, 0, 0},
-    {"tiny-moe", 2, 128, 0, 0, 512, 1, 1, 16, 64, 64, 1},
+    {"tiny-moe", 2, 128, 0, 0, 512, 1, 1, 16, 64, 64, 2},
 };
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 
@@ -216,10 +226,10 @@ static int layer_mats(const model *m, int l, int ep_index, int ep_size, mat *out
     out[n].cols = (c); out[n].tp_dim = (t); out[n].expert = (x); n++; } while (0)
   if (m->mla) {   /* MLA as its five projections (q_a, q_b, kv_a with the rope key, kv_b, o) */
     ADD("q_a", 1536, m->d, -1, -1);
-    ADD("q_b", 128 * 192, 1536, 0, -1);
+    ADD("q_b", m->mla * 192, 1536, 0, -1);
     ADD("kv_a", 512 + 64, m->d, -1, -1);
-    ADD("kv_b", 128 * 256, 512, 0, -1);
-    ADD("o", m->d, 128 * 128, 1, -1);
+    ADD("kv_b", m->mla * 256, 512, 0, -1);
+    ADD("o", m->d, m->mla * 128, 1, -1);
   } else if (m->q == m->kv) {   /* GPT-2: fused qkv */
     ADD("qkv", 3 * m->d, m->d, 0, -1);
     ADD("o", m->d, m->d, 1, -1);
@@ -253,12 +263,12 @@ static int layer_mats(const model *m, int l, int ep_index, int ep_size, mat *out
 /* ---- meshes: TP 8 (a node) x FSDP / HSDP / EP x PP, rank = tp + 8 (dp + D pp) --------------- */
 enum { MESH_FSDP, MESH_HSDP, MESH_EP };
 static const char *MESH_NAMES[] = {"fsdp", "hsdp", "ep"};
-#define TP 8
+#define NODE 8      /* GPUs per node: the table's TP, and where the slower links start */
 #define HSDP_SHARD 16   /* HSDP: FSDP over 16 x 8 = 128 GPUs, replicated across those groups */
 
 typedef struct config {
   const model *m;
-  int mesh, W, pp, D;
+  int mesh, W, tp, pp, D;   /* tp: NODE, but for --real's small worlds */
 } config;
 
 /* One virtual rank's groups, auto desc and matrices (registered into opt). */
@@ -276,10 +286,10 @@ static int stage_layers(const config *c, int stage, int *first) {
 }
 
 static void vrank_init(vrank *v, const config *c, int r, const muon_comm *world) {
-  int tp = r % TP, dp = (r / TP) % c->D, st = r / (TP * c->D), first, nl, l, cap, ep_size, ep_index;
+  int tp = r % c->tp, dp = (r / c->tp) % c->D, st = r / (c->tp * c->D), first, nl, l, cap, ep_size, ep_index;
   mat tmp[2048];
   memset(v, 0, sizeof *v);
-  v->tp = *world; v->tp.rank = tp; v->tp.size = TP;
+  v->tp = *world; v->tp.rank = tp; v->tp.size = c->tp;
   v->dp = *world; v->dp.rank = dp; v->dp.size = c->D;
   v->pp = *world; v->pp.rank = st; v->pp.size = c->pp;
   v->ad.tp = &v->tp;
@@ -326,9 +336,34 @@ typedef struct sim_rank {
   muon_optimizer *opt;
 } sim_rank;
 
+/* Registers a rank's matrices; with data NULL at an address the null device never reads, else
+   data[i] gets each one's parameter and gradient (2 x rows x cols floats, more than its piece). */
+static int add_matrices(muon_optimizer *opt, const vrank *v, float **data, int r) {
+  int i;
+  for (i = 0; i < v->n; i++) {
+    muon_matrix mm = muon_default_matrix();
+    size_t n = (size_t)v->mats[i].rows * (size_t)v->mats[i].cols, k;
+    mm.name = v->mats[i].name;
+    mm.rows = v->mats[i].rows;
+    mm.cols = v->mats[i].cols;
+    mm.param = (void *)(uintptr_t)4096;
+    mm.grad = mm.param;
+    if (data) {
+      if (!(data[i] = (float *)malloc(2 * n * sizeof(float)))) return -1;
+      for (k = 0; k < 2 * n; k++) data[i][k] = (float)((k * 2654435761u + (unsigned)(r * 97 + i)) % 1000) / 1000.0f - 0.5f;
+      mm.param = data[i];
+      mm.grad = data[i] + n;
+    }
+    if (muon_add_matrix(opt, &mm, NULL) != MUON_OK) {
+      fprintf(stderr, "sim: rank %d: %s\n", r, muon_error(opt));
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static muon_optimizer *sim_open(sim_rank *s, const config *c, int r) {
   muon_desc desc = muon_default_desc();
-  int i;
   memset(s, 0, sizeof *s);
   s->comm.rank = r;
   s->comm.size = c->W;
@@ -351,19 +386,9 @@ static muon_optimizer *sim_open(sim_rank *s, const config *c, int r) {
     fprintf(stderr, "sim: muon_create: %s\n", muon_error(NULL));
     return NULL;
   }
-  for (i = 0; i < s->v.n; i++) {
-    muon_matrix mm = muon_default_matrix();
-    mm.name = s->v.mats[i].name;
-    mm.rows = s->v.mats[i].rows;
-    mm.cols = s->v.mats[i].cols;
-    mm.param = (void *)(uintptr_t)4096;   /* the null device never reads it */
-    mm.grad = mm.param;
-    if (muon_add_matrix(s->opt, &mm, NULL) != MUON_OK) {
-      fprintf(stderr, "sim: rank %d: %s\n", r, muon_error(s->opt));
-      muon_destroy(s->opt);
-      s->opt = NULL;
-      return NULL;
-    }
+  if (add_matrices(s->opt, &s->v, NULL, r)) {
+    muon_destroy(s->opt);
+    s->opt = NULL;
   }
   return s->opt;
 }
@@ -383,8 +408,8 @@ static int make_lists(const config *c, world_lists *w) {
   for (r = 0; r < c->W; r++) {   /* the longest list first: lists are padded to it */
     int first, n = 0, l, ep = c->mesh == MESH_EP ? c->D : 1;
     mat tmp[2048];
-    int nl = stage_layers(c, r / (TP * c->D), &first);
-    for (l = first; l < first + nl; l++) n += layer_mats(c->m, l, (r / TP) % c->D * (ep > 1), ep, tmp);
+    int nl = stage_layers(c, r / (c->tp * c->D), &first);
+    for (l = first; l < first + nl; l++) n += layer_mats(c->m, l, (r / c->tp) % c->D * (ep > 1), ep, tmp);
     w->counts[3 * r] = n;
     if (n > w->max_local) w->max_local = n;
   }
@@ -417,7 +442,7 @@ static void plan_figures(const muon_optimizer *opt, int W, rank_figs *f) {
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       double n = e * (double)muon__piece_size(&h->piece);
-      int cross = h->rank / TP != o / TP;
+      int cross = h->rank / NODE != o / NODE;
       if (h->rank == h->source && h->source != o) {   /* U to the owner */
         f->sent[h->rank] += n; f->recv[o] += n;
         if (cross) { f->sent_x[h->rank] += n; f->recv_x[o] += n; }
@@ -566,13 +591,14 @@ static int run_config(const config *c, result *res, int verbose) {
   return rc;
 }
 
-static int config_make(config *c, const model *m, int mesh, int W) {
+static int config_make(config *c, const model *m, int mesh, int W, int tp) {
   c->m = m;
   c->mesh = mesh;
   c->W = W;
-  c->pp = m->pp < W / TP ? m->pp : W / TP;
-  if (c->pp < 1) return -1;
-  c->D = W / (TP * c->pp);
+  c->tp = tp;
+  c->pp = m->pp < W / tp ? m->pp : W / tp;
+  if (c->pp < 1 || W % (tp * c->pp)) return -1;
+  c->D = W / (tp * c->pp);
   if (mesh == MESH_EP && (!m->experts || m->experts % c->D)) return -1;
   if (mesh != MESH_EP && m->experts) return -1;
   return 0;
@@ -589,7 +615,7 @@ static int text_mode(const char *model_name, const char *mesh_name, int W, int r
   for (mi = 0; mi < N_MODELS && strcmp(MODELS[mi].name, model_name); mi++) {}
   for (mesh = 0; mesh < 3 && strcmp(MESH_NAMES[mesh], mesh_name); mesh++) {}
   memset(&w, 0, sizeof w);
-  if (!s || mi == N_MODELS || mesh == 3 || r < 0 || r >= W || config_make(&c, &MODELS[mi], mesh, W) || make_lists(&c, &w) ||
+  if (!s || mi == N_MODELS || mesh == 3 || r < 0 || r >= W || config_make(&c, &MODELS[mi], mesh, W, NODE) || make_lists(&c, &w) ||
       !sim_open(s, &c, r)) {
     fprintf(stderr, "sim --text: no such configuration\n");
     return 2;
@@ -625,7 +651,7 @@ static int check_mode(void) {
       result r;
       int mesh = k == 2 ? MESH_EP : k, ok;
       const model *m = &MODELS[k == 2 ? N_MODELS - 1 : N_MODELS - 2];
-      if (config_make(&c, m, mesh, worlds[i])) continue;
+      if (config_make(&c, m, mesh, worlds[i], NODE)) continue;
       ok = run_config(&c, &r, 0) == 0;
       if (ok && mesh == MESH_FSDP && (r.sent_mean < r.formula * (1 - 1e-12) || r.sent_mean > r.formula * (1 + 1e-12))) {
         fprintf(stderr, "sim --check: %s %s W=%d: mean %.0f B sent, formula %.0f B\n", m->name, MESH_NAMES[mesh],
@@ -638,6 +664,81 @@ static int check_mode(void) {
     }
   printf("%d passed, %d failed\n", pass, fail);
   return fail ? 1 : 0;
+}
+
+/* --real MODEL MESH TP, each process one rank of `muonrun -n W`: the simulator against a real run.
+   The process registers what virtual rank r registers, over Gloo with the CPU backend and real
+   buffers, plans and takes one step; it also simulates rank r as the table does. It fails unless
+   the two plan texts are the same bytes and the real step sent and received what was counted. */
+static char *plan_text(const muon_optimizer *opt) {
+  size_t n = muon_plan_text(opt, NULL, 0);
+  char *t = (char *)malloc(n + 1);
+  if (t) muon_plan_text(opt, t, n + 1);
+  return t;
+}
+
+static int real_mode(const char *model_name, const char *mesh_name, int tp) {
+  muon_gloo_desc gd = muon_gloo_default_desc();
+  muon_desc desc = muon_default_desc();
+  muon_comm world;
+  muon_dist_config dist;
+  muon_optimizer *opt = NULL;
+  muon_stats st;
+  world_lists w;
+  config c;
+  vrank v;
+  sim_rank *s = (sim_rank *)malloc(sizeof *s);
+  float **data = NULL;
+  char *sim_text = NULL, *real_text = NULL;
+  long long sim_sent = -1, sim_recv = -1;
+  int mi, mesh, r, i, ok = 0;
+  for (mi = 0; mi < N_MODELS && strcmp(MODELS[mi].name, model_name); mi++) {}
+  for (mesh = 0; mesh < 3 && strcmp(MESH_NAMES[mesh], mesh_name); mesh++) {}
+  setvbuf(stdout, NULL, _IOLBF, 0);   /* a rank stopped by muonrun keeps its lines */
+  if (!s || mi == N_MODELS || mesh == 3 || tp < 1) { fprintf(stderr, "sim --real: no such model or mesh\n"); return 2; }
+  if (muon_gloo_create(&world, &gd) != MUON_OK) { fprintf(stderr, "sim --real: %s\n", muon_error(NULL)); return 2; }
+  r = world.rank;
+  memset(&w, 0, sizeof w);
+  if (config_make(&c, &MODELS[mi], mesh, world.size, tp) || make_lists(&c, &w) || !sim_open(s, &c, r)) {
+    fprintf(stderr, "sim --real: no such configuration at %d ranks, TP %d\n", world.size, tp);
+    return 2;
+  }
+  /* the simulated rank */
+  s->comm.lists = w.lists;
+  s->comm.list_bytes = w.bytes;
+  s->comm.counts = w.counts;
+  if (muon_plan(s->opt) == MUON_OK && (sim_text = plan_text(s->opt)) && muon_step(s->opt) == MUON_OK) {
+    sim_sent = s->comm.a2a_sent;
+    sim_recv = s->comm.a2a_recv;
+  } else fprintf(stderr, "sim --real: rank %d: simulating: %s\n", r, muon_error(s->opt));
+  sim_close(s);
+  /* the real one */
+  vrank_init(&v, &c, r, &world);
+  dist = muon_auto_config(&v.ad);
+  desc.comm = &world;
+  desc.dist = &dist;
+  data = (float **)calloc((size_t)v.n + 1, sizeof *data);
+  if (data && muon_create(&opt, &desc) == MUON_OK && add_matrices(opt, &v, data, r) == 0 && muon_plan(opt) == MUON_OK &&
+      (real_text = plan_text(opt)) && muon_step(opt) == MUON_OK && muon_get_stats(opt, &st) == MUON_OK) {
+    int same_text = sim_text && !strcmp(sim_text, real_text);
+    ok = same_text && st.bytes_sent == sim_sent && st.bytes_received == sim_recv;
+    printf("sim --real %s %s, %d ranks, TP %d: rank %d: plan text %s; step %lld B sent, %lld B received; "
+           "simulated %lld / %lld: %s\n", model_name, mesh_name, world.size, tp, r,
+           same_text ? "the same bytes" : "DIFFERS", st.bytes_sent, st.bytes_received, sim_sent, sim_recv,
+           ok ? "ok" : "FAILED");
+  } else fprintf(stderr, "sim --real: rank %d: %s\n", r, muon_error(opt));
+  muon_destroy(opt);
+  for (i = 0; data && i < v.n; i++) free(data[i]);
+  free(data);
+  vrank_free(&v);
+  free(sim_text);
+  free(real_text);
+  free(s);
+  free(w.lists);
+  free(w.counts);
+  muon_comm_destroy(&world);
+  printf("%d passed, %d failed\n", ok, !ok);
+  return ok ? 0 : 1;
 }
 
 /* Whether a comma-separated list names (a prefix of) name; NULL lists everything. */
@@ -656,6 +757,7 @@ int main(int argc, char **argv) {
   (void)median;
   for (i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) return check_mode();
+    else if (!strcmp(argv[i], "--real") && i + 3 < argc) return real_mode(argv[i + 1], argv[i + 2], atoi(argv[i + 3]));
     else if (!strcmp(argv[i], "--text") && i + 4 < argc)
       return text_mode(argv[i + 1], argv[i + 2], atoi(argv[i + 3]), atoi(argv[i + 4]));
     else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) maxW = atoi(argv[++i]);
@@ -682,7 +784,7 @@ int main(int argc, char **argv) {
       for (W = minW; W <= maxW; W *= 2) {
         config c;
         result r;
-        if (config_make(&c, &MODELS[mi], mesh, W)) continue;
+        if (config_make(&c, &MODELS[mi], mesh, W, NODE)) continue;
         if (run_config(&c, &r, verbose)) { fails++; printf("%-12s %-5s %6d FAILED\n", c.m->name, MESH_NAMES[mesh], W); continue; }
         printf("%-12s %-5s %6d %4d %5d %7d | %8.3f %8.1f %8.1f | %9.3g %9.3g %9.3g | %9.1f %8.2f %7.2f | %8.2f %8.2f\n",
                c.m->name, MESH_NAMES[mesh], W, c.pp, c.D, r.n_globals, r.plan_s, r.peak_mib, r.lists_mib, r.sent_mean,

@@ -63,8 +63,16 @@ static muon_status net_join(void *ctx, int t) { net_comm *f = (net_comm *)ctx; r
 static muon_status net_finish(void *ctx) { net_comm *f = (net_comm *)ctx; return f->inner.vt->finish ? f->inner.vt->finish(f->inner.ctx) : MUON_OK; }
 static muon_status net_allgather(void *ctx, const void *s, void *r, size_t n) { net_comm *f = (net_comm *)ctx; return f->inner.vt->allgather(f->inner.ctx, s, r, n); }
 static const char *net_error(void *ctx) { net_comm *f = (net_comm *)ctx; return f->inner.vt->error ? f->inner.vt->error(f->inner.ctx) : ""; }
-static const muon_comm_vtable net_vt = { MUON_COMM_VTABLE_VERSION, net_alltoallv, net_join, net_finish, net_allgather,
-                                         net_error, NULL, MUON_MEMORY_HOST, 1 };
+static const muon_comm_vtable net_vt = {
+    MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ net_alltoallv,
+    /* .join      = */ net_join,
+    /* .finish    = */ net_finish,
+    /* .allgather = */ net_allgather,
+    /* .error     = */ net_error,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 1};
 
 typedef struct model {
   muon_optimizer *ref, *opt;
