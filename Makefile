@@ -19,8 +19,9 @@ DEPS     := g++ pkg-config libopenblas-dev python3-numpy libgloo-dev redis-serve
 # One program per parallelism strategy (examples/<name>.c) and the world sizes each is tested at.
 STRATEGIES := ddp cp fsdp fsdp_flat tp hsdp tp_fsdp tp_hsdp ep ep_tp ep_fsdp pp full_4d layout_2d custom_vtable
 EXAMPLES   := single distributed muonrun muoncmp $(STRATEGIES)
-# The strategies make test also runs over MPI (mpirun, 2-4 ranks: tests/run_examples.sh --mpi).
-MPI_EXAMPLES := fsdp tp_fsdp hsdp pp
+# The strategies make test also runs over MPI (mpirun, 2-4 ranks, full_4d at 8: tests/run_examples.sh
+# --mpi), each moving the bytes its Gloo run moved.
+MPI_EXAMPLES := fsdp tp_fsdp hsdp pp full_4d
 
 # CUDA: the toolkit's nvcc, headers and libraries (override CUDA_HOME). Without a GPU the CUDA
 # backend still compiles with nvcc, links against cudart/cuBLAS, and runs on the stand-ins
@@ -208,12 +209,14 @@ $(BUILD)/nccl/%: examples/%.c examples/common.h muon.h muon_cuda.h muon_nccl.h $
 MPI_CFLAGS = $(shell pkg-config --cflags ompi-c 2>/dev/null | sed 's/-I/-isystem /g')
 MPI_LIBS   = $(shell pkg-config --libs ompi-c 2>/dev/null)
 mpi_build  = @if pkg-config --exists ompi-c; then \
-	  echo "$(CC) ... -DEX_MPI $< -o $@"; $(CC) $(CWARN) $(OPT) $(posix) -DEX_MPI $(MPI_CFLAGS) $(INC) $< -o $@ $(MPI_LIBS) -lm; \
+	  echo "$(CC) ... -DEX_MPI $< -o $@"; $(CC) $(CWARN) $1 $(posix) -DEX_MPI $(MPI_CFLAGS) $(INC) $< -o $@ $(MPI_LIBS) -lm; \
 	else echo "Open MPI (libopenmpi-dev) not installed: $@ not built"; fi
+$(BUILD)/mpi/%_san: tests/%.c $(TEST_DEPS) muon_mpi.h examples/common.h | $(BUILD)/mpi
+	$(call mpi_build,$(SAN))
 $(BUILD)/mpi/%: tests/%.c $(TEST_DEPS) muon_mpi.h examples/common.h | $(BUILD)/mpi
-	$(mpi_build)
+	$(call mpi_build,$(OPT))
 $(BUILD)/mpi/%: examples/%.c examples/common.h muon.h muon_mpi.h | $(BUILD)/mpi
-	$(mpi_build)
+	$(call mpi_build,$(OPT))
 
 # ---- on a real GPU (gpu/): the same suites and benches linked against nvcc's object and the
 # real libraries (and libnccl); built by make test to prove the calls link, run by test-gpu.
@@ -331,7 +334,7 @@ TESTS_dist := \
   "$(RUN) -n 8 $(BUILD)/sim_plan --real tiny fsdp 2" "$(RUN) -n 4 $(BUILD)/sim_plan --real tiny-moe ep 2" \
   "tests/run_mpi.sh $(BUILD)" "timeout -k 10 300 tests/run_netns.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/sim_plan $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist fsdp tp_fsdp) \
+NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/sim_plan $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist test_dist_san fsdp tp_fsdp) \
   $(BUILD)/netrelay $(BUILD)/test_netns $(BUILD)/fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO
@@ -348,7 +351,7 @@ mom_runs = $(foreach e,$2,$(foreach n,$3,\
 # overlap, Partial gradients; each bitwise against one device.
 TESTS_examples := \
   "tests/run_examples.sh $(BUILD) $(STRATEGIES)" \
-  "tests/run_examples.sh --mpi $(BUILD)/mpi $(MPI_EXAMPLES)" \
+  "tests/run_examples.sh --mpi --same-bytes-as $(BUILD) $(BUILD)/mpi $(MPI_EXAMPLES)" \
   $(call ranks,1 2 3 4,$(BUILD)/distributed) \
   $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --cautious --gram --quiet && echo '$(e) --cautious --gram: 1 passed, 0 failed'") \
   $(foreach e,fsdp tp_fsdp hsdp,"$(RUN) -n 4 $(BUILD)/$(e) --normuon larger --cautious --late --quiet && echo '$(e) --normuon larger --cautious --late: 1 passed, 0 failed'") \

@@ -6,7 +6,7 @@
 # communicator, same plan). With --one-size each example runs at one size only, its first of at
 # least 4 ranks (the CPU run covers every size; the stand-in backends need not repeat them all).
 # With --mpi the examples are BUILD_DIR's MPI builds (-DEX_MPI), started by mpirun at the sizes
-# up to 4 (one skipped line without mpirun or the binaries).
+# up to 4, or the smallest of one that needs more (one skipped line without mpirun or the binaries).
 # usage: tests/run_examples.sh [--mpi] [--one-size] [--same-bytes-as REF_DIR] BUILD_DIR example...
 ref=
 one=
@@ -38,7 +38,10 @@ sizes_for() {
   esac
 }
 sizes() {
-  if [ -n "$mpi" ]; then for n in $(sizes_for "$1"); do [ "$n" -le 4 ] && echo "$n"; done; return; fi
+  if [ -n "$mpi" ]; then   # up to 4 ranks, or the smallest size of an example that needs more
+    small=$(for n in $(sizes_for "$1"); do [ "$n" -le 4 ] && echo "$n"; done)
+    echo "${small:-$(sizes_for "$1" | cut -d' ' -f1)}"; return
+  fi
   if [ -z "$one" ]; then sizes_for "$1"; return; fi
   for n in $(sizes_for "$1"); do [ "$n" -ge 4 ] && { echo "$n"; return; }; done
 }
