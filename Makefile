@@ -334,7 +334,7 @@ TESTS_dist := \
   "$(RUN) -n 8 $(BUILD)/sim_plan --real tiny fsdp 2" "$(RUN) -n 4 $(BUILD)/sim_plan --real tiny-moe ep 2" \
   "tests/run_mpi.sh $(BUILD)" "timeout -k 10 300 tests/run_netns.sh $(BUILD)" \
   "CC='$(CC)' CXX='$(CXX)' OPT='$(OPT)' CUDA_HOME='$(CUDA_HOME)' tests/run_snippets.sh $(BUILD)"
-NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/sim_plan $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist test_dist_san fsdp tp_fsdp) \
+NEEDS_dist := $(BUILD)/golden/qk_clip.bin $(BUILD)/tp_fsdp $(BUILD)/sim_plan $(BUILD)/muon_gloo.o $(BUILD)/muonrun $(addprefix $(BUILD)/mpi/,test_mpi test_dist test_dist_san test_netns fsdp tp_fsdp) \
   $(BUILD)/netrelay $(BUILD)/test_netns $(BUILD)/fsdp
 
 # Stochastic rounding (--sr: bf16 mirrors of every matrix and AdamW param, checked too): a ZeRO

@@ -75,7 +75,10 @@
          are left to MPI (muon_comm_destroy does not free the duplicate then, and the buffers
          of the timed-out exchange belong to MPI until the job ends): end the job (MPI_Abort or
          exit) and restart from the last checkpoint. The blocking table has no deadline: it
-         waits as long as MPI does.
+         waits as long as MPI does. A peer cut off by the NETWORK is a stalled one to MPI
+         (tested across network namespaces, a link taken down and a host's link deleted in the
+         middle of a step: every rank MUON_ERR_TIMEOUT about 2 s after the cut with
+         MUON_MPI_TIMEOUT=2, nothing applied, and a new job resumes from the checkpoint).
        - A DEAD peer: MPI without fault tolerance (ULFM) has no error for it. Open MPI's mpirun
          notices that a process exited and kills the whole job (every rank, within about a
          second, exit status non-zero); other launchers may leave the survivors waiting, and

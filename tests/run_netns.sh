@@ -22,7 +22,8 @@
 #   Faults (test_netns): after 2 steps and a checkpoint, rank 1's link goes down in the middle of
 #   step 3 (ip link set mv1 down); then rank 2's host is cut off (its veth pair deleted). Every
 #   rank must return MUON_ERR_COMM or MUON_ERR_TIMEOUT within 2 s + 3 s of the cut with nothing
-#   applied; a restarted job on the repaired network resumes from the checkpoint bitwise.
+#   applied; a restarted job on the repaired network resumes from the checkpoint bitwise. Both
+#   over Gloo (MUON_GLOO_TIMEOUT=2) and over MPI (mpi/test_netns, MUON_MPI_TIMEOUT=2).
 # tests/run_netns.sh --bench BUILD_DIR (make bench): bench_dist's 12-layer list at 4 ranks over
 #   1 Gbit/s and ~10 ms RTT, the debug setting against prefetch 2 + async, bytes per rank against
 #   the formula; the latency-bound case (256 matrices of 32^2, the whole grid); the 12-layer list
@@ -247,7 +248,8 @@ timed() {   # timed NAME N GREP CMD...: the run and its wall time
   shift 3
   t0=$(date +%s%N)
   "$@"
-  expect "$name ($(( ($(date +%s%N) - t0) / 1000000 )) ms, $shaper)" "$n" "$want"
+  expect "$name ($(( ($(date +%s%N) - t0) / 1000000 )) ms, $shaper$launch)" "$n" "$want"
+  launch=
 }
 BITWISE='check: bitwise equal to single device (max |diff| = 0)'
 SUMMARY='[0-9]* passed, 0 failed'
@@ -289,7 +291,9 @@ unshape $N
 
 # MPI across the hosts: mpirun in the head starts one orted per host through an "rsh agent" that
 # is `ip netns exec` (as it would ssh to real hosts); the ranks talk TCP only (no shared memory).
-mpi() {   # mpi N CMD...
+# mpi_start only starts it ($mpid); $menv: mpirun's own arguments added (-x VAR=VALUE).
+menv=
+mpi_start() {   # mpi_start N CMD...
   n=$1
   shift
   hosts=
@@ -298,12 +302,41 @@ mpi() {   # mpi N CMD...
   ip netns exec "$h" env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout -k 5 90 \
     mpirun --allow-run-as-root --timeout 80 -n "$n" --host "$hosts" --mca plm_rsh_agent "$dir/agent" \
     --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include 10.77.0.0/16 \
-    --mca oob_tcp_if_include 10.77.0.0/16 "$@" >"$dir/out.0" 2>&1 &
-  running="$running $!"
-  collect 1 $!
+    --mca oob_tcp_if_include 10.77.0.0/16 $menv "$@" >"$dir/out.0" 2>&1 &
+  mpid=$!
+  running="$running $mpid"
+}
+# Open MPI's rsh launcher now and then never starts a job's ranks here (mpirun then waits out its
+# --timeout and prints only "setpgid ... failed in parent"): mpi_launch starts a job again, once,
+# when after 10 s no process of the program runs in any rank's namespace; $launch says so.
+ranks_running() {   # ranks_running PROGRAM: some process named PROGRAM runs in a rank's namespace
+  r=0
+  while [ "$r" -lt $N ]; do
+    for q in $(ip netns pids "$ns-r$r" 2>/dev/null); do
+      [ "$(cat /proc/$q/comm 2>/dev/null)" = "$(echo "$1" | cut -c1-15)" ] && return 0
+    done
+    r=$((r + 1))
+  done
+  return 1
+}
+mpi_launch() {   # mpi_launch N CMD...
+  launch=
+  mpi_start "$@"
+  i=0
+  while kill -0 "$mpid" 2>/dev/null && ! ranks_running "$(basename "$2")" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+  if [ $i -ge 100 ] && kill -0 "$mpid" 2>/dev/null; then
+    kill "$mpid" 2>/dev/null
+    collect 1 $mpid
+    launch=", launched twice: mpirun had not started the ranks after 10 s"
+    mpi_start "$@"
+  fi
+}
+mpi() {   # mpi N CMD...
+  mpi_launch "$@"
+  collect 1 $mpid
 }
 skipped=0
-if command -v mpirun >/dev/null 2>&1 && [ -x "$build/mpi/fsdp" ] && [ -x "$build/mpi/test_dist" ]; then
+if command -v mpirun >/dev/null 2>&1 && [ -x "$build/mpi/fsdp" ] && [ -x "$build/mpi/test_dist" ] && [ -x "$build/mpi/test_netns" ]; then
   cat >"$dir/agent" <<EOF
 #!/bin/sh
 # mpirun's rsh agent: "agent HOST COMMAND...", HOST = 10.77.<i+1>.2 is namespace $ns-r<i>
@@ -317,7 +350,7 @@ EOF
   timed "mpi test_dist -n 4" 1 "$SUMMARY" mpi $N "$build/mpi/test_dist"
   unshape $N
 else
-  echo "mpirun or $build/mpi/fsdp, $build/mpi/test_dist not found: MPI across namespaces skipped"
+  echo "mpirun or $build/mpi/fsdp, test_dist, test_netns not found: MPI across namespaces skipped"
   skipped=1
 fi
 
@@ -346,6 +379,45 @@ fault() {
 }
 fault "rank 1's link down mid-step" 1 'ip -n "$h" link set mv1 down' 'ip -n "$h" link set mv1 up'
 fault "rank 2's host cut off mid-step (its veth pair deleted)" 2 'ip -n "$h" link del mv2' 'add_host 2'
+
+# mpi_fault NAME VICTIM CUT REPAIR: the same over MPI (mpi/test_netns, MUON_MPI_TIMEOUT=2). Each
+# rank writes its verdict to a file (the cut host's orted cannot forward its output) and waits
+# for the others' before it exits without MPI_Finalize, which ends the job: mpirun's own exit
+# status is not the verdict. The network is repaired once every verdict is in, so that mpirun can
+# reach the cut host's orted again and end; a new mpirun job then resumes from the checkpoint.
+mfaults=0
+mpi_fault() {
+  mfaults=$((mfaults + 1))
+  fd=$dir/mpi_fault.$mfaults
+  mkdir -p "$fd"
+  t0=$(date +%s%N)
+  menv="-x MUON_MPI_TIMEOUT=2"
+  mpi_launch $N "$build/mpi/test_netns" "$fd" fault "$2"
+  menv=
+  i=0
+  while [ ! -e "$fd/paused" ] && [ $i -lt 1500 ]; do sleep 0.02; i=$((i + 1)); done
+  if [ -e "$fd/paused" ]; then eval "$3"; fi
+  : >"$fd/cut"
+  i=0
+  while [ "$(ls "$fd" | grep -c '^result\.')" -lt $N ] && [ $i -lt 750 ]; do sleep 0.02; i=$((i + 1)); done
+  eval "$4"
+  i=0
+  while kill -0 "$mpid" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+  kill "$mpid" 2>/dev/null
+  collect 1 $mpid
+  if [ "$(cat "$fd"/result.* 2>/dev/null | grep -c '^1 passed, 0 failed')" = $N ]; then
+    ok "mpi: $1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): after the cut $(sed -n 's/^rank \([0-9]*\): MUON_ERR_\([A-Z]*\).* \([0-9.-]*\) s after the cut.*/rank \1 \2 \3 s,/p' "$fd"/result.* | tr '\n' ' ' | sed 's/, $//'); nothing applied$launch"
+  else
+    bad "mpi: $1: $(ls "$fd" | grep -c '^result\.') of $N verdicts"
+    cat "$fd"/result.* 2>/dev/null | head -n 8
+    tail -n 20 "$dir/out.0"
+  fi
+  timed "mpi: resume from the checkpoint after: $1" 1 "$SUMMARY" mpi $N "$build/mpi/test_netns" "$fd" resume
+}
+if [ $skipped = 0 ]; then
+  mpi_fault "rank 1's link down mid-step" 1 'ip -n "$h" link set mv1 down' 'ip -n "$h" link set mv1 up'
+  mpi_fault "rank 2's host cut off mid-step (its veth pair deleted)" 2 'ip -n "$h" link del mv2' 'add_host 2'
+fi
 if [ $skipped -gt 0 ]; then echo "netns: $passed passed, $failed failed, $skipped skipped"
 else echo "netns: $passed passed, $failed failed"; fi
 [ "$failed" -eq 0 ]

@@ -1,6 +1,6 @@
 /* test_netns.c - a step cut by the network, and the resume from its checkpoint. Run by
    tests/run_netns.sh with each rank in its own network namespace (Gloo over Redis, MUON_GLOO_HOST
-   the rank's own address); FSDP over the world, prefetch 2, async, a round per matrix, so several
+   the rank's own address; or built with -DEX_MPI, under mpirun with an orted per namespace); FSDP over the world, prefetch 2, async, a round per matrix, so several
    exchanges are in flight when the network goes.
 
      test_netns DIR fault V   K steps, then the checkpoint: DIR/rank<r>.muon (muon_state_save_file)
@@ -8,8 +8,9 @@
                               inside its first exchange, writes DIR/paused and waits (at most 60 s)
                               for DIR/cut, which the script writes once it has cut the network.
                               Every rank must return MUON_ERR_COMM or MUON_ERR_TIMEOUT within
-                              MUON_GLOO_TIMEOUT + 3 s of DIR/cut, its parameters and momentum
-                              those of the checkpoint (nothing applied); then it _exits.
+                              MUON_GLOO_TIMEOUT (MPI: MUON_MPI_TIMEOUT) + 3 s of DIR/cut, its
+                              parameters and momentum those of the checkpoint (nothing applied);
+                              it writes its verdict to DIR/result.<r> and _exits.
      test_netns DIR resume    a new job: loads the checkpoint, steps K+1..N, and must equal one
                               device after N steps bit for bit (parameters and momentum).
    The single device runs in every rank's process on the full matrices, fed the same gradients. */
@@ -182,8 +183,13 @@ static void fault(ex_world *w, model *m, const char *dir) {
   muon_status st;
   struct stat cs;
   double t_end, after = -1, bound;
+#ifdef EX_MPI
+  const char *tmo = getenv("MUON_MPI_TIMEOUT");
+#else
   const char *tmo = getenv("MUON_GLOO_TIMEOUT");
-  int i, same = 1;
+#endif
+  int i, same = 1, rc;
+  FILE *fp;
   bound = (tmo ? atof(tmo) : 300) + 3;
   snprintf(title, sizeof title, "netns: rank %d: the network cut in step %d (rank %d paused at the cut): an error within %.0f s, nothing applied",
            w->rank, K + 1, NC.victim, bound);
@@ -218,8 +224,25 @@ static void fault(ex_world *w, model *m, const char *dir) {
     same = same && !memcmp(w0[i], m->w[i], n * sizeof(float)) && !memcmp(mom0[i], mm, n * sizeof(float));
   }
   CHECK(same, "parameters or momentum changed by the failed step");
+  rc = test_summary();
   fflush(stdout);
-  test_exit(test_summary());   /* no Gloo teardown: the peers are unreachable */
+  /* The verdict also goes to DIR/result.<rank>: an MPI rank's stdout travels through its orted,
+     which the cut may have left unreachable. Then wait (10 s at most) for every rank's verdict:
+     mpirun stops the whole job when the first rank exits without MPI_Finalize. */
+  snprintf(p, sizeof p, "%s/result.%d", dir, w->rank);
+  if ((fp = fopen(p, "w"))) {
+    fprintf(fp, "rank %d: %s %.3f s after the cut: %s\n%d passed, %d failed\n", w->rank, muon_status_string(st),
+            after, muon_error(m->opt), rc ? 0 : 1, rc ? 1 : 0);
+    fclose(fp);
+  }
+  for (i = 0; i < w->size; i++) {
+    struct timespec tick = { 0, 10000000 };
+    char name[32];
+    int k;
+    snprintf(name, sizeof name, "result.%d", i);
+    for (k = 0; k < 1000 && !exists(dir, name); k++) nanosleep(&tick, NULL);
+  }
+  test_exit(rc);   /* no communicator teardown: the peers are unreachable */
 }
 
 static int resume(ex_world *w, model *m, const char *dir) {
