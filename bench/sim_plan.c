@@ -604,19 +604,27 @@ static int config_make(config *c, const model *m, int mesh, int W, int tp) {
   return 0;
 }
 
+/* A model and a mesh by name; -1 when either is unknown. */
+static int lookup(const char *model_name, const char *mesh_name, const model **m, int *mesh) {
+  int mi;
+  for (mi = 0; mi < N_MODELS && strcmp(MODELS[mi].name, model_name); mi++) {}
+  for (*mesh = 0; *mesh < 3 && strcmp(MESH_NAMES[*mesh], mesh_name); (*mesh)++) {}
+  *m = mi < N_MODELS ? &MODELS[mi] : NULL;
+  return mi < N_MODELS && *mesh < 3 ? 0 : -1;
+}
+
 /* --text MODEL MESH W RANK: that rank's plan as muon_plan_text writes it (to compare builds). */
 static int text_mode(const char *model_name, const char *mesh_name, int W, int r) {
   world_lists w;
   config c;
   sim_rank *s = (sim_rank *)malloc(sizeof *s);
-  int mi, mesh, rc = 1;
+  const model *m;
+  int mesh, rc = 1;
   char *text;
   size_t n;
-  for (mi = 0; mi < N_MODELS && strcmp(MODELS[mi].name, model_name); mi++) {}
-  for (mesh = 0; mesh < 3 && strcmp(MESH_NAMES[mesh], mesh_name); mesh++) {}
   memset(&w, 0, sizeof w);
-  if (!s || mi == N_MODELS || mesh == 3 || r < 0 || r >= W || config_make(&c, &MODELS[mi], mesh, W, NODE) || make_lists(&c, &w) ||
-      !sim_open(s, &c, r)) {
+  if (!s || lookup(model_name, mesh_name, &m, &mesh) || r < 0 || r >= W || config_make(&c, m, mesh, W, NODE) ||
+      make_lists(&c, &w) || !sim_open(s, &c, r)) {
     fprintf(stderr, "sim --text: no such configuration\n");
     return 2;
   }
@@ -691,15 +699,14 @@ static int real_mode(const char *model_name, const char *mesh_name, int tp) {
   float **data = NULL;
   char *sim_text = NULL, *real_text = NULL;
   long long sim_sent = -1, sim_recv = -1;
-  int mi, mesh, r, i, ok = 0;
-  for (mi = 0; mi < N_MODELS && strcmp(MODELS[mi].name, model_name); mi++) {}
-  for (mesh = 0; mesh < 3 && strcmp(MESH_NAMES[mesh], mesh_name); mesh++) {}
+  const model *m;
+  int mesh, r, i, ok = 0;
   setvbuf(stdout, NULL, _IOLBF, 0);   /* a rank stopped by muonrun keeps its lines */
-  if (!s || mi == N_MODELS || mesh == 3 || tp < 1) { fprintf(stderr, "sim --real: no such model or mesh\n"); return 2; }
+  if (!s || lookup(model_name, mesh_name, &m, &mesh) || tp < 1) { fprintf(stderr, "sim --real: no such model or mesh\n"); return 2; }
   if (muon_gloo_create(&world, &gd) != MUON_OK) { fprintf(stderr, "sim --real: %s\n", muon_error(NULL)); return 2; }
   r = world.rank;
   memset(&w, 0, sizeof w);
-  if (config_make(&c, &MODELS[mi], mesh, world.size, tp) || make_lists(&c, &w) || !sim_open(s, &c, r)) {
+  if (config_make(&c, m, mesh, world.size, tp) || make_lists(&c, &w) || !sim_open(s, &c, r)) {
     fprintf(stderr, "sim --real: no such configuration at %d ranks, TP %d\n", world.size, tp);
     return 2;
   }
