@@ -1656,10 +1656,11 @@ static void test_settings_saved(void) {
 }
 
 
-/* bf16 momentum (muon_hparams.momentum_format): the same bits as an fp32 run whose momentum (the
-   trainer's buffer here) is rounded to bf16 after every step, i.e. U from the fp32 value and only
-   the stored copy rounded; state round trips and conversions; bad values; half the state bytes;
-   a finite fp32 momentum past bf16's range is a non-finite verdict. */
+/* bf16 and 8-bit momentum (muon_hparams.momentum_format): the same bits as an fp32 run whose
+   momentum (the trainer's buffer here) is narrowed after every step (bf16: nearest even; int8:
+   blocks of 256 of each matrix, a power-of-two scale each), i.e. U from the fp32 value and only
+   the stored copy narrowed; state round trips and conversions; bad values; the state's bytes.
+   Each format's rule is written again here, apart from muon.h's. */
 static uint16_t bf16_of(float x) {   /* nearest even, NaN kept: muon__bf16's rule, written again */
   uint32_t u;
   memcpy(&u, &x, 4);
@@ -1667,136 +1668,6 @@ static uint16_t bf16_of(float x) {   /* nearest even, NaN kept: muon__bf16's rul
   return (uint16_t)(u >> 16);
 }
 static float from_bf16(uint16_t h) { uint32_t u = (uint32_t)h << 16; float x; memcpy(&x, &u, 4); return x; }
-
-static void test_momentum_bf16(void) {
-  enum { N1 = 2 * 24 * 40, N2 = 50 * 16 };
-  static float mom1[N1], mom2[N2];
-  model a, b, c;
-  muon_desc d = muon_default_desc(), d16 = muon_default_desc();
-  muon_optimizer *oa = NULL, *ob = NULL, *oc = NULL;
-  muon_matrix ma = muon_default_matrix(), mb = muon_default_matrix();
-  muon_adamw_param p = muon_default_adamw_param(), q = muon_default_adamw_param();
-  muon_stats sa, sb;
-  muon_hparams hp;
-  const float *buf;
-  const void *raw;
-  muon_momentum_format fmt;
-  size_t n, k, bad = 0;
-  void *blob = NULL;
-  int step, i;
-  TEST_CASE("bf16 momentum: an fp32 run rounded after every step, bit for bit; state; bad values");
-  d16.hparams.momentum_format = MUON_MOMENTUM_BF16;
-  model_init(&a, 7u);
-  memcpy(&b, &a, sizeof b);
-  /* a: fp32 format with the trainer's momentum buffers, rounded by hand after each step */
-  if (muon_create(&oa, &d) != MUON_OK || muon_create(&ob, &d16) != MUON_OK) { CHECK(0, "create"); return; }
-  ma.name = "w1"; ma.param = a.w1; ma.grad = a.g1; ma.rows = 24; ma.cols = 40; ma.count = 2; ma.momentum = mom1;
-  mb.name = "w2"; mb.param = a.w2; mb.grad = a.g2; mb.rows = 50; mb.cols = 16; mb.momentum = mom2;
-  p.name = "b"; p.param = a.b; p.grad = a.gb; p.size = 24;
-  q.name = "e"; q.param = a.e; q.grad = a.ge; q.size = 10;
-  CHECK(muon_add_matrix(oa, &ma, NULL) == MUON_OK && muon_add_matrix(oa, &mb, NULL) == MUON_OK &&
-        muon_add_adamw_param(oa, &p, NULL) == MUON_OK && muon_add_adamw_param(oa, &q, NULL) == MUON_OK,
-        "register a: %s", muon_error(oa));
-  CHECK(model_register(ob, &b) == MUON_OK, "register b: %s", muon_error(ob));
-  for (step = 0; step < 6; step++) {
-    model_grads(&a, 100u + (unsigned)step);
-    model_grads(&b, 100u + (unsigned)step);
-    CHECK(muon_step(oa) == MUON_OK && muon_step(ob) == MUON_OK, "step %d: %s %s", step, muon_error(oa), muon_error(ob));
-    for (k = 0; k < N1; k++) mom1[k] = from_bf16(bf16_of(mom1[k]));
-    for (k = 0; k < N2; k++) mom2[k] = from_bf16(bf16_of(mom2[k]));
-  }
-  bad = !same(a.w1, b.w1, sizeof a.w1) + !same(a.w2, b.w2, sizeof a.w2) + !same(a.b, b.b, sizeof a.b);
-  CHECK(bad == 0, "parameters differ from the rounded fp32 run");
-  for (i = 0; i < 3; i++) {
-    const float *ref = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
-    CHECK(muon_get_momentum_stored(ob, i, &raw, &n, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_BF16 &&
-              n == (i < 2 ? 24u * 40 : (size_t)N2), "get_momentum_stored %d", i);
-    for (k = 0, bad = 0; k < n; k++) bad += ((const uint16_t *)raw)[k] != bf16_of(ref[k]);
-    CHECK(bad == 0, "matrix %d: %zu bf16 momentum values differ", i, bad);
-  }
-  CHECK(muon_get_momentum(ob, 0, &buf, &n) == MUON_ERR_ARG && !buf && !n, "muon_get_momentum of bf16: not floats");
-  muon_get_stats(oa, &sa);
-  muon_get_stats(ob, &sb);
-  CHECK(sa.state_bytes - sb.state_bytes == 2 * (size_t)(N1 + N2), "state bytes %zu (fp32) vs %zu (bf16)",
-        sa.state_bytes, sb.state_bytes);
-
-  /* save bf16 -> load into bf16 (continues bit for bit) and into fp32 (the same values) */
-  n = muon_state_size(ob);
-  blob = malloc(n);
-  CHECK(muon_state_save(ob, blob, n) == MUON_OK, "save: %s", muon_error(ob));
-  memcpy(&c, &b, sizeof c);
-  CHECK((oc = make_opt(&c, &d16)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load bf16");
-  model_grads(&b, 999u);
-  model_grads(&c, 999u);
-  CHECK(muon_step(ob) == MUON_OK && muon_step(oc) == MUON_OK, "step after load");
-  CHECK(same(b.w1, c.w1, sizeof b.w1) && same(b.w2, c.w2, sizeof b.w2), "a loaded bf16 run continues bit for bit");
-  muon_destroy(oc);
-  memcpy(&c, &a, sizeof c);
-  CHECK((oc = make_opt(&c, NULL)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load into fp32");
-  CHECK(oc && muon_get_group(oc, 0, &hp) == MUON_OK && hp.momentum_format == MUON_MOMENTUM_FP32, "fp32 kept");
-  CHECK(oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK && k == N2, "fp32 momentum");
-  for (k = 0, bad = 0; oc && k < N2; k++) bad += buf[k] != mom2[k];
-  CHECK(bad == 0, "bf16 -> fp32 load: %zu values differ", bad);
-  /* and an fp32 blob into bf16 rounds to nearest even */
-  free(blob);
-  n = muon_state_size(oc);
-  blob = malloc(n);
-  if (oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK)   /* values bf16 cannot hold (host memory) */
-    for (k = 0; k < N2; k++) ((float *)(uintptr_t)buf)[k] = mom2[k] = mom2[k] * 1.0009765625f + 1e-9f;
-  CHECK(oc && muon_state_save(oc, blob, n) == MUON_OK, "save fp32");
-  muon_destroy(oc);
-  memcpy(&c, &a, sizeof c);
-  CHECK((oc = make_opt(&c, &d16)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "fp32 -> bf16 load");
-  CHECK(oc && muon_get_momentum_stored(oc, 2, &raw, &k, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_BF16 && k == N2, "get");
-  for (k = 0, bad = 0; oc && k < N2; k++) bad += ((const uint16_t *)raw)[k] != bf16_of(mom2[k]);
-  CHECK(bad == 0, "fp32 -> bf16 load: %zu values are not the nearest bf16", bad);
-  muon_destroy(oc);
-  free(blob);
-
-  /* bad values, each naming the field; nothing registered */
-  CHECK(muon_get_group(ob, 0, &hp) == MUON_OK, "get_group");
-  hp.momentum_format = MUON_MOMENTUM_FP32;
-  CHECK(muon_set_group(ob, 0, &hp) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
-        "changing a used group's format: %s", muon_error(ob));
-  hp.momentum_format = (muon_momentum_format)7;
-  CHECK(muon_add_group(ob, &hp, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
-        "format 7: %s", muon_error(ob));
-  hp.momentum_format = MUON_MOMENTUM_BF16;
-  CHECK(muon_add_group(ob, &hp, &i) == MUON_OK, "group 1");
-  hp.momentum_format = MUON_MOMENTUM_FP32;
-  CHECK(muon_set_group(ob, i, &hp) == MUON_OK, "an empty group's format may change: %s", muon_error(ob));
-  hp.momentum_format = MUON_MOMENTUM_BF16;
-  CHECK(muon_set_group(ob, i, &hp) == MUON_OK, "and back");
-  mb.momentum = mom2; mb.group = i; mb.name = "w3";
-  CHECK(muon_add_matrix(ob, &mb, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_matrix.momentum") &&
-        muon_matrix_count(ob) == 3, "a trainer's float buffer with bf16: %s", muon_error(ob));
-  muon_destroy(oa);
-  muon_destroy(ob);
-
-  /* a finite fp32 momentum that bf16 would round to Inf is refused by a bf16 load (a step cannot
-     reach one: U, close to it, overflows Newton-Schulz's norm first) */
-  {
-    static float w[8 * 8], g[8 * 8];
-    muon_optimizer *o32 = NULL, *o16 = NULL;
-    muon_matrix m = muon_default_matrix();
-    for (k = 0; k < 64; k++) { w[k] = (float)k / 64; g[k] = 0.5f; }
-    m.param = w; m.grad = g; m.rows = 8; m.cols = 8; m.momentum = mom2;
-    CHECK(muon_create(&o32, &d) == MUON_OK && muon_add_matrix(o32, &m, NULL) == MUON_OK, "create fp32");
-    for (k = 0; k < 64; k++) mom2[k] = k == 5 ? 3.4e38f : 0.25f;   /* after registration zeroed it */
-    m.momentum = NULL;
-    CHECK(muon_create(&o16, &d16) == MUON_OK && muon_add_matrix(o16, &m, NULL) == MUON_OK, "create bf16");
-    n = muon_state_size(o32);
-    blob = malloc(n);
-    CHECK(muon_state_save(o32, blob, n) == MUON_OK, "save");
-    CHECK(muon_state_load(o16, blob, n) == MUON_ERR_STATE && strstr(muon_error(o16), "bf16"),
-          "a value past bf16's range: %s", muon_error(o16));
-    CHECK(muon_get_momentum_stored(o16, 0, &raw, &k, &fmt) == MUON_OK && ((const uint16_t *)raw)[5] == 0,
-          "nothing loaded");
-    free(blob);
-    muon_destroy(o32);
-    muon_destroy(o16);
-  }
-}
 
 /* MUON_MOMENTUM_INT8's rule written again with libm: per block of 256 the smallest e >= -126 with
    127 * 2^e >= absmax, q = |v| / 2^e to nearest even with v's sign; byte E = e + 127 first. */
@@ -1820,14 +1691,33 @@ static float q8_val(const unsigned char *b, size_t k) {
   int q = blk[1 + k % 256];
   return blk[0] ? ldexpf((float)(q < 128 ? q : q - 256), blk[0] - 127) : 0.0f;
 }
-static size_t q8_bytes(size_t n) { return n + (n + 255) / 256; }
 
-static void test_momentum_int8(void) {
+/* A matrix's n momentum values as the format stores them: their bytes in out; returns how many. */
+static size_t narrow_ref(muon_momentum_format f, const float *x, size_t n, unsigned char *out) {
+  size_t k;
+  if (f == MUON_MOMENTUM_INT8) { q8_ref(x, n, out); return n + (n + 255) / 256; }
+  for (k = 0; k < n; k++) { uint16_t h = bf16_of(x[k]); memcpy(out + 2 * k, &h, 2); }
+  return 2 * n;
+}
+/* ... and the floats those bytes hold, in place. */
+static void narrow_floats(muon_momentum_format f, float *x, size_t n, unsigned char *tmp) {
+  size_t k;
+  narrow_ref(f, x, n, tmp);
+  for (k = 0; k < n; k++) {
+    uint16_t h;
+    memcpy(&h, tmp + 2 * k, 2);
+    x[k] = f == MUON_MOMENTUM_INT8 ? q8_val(tmp, k) : from_bf16(h);
+  }
+}
+
+static void test_momentum_narrow(muon_momentum_format f) {
   enum { N1 = 2 * 24 * 40, N2 = 50 * 16 };
   static float mom1[N1], mom2[N2];
-  static unsigned char q[N1 + 64];
+  static unsigned char q[2 * N1 + 64], got[2 * N1 + 64];
+  const char *fname = f == MUON_MOMENTUM_INT8 ? "int8" : "bf16";
+  char title[160];
   model a, b, c;
-  muon_desc d = muon_default_desc(), d8 = muon_default_desc();
+  muon_desc d = muon_default_desc(), dn = muon_default_desc();
   muon_optimizer *oa = NULL, *ob = NULL, *oc = NULL;
   muon_matrix ma = muon_default_matrix(), mb = muon_default_matrix();
   muon_adamw_param p = muon_default_adamw_param(), pq = muon_default_adamw_param();
@@ -1836,14 +1726,16 @@ static void test_momentum_int8(void) {
   const float *buf;
   const void *raw;
   muon_momentum_format fmt;
-  size_t n, k, bad = 0;
+  size_t n, k, bad = 0, stored = 0;
   void *blob = NULL;
   int step, i;
-  TEST_CASE("int8 momentum: an fp32 run quantised after every step, bit for bit; state; bad values");
-  d8.hparams.momentum_format = MUON_MOMENTUM_INT8;
-  model_init(&a, 9u);
+  snprintf(title, sizeof title, "%s momentum: an fp32 run narrowed after every step, bit for bit; state; bad values", fname);
+  TEST_CASE(title);
+  dn.hparams.momentum_format = f;
+  model_init(&a, f == MUON_MOMENTUM_INT8 ? 9u : 7u);
   memcpy(&b, &a, sizeof b);
-  if (muon_create(&oa, &d) != MUON_OK || muon_create(&ob, &d8) != MUON_OK) { CHECK(0, "create"); return; }
+  /* a: fp32 format with the trainer's momentum buffers, narrowed by hand after each step */
+  if (muon_create(&oa, &d) != MUON_OK || muon_create(&ob, &dn) != MUON_OK) { CHECK(0, "create"); return; }
   ma.name = "w1"; ma.param = a.w1; ma.grad = a.g1; ma.rows = 24; ma.cols = 40; ma.count = 2; ma.momentum = mom1;
   mb.name = "w2"; mb.param = a.w2; mb.grad = a.g2; mb.rows = 50; mb.cols = 16; mb.momentum = mom2;
   p.name = "b"; p.param = a.b; p.grad = a.gb; p.size = 24;
@@ -1853,95 +1745,134 @@ static void test_momentum_int8(void) {
         "register a: %s", muon_error(oa));
   CHECK(model_register(ob, &b) == MUON_OK, "register b: %s", muon_error(ob));
   for (step = 0; step < 6; step++) {
-    model_grads(&a, 200u + (unsigned)step);
-    model_grads(&b, 200u + (unsigned)step);
+    model_grads(&a, (f == MUON_MOMENTUM_INT8 ? 200u : 100u) + (unsigned)step);
+    model_grads(&b, (f == MUON_MOMENTUM_INT8 ? 200u : 100u) + (unsigned)step);
     CHECK(muon_step(oa) == MUON_OK && muon_step(ob) == MUON_OK, "step %d: %s %s", step, muon_error(oa), muon_error(ob));
-    for (i = 0; i < 3; i++) {   /* each matrix's blocks are its own */
-      float *m = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
-      size_t nm = i < 2 ? 24u * 40 : (size_t)N2;
-      q8_ref(m, nm, q);
-      for (k = 0; k < nm; k++) m[k] = q8_val(q, k);
-    }
+    for (i = 0; i < 3; i++)   /* each matrix's blocks are its own */
+      narrow_floats(f, i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2, i < 2 ? 24u * 40 : (size_t)N2, q);
   }
   bad = !same(a.w1, b.w1, sizeof a.w1) + !same(a.w2, b.w2, sizeof a.w2) + !same(a.b, b.b, sizeof a.b);
-  CHECK(bad == 0, "parameters differ from the quantised fp32 run");
+  CHECK(bad == 0, "parameters differ from the narrowed fp32 run");
   for (i = 0; i < 3; i++) {
     const float *ref = i < 2 ? mom1 + (size_t)i * 24 * 40 : mom2;
-    CHECK(muon_get_momentum_stored(ob, i, &raw, &n, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_INT8 &&
+    CHECK(muon_get_momentum_stored(ob, i, &raw, &n, &fmt) == MUON_OK && fmt == f &&
               n == (i < 2 ? 24u * 40 : (size_t)N2), "get_momentum_stored %d", i);
-    q8_ref(ref, n, q);
-    CHECK(same(raw, q, q8_bytes(n)), "matrix %d: the stored blocks differ from the rule's", i);
+    k = narrow_ref(f, ref, n, q);
+    stored += k;
+    CHECK(same(raw, q, k), "matrix %d: the stored %s momentum differs from the rule's", i, fname);
   }
-  CHECK(muon_get_momentum(ob, 0, &buf, &n) == MUON_ERR_ARG && !buf && !n, "muon_get_momentum of int8: not floats");
+  CHECK(muon_get_momentum(ob, 0, &buf, &n) == MUON_ERR_ARG && !buf && !n, "muon_get_momentum of %s: not floats", fname);
   muon_get_stats(oa, &sa);
   muon_get_stats(ob, &sb);
-  CHECK(sa.state_bytes - sb.state_bytes == 4 * (size_t)(N1 + N2) - (2 * q8_bytes(N1 / 2) + q8_bytes(N2)),
-        "state bytes %zu (fp32) vs %zu (int8)", sa.state_bytes, sb.state_bytes);
+  CHECK(sa.state_bytes - sb.state_bytes == 4 * (size_t)(N1 + N2) - stored, "state bytes %zu (fp32) vs %zu (%s)",
+        sa.state_bytes, sb.state_bytes, fname);
 
-  /* save int8 -> load into int8 (continues bit for bit) and into fp32 (the same values) */
+  /* save narrow -> load into the same format (continues bit for bit) and into fp32 (the same values) */
   n = muon_state_size(ob);
   blob = malloc(n);
   CHECK(muon_state_save(ob, blob, n) == MUON_OK, "save: %s", muon_error(ob));
   memcpy(&c, &b, sizeof c);
-  CHECK((oc = make_opt(&c, &d8)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load int8");
+  CHECK((oc = make_opt(&c, &dn)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load %s", fname);
   model_grads(&b, 999u);
   model_grads(&c, 999u);
   CHECK(muon_step(ob) == MUON_OK && muon_step(oc) == MUON_OK, "step after load");
-  CHECK(same(b.w1, c.w1, sizeof b.w1) && same(b.w2, c.w2, sizeof b.w2), "a loaded int8 run continues bit for bit");
+  CHECK(same(b.w1, c.w1, sizeof b.w1) && same(b.w2, c.w2, sizeof b.w2), "a loaded %s run continues bit for bit", fname);
   muon_destroy(oc);
   memcpy(&c, &a, sizeof c);
   CHECK((oc = make_opt(&c, NULL)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "load into fp32");
+  CHECK(oc && muon_get_group(oc, 0, &hp) == MUON_OK && hp.momentum_format == MUON_MOMENTUM_FP32, "fp32 kept");
   CHECK(oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK && k == N2, "fp32 momentum");
   for (k = 0, bad = 0; oc && k < N2; k++) bad += buf[k] != mom2[k];
-  CHECK(bad == 0, "int8 -> fp32 load: %zu values differ", bad);
-  /* and an fp32 blob into int8 quantises by the rule */
+  CHECK(bad == 0, "%s -> fp32 load: %zu values differ", fname, bad);
+  /* and an fp32 blob into the narrow format narrows by the rule */
   free(blob);
   n = muon_state_size(oc);
   blob = malloc(n);
-  if (oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK)   /* values int8 cannot hold (host memory) */
+  if (oc && muon_get_momentum(oc, 2, &buf, &k) == MUON_OK)   /* values the format cannot hold (host memory) */
     for (k = 0; k < N2; k++) ((float *)(uintptr_t)buf)[k] = mom2[k] = mom2[k] * 1.0009765625f + 1e-9f * (float)k;
   CHECK(oc && muon_state_save(oc, blob, n) == MUON_OK, "save fp32");
   muon_destroy(oc);
   memcpy(&c, &a, sizeof c);
-  CHECK((oc = make_opt(&c, &d8)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "fp32 -> int8 load");
-  CHECK(oc && muon_get_momentum_stored(oc, 2, &raw, &k, &fmt) == MUON_OK && fmt == MUON_MOMENTUM_INT8 && k == N2, "get");
-  q8_ref(mom2, N2, q);
-  CHECK(oc && same(raw, q, q8_bytes(N2)), "fp32 -> int8 load: the blocks are not the rule's");
+  CHECK((oc = make_opt(&c, &dn)) != NULL && muon_state_load(oc, blob, n) == MUON_OK, "fp32 -> %s load", fname);
+  CHECK(oc && muon_get_momentum_stored(oc, 2, &raw, &k, &fmt) == MUON_OK && fmt == f && k == N2, "get");
+  k = narrow_ref(f, mom2, N2, got);
+  CHECK(oc && same(raw, got, k), "fp32 -> %s load: not the rule's bytes", fname);
   muon_destroy(oc);
   free(blob);
 
-  /* bad values, each naming the field */
+  /* bad values, each naming the field; nothing registered */
   CHECK(muon_get_group(ob, 0, &hp) == MUON_OK, "get_group");
-  hp.momentum_format = MUON_MOMENTUM_BF16;
+  hp.momentum_format = MUON_MOMENTUM_FP32;
   CHECK(muon_set_group(ob, 0, &hp) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
         "changing a used group's format: %s", muon_error(ob));
   hp.momentum_format = (muon_momentum_format)3;
   CHECK(muon_add_group(ob, &hp, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_hparams.momentum_format"),
         "format 3: %s", muon_error(ob));
-  mb.momentum = mom2; mb.name = "w3";
+  hp.momentum_format = f;
+  CHECK(muon_add_group(ob, &hp, &i) == MUON_OK, "group 1");
+  hp.momentum_format = MUON_MOMENTUM_FP32;
+  CHECK(muon_set_group(ob, i, &hp) == MUON_OK, "an empty group's format may change: %s", muon_error(ob));
+  hp.momentum_format = f;
+  CHECK(muon_set_group(ob, i, &hp) == MUON_OK, "and back");
+  mb.momentum = mom2; mb.group = i; mb.name = "w3";
   CHECK(muon_add_matrix(ob, &mb, NULL) == MUON_ERR_ARG && strstr(muon_error(ob), "muon_matrix.momentum") &&
-        muon_matrix_count(ob) == 3, "a trainer's float buffer with int8: %s", muon_error(ob));
+        muon_matrix_count(ob) == 3, "a trainer's float buffer with %s: %s", fname, muon_error(ob));
   muon_destroy(oa);
   muon_destroy(ob);
+}
 
-  /* a device backend without the blockwise slot cannot hold 8-bit momentum */
-  {
-    static muon_compute_vtable vt;
-    muon_compute cpu = muon_compute_cpu(), dev;
-    muon_matrix m = muon_default_matrix();
-    static float w[8 * 8], g[8 * 8];
-    vt = *cpu.vt;
-    vt.memory = MUON_MEMORY_DEVICE;
-    vt.blockwise = NULL;
-    dev.vt = &vt; dev.ctx = cpu.ctx;
-    d8.compute = &dev;
-    m.param = w; m.grad = g; m.rows = 8; m.cols = 8;
-    CHECK(muon_create(&oc, &d8) == MUON_OK, "create: %s", oc ? muon_error(oc) : "");
-    CHECK(oc && muon_add_matrix(oc, &m, NULL) == MUON_ERR_BACKEND && strstr(muon_error(oc), "blockwise") &&
-              strstr(muon_error(oc), "momentum_format") && muon_matrix_count(oc) == 0,
-          "no blockwise slot: %s", oc ? muon_error(oc) : "");
-    muon_destroy(oc);
-  }
+/* A finite fp32 momentum that bf16 would round to Inf is refused by a bf16 load (a step cannot
+   reach one: U, close to it, overflows Newton-Schulz's norm first). */
+static void test_momentum_bf16_overflow(void) {
+  static float w[8 * 8], g[8 * 8], mom[8 * 8];
+  muon_desc d = muon_default_desc(), d16 = muon_default_desc();
+  muon_optimizer *o32 = NULL, *o16 = NULL;
+  muon_matrix m = muon_default_matrix();
+  muon_momentum_format fmt;
+  const void *raw;
+  void *blob;
+  size_t k, n;
+  TEST_CASE("bf16 momentum: a load of a finite fp32 value past bf16's range is refused");
+  d16.hparams.momentum_format = MUON_MOMENTUM_BF16;
+  for (k = 0; k < 64; k++) { w[k] = (float)k / 64; g[k] = 0.5f; }
+  m.param = w; m.grad = g; m.rows = 8; m.cols = 8; m.momentum = mom;
+  CHECK(muon_create(&o32, &d) == MUON_OK && muon_add_matrix(o32, &m, NULL) == MUON_OK, "create fp32");
+  for (k = 0; k < 64; k++) mom[k] = k == 5 ? 3.4e38f : 0.25f;   /* after registration zeroed it */
+  m.momentum = NULL;
+  CHECK(muon_create(&o16, &d16) == MUON_OK && muon_add_matrix(o16, &m, NULL) == MUON_OK, "create bf16");
+  n = muon_state_size(o32);
+  blob = malloc(n);
+  CHECK(muon_state_save(o32, blob, n) == MUON_OK, "save");
+  CHECK(muon_state_load(o16, blob, n) == MUON_ERR_STATE && strstr(muon_error(o16), "bf16"),
+        "a value past bf16's range: %s", muon_error(o16));
+  CHECK(muon_get_momentum_stored(o16, 0, &raw, &k, &fmt) == MUON_OK && ((const uint16_t *)raw)[5] == 0,
+        "nothing loaded");
+  free(blob);
+  muon_destroy(o32);
+  muon_destroy(o16);
+}
+
+/* A device backend without the blockwise slot cannot hold 8-bit momentum. */
+static void test_momentum_int8_slot(void) {
+  static muon_compute_vtable vt;
+  static float w[8 * 8], g[8 * 8];
+  muon_compute cpu = muon_compute_cpu(), dev;
+  muon_desc d8 = muon_default_desc();
+  muon_optimizer *oc = NULL;
+  muon_matrix m = muon_default_matrix();
+  TEST_CASE("int8 momentum: a device backend without the blockwise slot refuses it");
+  vt = *cpu.vt;
+  vt.memory = MUON_MEMORY_DEVICE;
+  vt.blockwise = NULL;
+  dev.vt = &vt; dev.ctx = cpu.ctx;
+  d8.hparams.momentum_format = MUON_MOMENTUM_INT8;
+  d8.compute = &dev;
+  m.param = w; m.grad = g; m.rows = 8; m.cols = 8;
+  CHECK(muon_create(&oc, &d8) == MUON_OK, "create: %s", oc ? muon_error(oc) : "");
+  CHECK(oc && muon_add_matrix(oc, &m, NULL) == MUON_ERR_BACKEND && strstr(muon_error(oc), "blockwise") &&
+            strstr(muon_error(oc), "momentum_format") && muon_matrix_count(oc) == 0,
+        "no blockwise slot: %s", oc ? muon_error(oc) : "");
+  muon_destroy(oc);
 }
 
 int main(void) {
@@ -1971,7 +1902,9 @@ int main(void) {
   test_alloc_sweep();
   test_dropin();
   test_orthogonality();
-  test_momentum_bf16();
-  test_momentum_int8();
+  test_momentum_narrow(MUON_MOMENTUM_BF16);
+  test_momentum_narrow(MUON_MOMENTUM_INT8);
+  test_momentum_bf16_overflow();
+  test_momentum_int8_slot();
   return test_summary();
 }
