@@ -1057,9 +1057,11 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
 
    Distributed: every rank passes the same layers, tau and alpha (compared: MUON_ERR_MISMATCH),
    with max_logits its own view (what its tokens gave; -INFINITY for a head it did not compute,
-   e.g. a tensor-parallel rank without that head). One allgather agrees the max of every head
-   (after the agreement muon_step also makes); each rank then scales the rows of its own pieces,
-   whatever cuts them (rows, columns, FLAT ranges): the bits are those of one device. A bf16
+   e.g. a tensor-parallel rank without that head). Two alltoallvs agree the max of every head
+   (after the agreement muon_step also makes): each rank takes the maxima of a share of the heads
+   and sends them to all, about 2 x heads floats per rank at any world size; each rank then
+   scales the rows of its own pieces, whatever cuts them (rows, columns, FLAT ranges): the bits
+   are those of one device. A bf16
    param is scaled in fp32 and rounded as muon_step rounds it (desc.rounding; stochastic bits
    from the seed, the step count and the full name, distinct from the step's); a bf16 mirror is
    rewritten from the new value. The momentum is not touched. */
@@ -8842,8 +8844,9 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
 
 /* >>impl-qkclip -------------------------------------------------------------------------------
    MuonClip's QK-clip (see >>qkclip): the arguments checked on every rank, the call agreed with
-   the step's agreement (kind 4) and one exchange of three numbers, every rank's view of the max
-   logits by one allgather, then each rank's own rows scaled through the compute backend. */
+   the step's agreement (kind 4) and one exchange of three numbers, the max logits agreed by a
+   reduce-scatter and an allgather (two alltoallvs, O(heads) floats per rank at any world size),
+   then each rank's own rows scaled through the compute backend. */
 #define MUON__CLIP_TAG 0x716b636cll   /* "qkcl": muon_qk_clip's first number in its exchange */
 
 static muon_status muon__cpu_scale(void *ctx, size_t n, void *param, float factor, const muon_apply_args *a);
@@ -9036,41 +9039,112 @@ static muon_status muon__clip_layer(muon_optimizer *opt, const muon_qk_clip_laye
   return MUON_OK;
 }
 
+/* Rank j's share of H heads: [lo, lo + n). */
+static void muon__clip_share(size_t H, int P, int j, size_t *lo, size_t *n) {
+  size_t c = (H + (size_t)P - 1) / (size_t)P, a = MUON__MIN(H, (size_t)j * c);
+  *lo = a;
+  *n = MUON__MIN(H, a + c) - a;
+}
+
+/* Floats the agreement on the max logits works in: this rank's view of the H heads, then the P
+   views of its share (whose first floats become the share's max). */
+static size_t muon__clip_floats(size_t H, int P, int me) {
+  size_t lo, n;
+  muon__clip_share(H, P, me, &lo, &n);
+  return H + (size_t)P * n;
+}
+
+/* One alltoallv of the agreement's, counted as control bytes like an allgather's (the bytes it
+   receives): a step's bytes sent and received stay the U/O exchange's. */
+static muon_status muon__clip_exchange(muon_optimizer *opt, float *send, float *recv, const size_t *wire,
+                                       const char *op) {
+  long long sent = opt->stats.bytes_sent, received = opt->stats.bytes_received;
+  muon_status st = muon__alltoallv(opt, send, recv, wire, op);
+  opt->stats.control_bytes += opt->stats.bytes_received - received;
+  opt->stats.bytes_sent = sent;
+  opt->stats.bytes_received = received;
+  return st;
+}
+
+/* The max of every head over the ranks, the same bits on every rank, into host[0, H) (this
+   rank's view on entry; muon__clip_floats floats in all): rank j takes the maxima of its share
+   of the heads (muon__clip_share) in rank order and sends them to every rank. An allgather of
+   the views would bring P x H floats to each rank (256 MB per call for 3,904 heads on 16,384
+   ranks); this about 2 H. buf is host itself, or on a device communicator device memory of the
+   same size; wire: 4 P counts. */
+static muon_status muon__clip_max(muon_optimizer *opt, float *host, float *buf, size_t H, size_t *wire,
+                                  const char *op) {
+  int P = opt->comm.size, me = opt->comm.rank, p, dev = buf != host;
+  size_t lo, n, k;
+  float *views = host + H;
+  muon__clip_share(H, P, me, &lo, &n);
+  for (p = 0; p < P; p++) {   /* reduce-scatter: each rank's share of this view to that rank */
+    muon__clip_share(H, P, p, &wire[P + p], &wire[p]);
+    wire[2 * P + p] = n;
+    wire[3 * P + p] = (size_t)p * n;
+  }
+  if (dev) MUON__TRY(muon__compute_copy(opt, buf, host, H * sizeof(float), 0, 1, op));
+  MUON__TRY(muon__clip_exchange(opt, buf, buf + H, wire, op));
+  if (dev) {
+    MUON__TRY(muon__compute_copy(opt, views, buf + H, (size_t)P * n * sizeof(float), 1, 0, op));
+    MUON__TRY(muon__sync(opt, op));
+  }
+  for (k = 0; k < n; k++)   /* views[k] becomes the max: rank 0's value first, then any greater */
+    for (p = 1; p < P; p++)
+      if (views[(size_t)p * n + k] > views[k]) views[k] = views[(size_t)p * n + k];
+  for (p = 0; p < P; p++) {   /* allgather: this rank's maxima to every rank */
+    wire[p] = n;
+    wire[P + p] = 0;
+    muon__clip_share(H, P, p, &wire[3 * P + p], &wire[2 * P + p]);
+  }
+  if (dev) MUON__TRY(muon__compute_copy(opt, buf + H, views, n * sizeof(float), 0, 1, op));
+  MUON__TRY(muon__clip_exchange(opt, buf + H, buf, wire, op));
+  if (dev) {
+    MUON__TRY(muon__compute_copy(opt, host, buf, H * sizeof(float), 1, 0, op));
+    MUON__TRY(muon__sync(opt, op));
+  }
+  return MUON_OK;
+}
+
 MUON_API muon_status muon_qk_clip(muon_optimizer *opt, const muon_qk_clip_desc *desc, int *clipped) {
   const char *op = "muon_qk_clip";
-  int P, me, p, l, n = 0, *gq = NULL;
-  size_t H = 0, h, at;
+  int P, me, l, n = 0, *gq = NULL;
+  size_t H = 0, at, floats = 0;
   uint64_t digest = 0;
-  float *mine = NULL, *all;
+  float *mine = NULL, *buf = NULL;
+  size_t *wire = NULL;
   muon_status st;
   if (clipped) *clipped = 0;
   if (!opt) return MUON_ERR_ARG;
   P = opt->distributed ? opt->comm.size : 1;
   me = opt->distributed ? opt->comm.rank : 0;
   st = muon__clip_args(opt, desc, &H, &digest);
-  if (st == MUON_OK) {   /* this rank's view, every rank's, and the layers' matrices */
-    mine = (float *)muon__alloc(&opt->allocator, (size_t)(P + 1) * H * sizeof(float));
-    gq = (int *)muon__alloc(&opt->allocator, 2 * (size_t)desc->n_layers * sizeof(int));
-    if (!mine || !gq) st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu floats failed; nothing was scaled", op,
-                                      (size_t)(P + 1) * H);
+  if (st == MUON_OK) {   /* the max logits' agreement (host; device too for a device communicator), the matrices */
+    floats = muon__clip_floats(H, P, me);
+    mine = (float *)muon__alloc(&opt->allocator, floats * sizeof(float) + 1);
+    wire = (size_t *)muon__alloc(&opt->allocator, 4 * (size_t)P * sizeof(size_t));
+    gq = (int *)muon__alloc(&opt->allocator, 2 * (size_t)desc->n_layers * sizeof(int) + 1);
+    buf = opt->distributed && opt->comm.vt->memory == MUON_MEMORY_DEVICE
+              ? (float *)muon__compute_alloc(opt, floats * sizeof(float) + 1)
+              : mine;
+    if (!mine || !wire || !gq || !buf)
+      st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu floats failed; nothing was scaled", op, floats);
   }
   if ((st = muon__clip_begin(opt, st, H, digest)) != MUON_OK ||
       (st = muon__clip_resolve(opt, desc, gq, gq + desc->n_layers)) != MUON_OK)
     goto done;
-  all = mine + H;
   for (l = 0, at = 0; l < desc->n_layers; at += (size_t)desc->layers[l].n_heads, l++)
     memcpy(mine + at, desc->layers[l].max_logits, (size_t)desc->layers[l].n_heads * sizeof(float));
-  if (opt->distributed && (st = muon__allgather(opt, mine, all, H * sizeof(float), op)) != MUON_OK) goto done;
-  for (p = 0; p < P; p++)   /* the agreed max of every head, into `mine` (MAX: any order) */
-    for (h = 0; opt->distributed && h < H; h++)
-      if (p != me && all[(size_t)p * H + h] > mine[h]) mine[h] = all[(size_t)p * H + h];
+  if (opt->distributed && (st = muon__clip_max(opt, mine, buf, H, wire, op)) != MUON_OK) goto done;
   if (desc->max_logits_out) memcpy(desc->max_logits_out, mine, H * sizeof(float));
   for (l = 0, at = 0; l < desc->n_layers && st == MUON_OK; at += (size_t)desc->layers[l].n_heads, l++)
     st = muon__clip_layer(opt, &desc->layers[l], mine + at, (double)desc->tau, (double)desc->alpha, gq[l],
                           gq[desc->n_layers + l], &n);
   if (clipped && st == MUON_OK) *clipped = n;
 done:
+  if (buf != mine) muon__compute_free(opt, buf);
   muon__free(&opt->allocator, mine);
+  muon__free(&opt->allocator, wire);
   muon__free(&opt->allocator, gq);
   return st;
 }

@@ -484,6 +484,8 @@ static void test_distributed(void) {
   muon_qk_clip_layer y[3], yr[3];
   float S[3][DH], Sr[3][DH], agreed[3 * DH];
   int s, ok = 1, clipped = -1, clipped_ref = -2;
+  muon_stats before, after;
+  long long ctl[DSTEPS] = { 0 };
   char what[64];
   TEST_CASE("distributed: Q by rows, K by columns, fused bf16 stacks in FLAT ranges; clip after each step; bitwise one device");
   dside_init(&x, 1);
@@ -502,16 +504,19 @@ static void test_distributed(void) {
     d.tau = 30.0f;
     d.alpha = 0.5f;
     d.layers = y;
-    d.n_layers = 3;
+    d.n_layers = s % 3 + 1;   /* 4, 8, 12 heads: at 3 ranks shares of 2, 2, 0 and 3, 3, 2 heads too */
     d.max_logits_out = agreed;
     dr = d;
     dr.layers = yr;
     dr.max_logits_out = NULL;
+    muon_get_stats(x.opt, &before);
     st = muon_qk_clip(x.opt, &d, &clipped);
+    muon_get_stats(x.opt, &after);
+    ctl[s] = after.control_bytes - before.control_bytes;
     sr = muon_qk_clip(ref.opt, &dr, &clipped_ref);
     CHECK(st == MUON_OK && sr == MUON_OK && clipped == clipped_ref && clipped > 0, "clip %d: %s / %s (%d vs %d heads)",
           s, muon_error(x.opt), muon_error(ref.opt), clipped, clipped_ref);
-    for (l = 0; l < 3; l++)
+    for (l = 0; l < d.n_layers; l++)
       for (h = 0; h < DH; h++)
         CHECK(!memcmp(&agreed[l * DH + h], &Sr[l][h], 4), "layer %d head %d: agreed %g, full %g", l, h,
               (double)agreed[l * DH + h], (double)Sr[l][h]);
@@ -519,6 +524,22 @@ static void test_distributed(void) {
     ok = st == MUON_OK && sr == MUON_OK && dsame(&x, &ref, what);
   }
   CHECK(ok_all(ok), "not bitwise one device's on every rank");
+  {   /* the max logits' agreement receives about 2 H floats per rank, not an allgather's P x H:
+         calls with 12 and 4 heads differ by exactly the shares' floats (the rest is the same) */
+    long long f[2];
+    int k;
+    for (k = 0; k < 2; k++) {
+      long long H = k ? 3 * DH : DH, c = (H + W.size - 1) / W.size, lo = W.rank * c < H ? W.rank * c : H;
+      long long n = (lo + c < H ? lo + c : H) - lo;
+      f[k] = 4 * ((W.size - 1) * n + H - n);
+    }
+    CHECK(ctl[2] - ctl[0] == f[1] - f[0], "a clip of 12 heads received %lld B more than one of 4, the shares %lld B",
+          ctl[2] - ctl[0], f[1] - f[0]);
+    if (W.rank == 0)
+      printf("  clip of 12 heads at %d ranks: %lld B received for the max logits (an allgather of the views: %d B), "
+             "%lld B for the agreement before it\n", W.size, ctl[2] - (ctl[0] - f[0]), 4 * 3 * DH * (W.size - 1),
+             ctl[0] - f[0]);
+  }
 
   if (W.size > 1) {
     muon_qk_clip_desc d = muon_default_qk_clip_desc();

@@ -69,6 +69,8 @@ STEPS = [
     ("test_cuda_slots", ["build/cuda/test_cuda_slots"], "build/cuda/test_cuda_slots", CUDA),
     ("test_cuda", ["build/cuda/test_cuda"], "build/cuda/test_cuda", CUDA),
     ("test_nccl -n 3", ["build/nccl/test_nccl", "build/muonrun"], RUN + " -n 3 build/nccl/test_nccl", NCCL),
+    # MuonClip over a device communicator (its max logits staged through device memory)
+    ("nccl test_llmc -n 2", ["build/nccl/test_llmc", "build/muonrun"], RUN + " -n 2 build/nccl/test_llmc", NCCL),
     ("test_gloo --stall", ["build/test_gloo", "build/muonrun"], RUN + " -n 3 build/test_gloo --stall", GLOO),
     ("test_gloo --die", ["build/test_gloo", "build/muonrun"],
      RUN + " -n 4 build/test_gloo --die && " + RUN + " -n 3 build/test_gloo --die-started", GLOO),
