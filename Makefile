@@ -451,7 +451,7 @@ coverage: deps
 	  | tee $(COV_BUILD)/test.log; echo "suite: $$(tail -n 1 $(COV_BUILD)/test.log)"
 	@rm -f a-*.gcno   # check-headers' syntax-only compiles leave their notes in the working directory
 	@find $(COV_BUILD) \( -name '*_san*.gc*' -o -name '*_tsan*.gc*' -o -name '*_fast*.gc*' -o -name '*_nothreads*.gc*' \
-	  -o -name 'sim_plan.gc*' \) -delete
+	  -o -name '*sim_plan*.gc*' \) -delete
 	@tools/coverage.sh $(COV_BUILD) $(HEADERS)
 	@tail -n 1 $(COV_BUILD)/test.log | grep -Eq '^[0-9]+ passed, 0 failed' || \
 	  { echo "coverage: the suite did not pass ($$(tail -n 1 $(COV_BUILD)/test.log)): the figures count only what ran"; exit 1; }
