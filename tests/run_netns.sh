@@ -308,7 +308,8 @@ mpi_start() {   # mpi_start N CMD...
 }
 # Open MPI's rsh launcher now and then never starts a job's ranks here (mpirun then waits out its
 # --timeout and prints only "setpgid ... failed in parent"): mpi_launch starts a job again, once,
-# when after 10 s no process of the program runs in any rank's namespace; $launch says so.
+# when after 5 s no process of the program runs in any rank's namespace (they start within about
+# 0.3 s otherwise); $launch says so.
 ranks_running() {   # ranks_running PROGRAM: some process named PROGRAM runs in a rank's namespace
   r=0
   while [ "$r" -lt $N ]; do
@@ -323,11 +324,11 @@ mpi_launch() {   # mpi_launch N CMD...
   launch=
   mpi_start "$@"
   i=0
-  while kill -0 "$mpid" 2>/dev/null && ! ranks_running "$(basename "$2")" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-  if [ $i -ge 100 ] && kill -0 "$mpid" 2>/dev/null; then
+  while kill -0 "$mpid" 2>/dev/null && ! ranks_running "$(basename "$2")" && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+  if [ $i -ge 50 ] && kill -0 "$mpid" 2>/dev/null; then
     kill "$mpid" 2>/dev/null
     collect 1 $mpid
-    launch=", launched twice: mpirun had not started the ranks after 10 s"
+    launch=", launched twice: mpirun had not started the ranks after 5 s"
     mpi_start "$@"
   fi
 }
