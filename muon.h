@@ -1872,6 +1872,9 @@ struct muon_optimizer {
   int *verdicts;        /* backend memory: non-finite flag per matrix, then per AdamW param */
   int *host_verdicts;
   int verdicts_cap;
+  float *clip_dev;      /* backend memory for muon_qk_clip's exchange on a device communicator,
+                           kept across calls (an allocation per call would synchronise the device) */
+  size_t clip_cap;
   muon_stats stats;
   muon_status step_status; /* this step: the first failure of this rank's own work */
   void *agree;          /* the agreement and vote buffers for comm.size ranks, allocated at
@@ -2500,6 +2503,7 @@ MUON_API void muon_destroy(muon_optimizer *opt) {
     muon__state_free(opt, opt->adamw[i].exp_avg_sq);
   }
   muon__compute_free(opt, opt->verdicts);
+  muon__compute_free(opt, opt->clip_dev);
   muon__free(&a, opt->host_verdicts);
   muon__free(&a, opt->matrices);
   muon__free(&a, opt->adamw);
@@ -9124,9 +9128,15 @@ MUON_API muon_status muon_qk_clip(muon_optimizer *opt, const muon_qk_clip_desc *
     mine = (float *)muon__alloc(&opt->allocator, floats * sizeof(float) + 1);
     wire = (size_t *)muon__alloc(&opt->allocator, 4 * (size_t)P * sizeof(size_t));
     gq = (int *)muon__alloc(&opt->allocator, 2 * (size_t)desc->n_layers * sizeof(int) + 1);
-    buf = opt->distributed && opt->comm.vt->memory == MUON_MEMORY_DEVICE
-              ? (float *)muon__compute_alloc(opt, floats * sizeof(float) + 1)
-              : mine;
+    buf = mine;
+    if (opt->distributed && opt->comm.vt->memory == MUON_MEMORY_DEVICE) {
+      if (opt->clip_cap < floats || !opt->clip_dev) {
+        muon__compute_free(opt, opt->clip_dev);
+        opt->clip_dev = (float *)muon__compute_alloc(opt, floats * sizeof(float) + 1);
+        opt->clip_cap = opt->clip_dev ? floats : 0;
+      }
+      buf = opt->clip_dev;
+    }
     if (!mine || !wire || !gq || !buf)
       st = muon__fail(opt, MUON_ERR_NOMEM, "%s: allocating %zu floats failed; nothing was scaled", op, floats);
   }
@@ -9142,7 +9152,6 @@ MUON_API muon_status muon_qk_clip(muon_optimizer *opt, const muon_qk_clip_desc *
                           gq[desc->n_layers + l], &n);
   if (clipped && st == MUON_OK) *clipped = n;
 done:
-  if (buf != mine) muon__compute_free(opt, buf);
   muon__free(&opt->allocator, mine);
   muon__free(&opt->allocator, wire);
   muon__free(&opt->allocator, gq);
