@@ -355,6 +355,12 @@ else
   skipped=1
 fi
 
+# after_cut FILES...: each rank's status and its time after the cut, from its "rank R: MUON_ERR_X
+# ... T s after the cut" line, on one line.
+after_cut() {
+  sed -n 's/^rank \([0-9]*\): MUON_ERR_\([A-Z]*\).* \([0-9.-]*\) s after the cut.*/rank \1 \2 \3 s,/p' "$@" |
+    tr '\n' ' ' | sed 's/, $//'
+}
 # fault NAME VICTIM CUT REPAIR: test_netns with the network cut (the shell command CUT) while
 # VICTIM waits inside step 3's first exchange; then REPAIR, and a new job resumes.
 fault() {
@@ -370,7 +376,7 @@ fault() {
   collect $N $pids
   genv=
   if all_zero $N; then
-    ok "$1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): after the cut $(sed -n 's/^rank \([0-9]*\): MUON_ERR_\([A-Z]*\).* \([0-9.-]*\) s after the cut.*/rank \1 \2 \3 s,/p' "$dir"/out.* | tr '\n' ' ' | sed 's/, $//'); nothing applied"
+    ok "$1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): after the cut $(after_cut "$dir"/out.*); nothing applied"
   else
     bad "$1"
     grep -h 'after the cut\|FAIL\|  tests' "$dir/out" | head -n 20
@@ -407,7 +413,7 @@ mpi_fault() {
   kill "$mpid" 2>/dev/null
   collect 1 $mpid
   if [ "$(cat "$fd"/result.* 2>/dev/null | grep -c '^1 passed, 0 failed')" = $N ]; then
-    ok "mpi: $1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): after the cut $(sed -n 's/^rank \([0-9]*\): MUON_ERR_\([A-Z]*\).* \([0-9.-]*\) s after the cut.*/rank \1 \2 \3 s,/p' "$fd"/result.* | tr '\n' ' ' | sed 's/, $//'); nothing applied$launch"
+    ok "mpi: $1 ($(( ($(date +%s%N) - t0) / 1000000 )) ms): after the cut $(after_cut "$fd"/result.*); nothing applied$launch"
   else
     bad "mpi: $1: $(ls "$fd" | grep -c '^result\.') of $N verdicts"
     cat "$fd"/result.* 2>/dev/null | head -n 8
