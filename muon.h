@@ -1654,6 +1654,7 @@ typedef struct muon__matrix {
   int skip;             /* this step: absent or non-finite gradient */
   muon_layout layout;
   muon__piece piece;
+  int slot;             /* planning: its layout's slot in this rank's table (muon__layout_slots) */
   int global;           /* index in the plan's global list */
   size_t stash;         /* offset of this matrix's O in the plan's stash */
   size_t check, checks; /* its flags in the plan's commit checks: first, count */
@@ -1691,7 +1692,7 @@ typedef struct muon__holder {
   int has_momentum;     /* a Partial matrix's momentum is there (its owner stays) */
   size_t at;            /* owner, in a step: where its piece sits in the received buffer */
   int n_levels;         /* its layout's levels as that rank described its piece (for the plan's
-                           text), in the global's pool: a world has millions of holders */
+                           text), in the plan's pool: a rank's holders share its few layouts */
   const muon_level *levels;
 } muon__holder;
 
@@ -1714,7 +1715,6 @@ typedef struct muon__global {
   int on_owner;         /* its momentum lives whole on the owner (muon__owner_momentum, agreed) */
   muon__holder *holders;
   int *holder_ranks;
-  muon_level *levels;   /* the holders' levels, one after another */
 } muon__global;
 
 /* One exchange of a step (a round's U to the owners, or its O back): its buffers, in backend
@@ -1751,6 +1751,9 @@ typedef struct muon__plan {
   int *order;           /* per round, the globals this rank owns, sorted into NS batches */
   int *order_start;     /* round r's are order [order_start[r], order_start[r+1]) */
   int max_local;        /* most matrices any rank registered */
+  int max_layouts;      /* most distinct layouts any rank registered them with */
+  muon_level *layout_levels;   /* every rank's layout table, levels one after another: */
+  size_t *layout_at;    /* slot s of rank r starts at layout_at[r * max_layouts + s] */
   int max_adamw;        /* most AdamW params any rank registered */
   uint64_t *adamw_names; /* (size + 1) x max_adamw: the name hashes of skipped AdamW params, everyone's then mine */
   int any_adamw_skip;   /* this step: some rank skips an AdamW param */
@@ -3660,17 +3663,43 @@ static void muon__holder_text(const muon__holder *h, char *out, size_t size) {
   muon__layout_text(&l, out, size);
 }
 
-typedef struct muon__entry {     /* one registered matrix on the wire */
+/* One registered matrix on the wire. Its levels sit once in its rank's layout table, after the
+   entries: a rank's matrices share a few layouts (a TP x FSDP rank's: two or three), so a world
+   of 16,384 ranks x 200 matrices gathers 200 small entries per rank, not 200 layout records.
+   Its piece is not sent: every rank derives it from the levels, as the registrant did. */
+typedef struct muon__entry {
   char name[64];                 /* for messages */
   unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
-  long long key, rows, cols;
-  long long piece[6];
+  long long key;
   unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
-  unsigned char layout[MUON__LAYOUT_RECORD];   /* as the rank described its piece */
-  long long normuon_have, normuon_want;        /* NorMuon's second moment: held here, wanted */
-  long long momentum_have;                     /* a Partial matrix's momentum is held here */
-  long long on_owner;                          /* muon__owner_momentum of this rank's piece */
+  int rows, cols;
+  int layout;                    /* its levels: a slot of the rank's layout table */
+  int normuon_have, normuon_want;   /* NorMuon's second moment: held here, wanted */
+  int flags;                     /* MUON__HAS_MOMENTUM | MUON__ON_OWNER */
 } muon__entry;
+#define MUON__HAS_MOMENTUM 1     /* a Partial matrix's momentum is held here */
+#define MUON__ON_OWNER 2         /* muon__owner_momentum of this rank's piece */
+
+/* Every rank's list as planning gathers it: per rank `stride` bytes, its entries (max_local,
+   zero-padded) and then its layout table (max_layouts records). */
+typedef struct muon__lists {
+  const unsigned char *bytes;
+  size_t stride;
+  int max_local, max_layouts;
+} muon__lists;
+
+static size_t muon__list_bytes(int max_local, int max_layouts) {
+  size_t b = (size_t)max_local * sizeof(muon__entry) + (size_t)max_layouts * MUON__LAYOUT_RECORD;
+  return (b + 7) & ~(size_t)7;   /* the next rank's entries stay aligned */
+}
+static const muon__entry *muon__entry_at(const muon__lists *w, int r, int i) {
+  return (const muon__entry *)(const void *)(w->bytes + (size_t)r * w->stride + (size_t)i * sizeof(muon__entry));
+}
+static void muon__layout_at(const muon__lists *w, int r, int slot, muon_layout *l) {
+  muon__get_layout(w->bytes + (size_t)r * w->stride + (size_t)w->max_local * sizeof(muon__entry) +
+                       (size_t)slot * MUON__LAYOUT_RECORD,
+                   l);
+}
 
 static void muon__plan_free(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
@@ -3680,9 +3709,10 @@ static void muon__plan_free(muon_optimizer *opt) {
   for (g = 0; g < pl->n_globals; g++) {
     muon__free(a, pl->globals[g].holders);
     muon__free(a, pl->globals[g].holder_ranks);
-    muon__free(a, pl->globals[g].levels);
   }
   muon__free(a, pl->globals);
+  muon__free(a, pl->layout_levels);
+  muon__free(a, pl->layout_at);
   muon__free(a, pl->round_start);
   muon__free(a, pl->order);
   muon__free(a, pl->order_start);
@@ -4250,8 +4280,8 @@ static int muon__plan_batches(muon_optimizer *opt) {
 /* 1. The global list: matrices matched by (name, key), in order of first appearance; gid[t] is
    the global index of entry t (rank by rank). A hash table finds them: a world holds millions of
    entries and, with experts, tens of thousands of matrices. */
-static muon_status muon__plan_globals(muon_optimizer *opt, const muon__entry *all, const int *count, int stride,
-                                      int total, int *gid) {
+static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w, const int *count, int total,
+                                      int *gid) {
   muon__plan *pl = &opt->plan;
   size_t mask = 1, at;
   int r, i, g, t, n = 0, *tab, *first;   /* first: per global, its first entry's rank and index */
@@ -4268,16 +4298,16 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__entry *al
   mask--;
   for (r = 0, t = 0; r < pl->P && st == MUON_OK; r++)
     for (i = 0; i < count[r] && st == MUON_OK; i++, t++) {
-      const muon__entry *e = &all[(size_t)r * stride + i], *f = NULL;
+      const muon__entry *e = muon__entry_at(w, r, i), *f = NULL;
       at = (size_t)((e->name_hash ^ ((unsigned long long)e->key * 0x9e3779b97f4a7c15ull)) * 1099511628211ull >> 17) & mask;
       for (; (g = tab[at]) >= 0; at = (at + 1) & mask) {
-        f = &all[(size_t)first[2 * g] * stride + first[2 * g + 1]];
+        f = muon__entry_at(w, first[2 * g], first[2 * g + 1]);
         if (f->key == e->key && f->name_hash == e->name_hash) break;
       }
       gid[t] = g >= 0 ? g : n;
       if (g < 0) { tab[at] = n; first[2 * n] = r; first[2 * n + 1] = i; n++; }
       else if (f->rows != e->rows || f->cols != e->cols)
-        st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %lld x %lld on rank %d",
+        st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %d x %d on rank %d",
                         e->name, (int)f->rows, (int)f->cols, first[2 * g], e->rows, e->cols, r);
     }
   muon__free(&opt->allocator, tab);
@@ -4286,7 +4316,7 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__entry *al
     st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
   if (st == MUON_OK) memset(pl->globals, 0, (size_t)n * sizeof(muon__global));
   for (g = 0; st == MUON_OK && g < n; g++) {
-    const muon__entry *e = &all[(size_t)first[2 * g] * stride + first[2 * g + 1]];
+    const muon__entry *e = muon__entry_at(w, first[2 * g], first[2 * g + 1]);
     muon__global *x = &pl->globals[g];
     memcpy(x->name, e->name, sizeof x->name);
     x->name_hash = e->name_hash;
@@ -4302,27 +4332,61 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__entry *al
   return st;
 }
 
-/* 2. Holders (non-empty pieces) of global g, ascending by rank; this rank's local index; the
+/* 2a. Every rank's layout table, decoded once into one pool of levels: holders point into it
+   (a holder's levels are its rank's description of its piece, for the plan's text). */
+static muon_status muon__plan_layouts(muon_optimizer *opt, const muon__lists *w) {
+  muon__plan *pl = &opt->plan;
+  size_t slots = (size_t)pl->P * (size_t)w->max_layouts, s, n = 0;
+  muon_layout l;
+  pl->layout_at = (size_t *)muon__alloc(&opt->allocator, (slots + 1) * sizeof(size_t));
+  for (s = 0; pl->layout_at && s < slots; s++) {
+    muon__layout_at(w, (int)(s / (size_t)w->max_layouts), (int)(s % (size_t)w->max_layouts), &l);
+    pl->layout_at[s] = n;
+    n += (size_t)(l.n_levels < 0 ? 0 : MUON__MIN(l.n_levels, MUON_MAX_LEVELS));
+  }
+  pl->layout_levels = pl->layout_at ? (muon_level *)muon__alloc(&opt->allocator, n * sizeof(muon_level) + 1) : NULL;
+  if (!pl->layout_levels) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu layouts failed", slots);
+  pl->layout_at[slots] = n;
+  pl->max_layouts = w->max_layouts;
+  for (s = 0; s < slots; s++) {
+    muon__layout_at(w, (int)(s / (size_t)w->max_layouts), (int)(s % (size_t)w->max_layouts), &l);
+    memcpy(pl->layout_levels + pl->layout_at[s], l.levels, (pl->layout_at[s + 1] - pl->layout_at[s]) * sizeof(muon_level));
+  }
+  return MUON_OK;
+}
+
+/* Entry e of rank r: its layout (from the pool) and the piece it describes. */
+static muon_status muon__entry_piece(muon_optimizer *opt, const muon__entry *e, int r, muon_layout *l,
+                                     muon__piece *piece) {
+  const muon__plan *pl = &opt->plan;
+  size_t s = (size_t)r * (size_t)pl->max_layouts + (size_t)e->layout;
+  char why[160];
+  if (e->layout < 0 || e->layout >= pl->max_layouts)
+    return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d sent matrix '%s' with layout slot %d of %d", r,
+                      e->name, e->layout, pl->max_layouts);
+  memset(l, 0, sizeof *l);
+  l->n_levels = (int)(pl->layout_at[s + 1] - pl->layout_at[s]);
+  memcpy(l->levels, pl->layout_levels + pl->layout_at[s], (size_t)l->n_levels * sizeof(muon_level));
+  if (muon__layout_piece(l, e->rows, e->cols, piece, why, sizeof why) != MUON_OK)
+    return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d's layout of matrix '%s' is invalid: %s", r, e->name,
+                      why);
+  return MUON_OK;
+}
+
+/* 2b. Holders (non-empty pieces) of global g, ascending by rank; this rank's local index; the
    checks that the holders agree and their pieces tile the matrix. Its entries are ri[2k] (rank)
    and ri[2k + 1] (index) for k in [from, to), in rank order. */
-static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *all, int stride, const int *ri, int from,
-                                      int to, int g) {
+static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w, const int *ri, int from, int to,
+                                      int g) {
   muon__plan *pl = &opt->plan;
   muon__global *x = &pl->globals[g];
-  int me = pl->me, r, i, n = 0, k, prev = -1;
-  size_t n_levels = 0, at = 0;
+  int me = pl->me, r, i, k, prev = -1;
   unsigned long long hp = 0;
-  for (k = from; k < to; k++) {
-    const muon__entry *e = &all[(size_t)ri[2 * k] * stride + ri[2 * k + 1]];
-    const unsigned char *q = e->layout;
-    uint32_t levels = muon__get32(&q);
-    if (e->piece[5] > e->piece[4]) { n++; n_levels += MUON__MIN(levels, (uint32_t)MUON_MAX_LEVELS); }
-  }
-  x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
-  x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
-  x->levels = (muon_level *)muon__alloc(&opt->allocator, n_levels * sizeof(muon_level) + 1);
-  if (!x->holders || !x->holder_ranks || !x->levels)
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
+  muon_status st;
+  /* room for every entry: only a piece cut empty by an uneven split is left out */
+  x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)(to - from) * sizeof(muon__holder) + 1);
+  x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)(to - from) * sizeof(int) + 1);
+  if (!x->holders || !x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
   for (k = from; k < to; k++) {
     const muon__entry *e;
     muon__holder *h = &x->holders[x->n_holders];
@@ -4331,14 +4395,15 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
     int parts;
     r = ri[2 * k];
     i = ri[2 * k + 1];
-    e = &all[(size_t)r * stride + i];
+    e = muon__entry_at(w, r, i);
     if (r == prev)
       return muon__fail(opt, MUON_ERR_ARG,
                         "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r,
                         e->name);
     prev = r;
     if (r == me) x->local = i;
-    if (e->piece[5] <= e->piece[4]) continue;
+    if ((st = muon__entry_piece(opt, e, r, &layout, &h->piece)) != MUON_OK) return st;
+    if (h->piece.f1 <= h->piece.f0) continue;
     if (x->n_holders && e->hparams != hp)
       return muon__fail(opt, MUON_ERR_MISMATCH,
                         "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", e->name,
@@ -4347,18 +4412,8 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
     if (r == me) x->mine = x->n_holders;
     h->rank = r;
     h->local = i;
-    h->piece.r0 = e->piece[0];
-    h->piece.c0 = e->piece[1];
-    h->piece.h = e->piece[2];
-    h->piece.w = e->piece[3];
-    h->piece.f0 = e->piece[4];
-    h->piece.f1 = e->piece[5];
-    muon__get_layout(e->layout, &layout);
-    h->n_levels = MUON__MIN(layout.n_levels, MUON_MAX_LEVELS);
-    if (h->n_levels < 0) h->n_levels = 0;
-    memcpy(x->levels + at, layout.levels, (size_t)h->n_levels * sizeof(muon_level));
-    h->levels = x->levels + at;
-    at += (size_t)h->n_levels;
+    h->n_levels = layout.n_levels;
+    h->levels = pl->layout_levels + pl->layout_at[(size_t)r * (size_t)pl->max_layouts + (size_t)e->layout];
     parts = muon__layout_parts(&layout, &h->part, &scale);
     if (x->n_holders && (parts != x->parts || scale != x->part_scale))
       return muon__fail(
@@ -4366,16 +4421,16 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__entry *al
           "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
           e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
           scale == 1.0f ? "sum" : "mean");
-    if (x->n_holders && (e->on_owner != 0) != x->on_owner)
+    if (x->n_holders && (e->flags & MUON__ON_OWNER ? 1 : 0) != x->on_owner)
       return muon__fail(opt, MUON_ERR_MISMATCH,
                         "muon_plan: matrix '%s': rank %d keeps its momentum whole on the owner, rank %d in pieces "
                         "(muon_hparams.momentum_format INT8 with a piece of the matrix on one and the whole on the "
                         "other): every holder must hold a piece, or every one the whole matrix",
                         e->name, x->on_owner ? x->holders[0].rank : r, x->on_owner ? r : x->holders[0].rank);
-    x->on_owner = e->on_owner != 0;
+    x->on_owner = e->flags & MUON__ON_OWNER ? 1 : 0;
     x->parts = parts;
     x->part_scale = scale;
-    h->has_momentum = e->momentum_have != 0;
+    h->has_momentum = e->flags & MUON__HAS_MOMENTUM ? 1 : 0;
     x->holder_ranks[x->n_holders] = r;
     x->n_holders++;
   }
@@ -4519,15 +4574,16 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
 }
 
 /* The plan from every rank's entries (count[r] of them at all + r * stride). */
-static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all, const int *count, int stride) {
+static muon_status muon__build_plan(muon_optimizer *opt, const muon__lists *w, const int *count) {
   muon__plan *pl = &opt->plan;
   int r, i, g, t, total = 0;
   int *gid, *start = NULL, *ri = NULL;   /* the entries of global g: ri[2k], ri[2k + 1], k in [start[g], start[g+1]) */
   muon_status st;
   for (r = 0; r < pl->P; r++) total += count[r];
+  if ((st = muon__plan_layouts(opt, w)) != MUON_OK) return st;
   gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
   if (!gid) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
-  st = muon__plan_globals(opt, all, count, stride, total, gid);
+  st = muon__plan_globals(opt, w, count, total, gid);
   if (st == MUON_OK) {
     start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
     ri = (int *)muon__alloc(&opt->allocator, 2 * (size_t)total * sizeof(int) + 1);
@@ -4547,7 +4603,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__entry *all,
     start[0] = 0;
   }
   for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
-    st = muon__plan_holders(opt, all, stride, ri, start[g], start[g + 1], g);
+    st = muon__plan_holders(opt, w, ri, start[g], start[g + 1], g);
   muon__free(&opt->allocator, gid);
   muon__free(&opt->allocator, start);
   muon__free(&opt->allocator, ri);
@@ -4699,29 +4755,29 @@ static void muon__normuon_finish(muon_optimizer *opt, const unsigned char *moved
 
 /* Where global g's v comes from when its owner lacks it: the first holder (ascending rank) that
    has one of the wanted length; -1 if the owner has it, none wants it, or nobody has it. */
-static int muon__normuon_source(const muon__plan *pl, int g, const muon__entry *all, int stride, int *len) {
+static int muon__normuon_source(const muon__plan *pl, int g, const muon__lists *w, int *len) {
   const muon__global *x = &pl->globals[g];
   const muon__entry *o = NULL, *e;
   int j;
   for (j = 0; j < x->n_holders; j++)
-    if (x->holders[j].rank == x->owner) o = &all[(size_t)x->owner * stride + x->holders[j].local];
+    if (x->holders[j].rank == x->owner) o = muon__entry_at(w, x->owner, x->holders[j].local);
   if (!o || !o->normuon_want || o->normuon_have == o->normuon_want) return -1;
-  *len = (int)o->normuon_want;
+  *len = o->normuon_want;
   for (j = 0; j < x->n_holders; j++) {
-    e = &all[(size_t)x->holders[j].rank * stride + x->holders[j].local];
+    e = muon__entry_at(w, x->holders[j].rank, x->holders[j].local);
     if (e->normuon_have == o->normuon_want) return x->holders[j].rank;
   }
   return -1;
 }
 
 /* The counts of the exchange that moves v to new owners (pl->counts); 0 if nothing moves. */
-static int muon__normuon_counts(muon_optimizer *opt, const muon__entry *all, int stride) {
+static int muon__normuon_counts(muon_optimizer *opt, const muon__lists *w) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g, src, len = 0, any = 0;
   size_t *cnt = pl->counts;
   memset(cnt, 0, 4 * (size_t)P * sizeof(size_t));
   for (g = 0; g < pl->n_globals; g++) {
-    if ((src = muon__normuon_source(pl, g, all, stride, &len)) < 0) continue;
+    if ((src = muon__normuon_source(pl, g, w, &len)) < 0) continue;
     any = 1;
     if (src == me) cnt[pl->globals[g].owner] += (size_t)len;
     if (pl->globals[g].owner == me) cnt[2 * (size_t)P + src] += (size_t)len;
@@ -4755,7 +4811,7 @@ static void muon__normuon_free_buffers(muon_optimizer *opt, float *send, float *
 
 /* The move itself: sources pack in global order, the collective, owners unpack into their new
    v. A backend failure still joins the collective (peers must not wait alone). */
-static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *all, int stride, float *send, float *recv,
+static muon_status muon__normuon_move(muon_optimizer *opt, const muon__lists *w, float *send, float *recv,
                                       unsigned char *moved) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g, src, len = 0, staged = muon__normuon_staged(opt);
@@ -4764,7 +4820,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   memcpy(cur, cnt + P, (size_t)P * sizeof(size_t));
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
-    if ((src = muon__normuon_source(pl, g, all, stride, &len)) != me) continue;
+    if ((src = muon__normuon_source(pl, g, w, &len)) != me) continue;
     local = muon__compute_copy(opt, send + cur[x->owner], opt->matrices[x->local].normuon, (size_t)len * sizeof(float),
                                staged, 0, "muon_plan: reading a NorMuon second moment");
     cur[x->owner] += (size_t)len;
@@ -4774,7 +4830,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__entry *al
   memcpy(cur, cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
-    if ((src = muon__normuon_source(pl, g, all, stride, &len)) < 0 || x->owner != me) continue;
+    if ((src = muon__normuon_source(pl, g, w, &len)) < 0 || x->owner != me) continue;
     local = muon__compute_copy(opt, opt->matrices[x->local].normuon_next, recv + cur[src], (size_t)len * sizeof(float),
                                0, staged, "muon_plan: writing a NorMuon second moment");
     cur[src] += (size_t)len;
@@ -5009,15 +5065,22 @@ static uint64_t muon__new_run(const muon_optimizer *opt) {
    one that it owns, and the step runs the same rounds with nothing to exchange. */
 static muon_status muon__plan_local(muon_optimizer *opt) {
   int i, n = opt->n_matrices;
+  unsigned char *bytes;
   muon__entry *e;
+  muon__lists w;
   muon_status st;
   muon__plan_free(opt);
   opt->plan.P = 1;
   opt->plan.me = 0;
   opt->plan.max_local = n;
-  e = (muon__entry *)muon__alloc(&opt->allocator, (size_t)n * sizeof *e);
-  if (!e) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the matrix list failed");
-  memset(e, 0, (size_t)n * sizeof *e);
+  w.max_local = n;
+  w.max_layouts = 1;   /* one, of no levels: every matrix whole */
+  w.stride = muon__list_bytes(n, 1);
+  bytes = (unsigned char *)muon__alloc(&opt->allocator, w.stride);
+  if (!bytes) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the matrix list failed");
+  memset(bytes, 0, w.stride);
+  w.bytes = bytes;
+  e = (muon__entry *)(void *)bytes;
   for (i = 0; i < n; i++) {
     const muon__matrix *x = &opt->matrices[i];
     char id[24];
@@ -5027,11 +5090,10 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
     e[i].name_hash = muon__name_hash(id, -1);
     e[i].rows = x->rows;
     e[i].cols = x->cols;
-    e[i].piece[2] = x->rows; e[i].piece[3] = x->cols; e[i].piece[5] = (long long)x->rows * x->cols;
     e[i].hparams = muon__ns_hash(&opt->groups[x->group]);
   }
-  st = muon__build_plan(opt, e, &n, n);
-  muon__free(&opt->allocator, e);
+  st = muon__build_plan(opt, &w, &n);
+  muon__free(&opt->allocator, bytes);
   if (st == MUON_OK) st = muon__normuon_prepare(opt);
   if (st == MUON_OK) st = muon__plan_checks(opt);
   if (st != MUON_OK) muon__plan_free(opt);
@@ -5039,39 +5101,78 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   return st;
 }
 
-/* This rank's matrix list as planning sends it: its entries, zero-padded to `max_local`. */
-static void muon__put_entries(const muon_optimizer *opt, muon__entry *pad, int max_local) {
-  int i;
-  memset(pad, 0, (size_t)max_local * sizeof *pad);
-  for (i = 0; i < opt->n_matrices; i++) {
+/* A layout table's record: the levels alone (the key is the entry's). */
+static void muon__put_levels(unsigned char *rec, const muon_layout *layout) {
+  muon_layout l = *layout;
+  l.key = 0;
+  muon__put_layout(&rec, &l);
+}
+
+/* This rank's distinct layouts (their levels: the key is the entry's): each matrix's slot,
+   numbered in order of first use; returns how many, or -1 short of memory. */
+static int muon__layout_slots(muon_optimizer *opt) {
+  int n = opt->n_matrices, i, j, slots = 0;
+  size_t mask = 1, at, R = MUON__LAYOUT_RECORD;
+  int *tab;
+  unsigned char *rec;
+  while (mask < 2 * (size_t)n) mask <<= 1;
+  tab = (int *)muon__alloc(&opt->allocator, mask * sizeof(int));
+  rec = (unsigned char *)muon__alloc(&opt->allocator, (size_t)n * R + 1);
+  if (!tab || !rec) {
+    muon__free(&opt->allocator, tab);
+    muon__free(&opt->allocator, rec);
+    return -1;
+  }
+  memset(tab, 0xff, mask * sizeof(int));
+  mask--;
+  for (i = 0; i < n; i++) {
+    muon__matrix *x = &opt->matrices[i];
+    muon__put_levels(rec + (size_t)i * R, &x->layout);
+    for (at = (size_t)muon__fnv1a(rec + (size_t)i * R, R) & mask; (j = tab[at]) >= 0; at = (at + 1) & mask)
+      if (!memcmp(rec + (size_t)j * R, rec + (size_t)i * R, R)) break;
+    if (j < 0) { tab[at] = i; x->slot = slots++; }
+    else x->slot = opt->matrices[j].slot;
+  }
+  muon__free(&opt->allocator, tab);
+  muon__free(&opt->allocator, rec);
+  return slots;
+}
+
+/* This rank's matrix list as planning sends it (muon__list_bytes(max_local, max_layouts)): its
+   entries, zero-padded to max_local, then its layout table (after muon__layout_slots). */
+static void muon__put_list(const muon_optimizer *opt, unsigned char *out, int max_local, int max_layouts) {
+  muon__entry *e = (muon__entry *)(void *)out;
+  unsigned char *table = out + (size_t)max_local * sizeof(muon__entry);
+  int i, written = 0;
+  memset(out, 0, muon__list_bytes(max_local, max_layouts));
+  for (i = 0; i < opt->n_matrices; i++, e++) {
     const muon__matrix *x = &opt->matrices[i];
-    muon__entry *e = &pad[i];
     if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
     else snprintf(e->name, sizeof e->name, "#%d", i);
     e->name_hash = x->name_hash;
     e->key = x->layout.key;
     e->rows = x->rows;
     e->cols = x->cols;
-    e->piece[0] = x->piece.r0; e->piece[1] = x->piece.c0; e->piece[2] = x->piece.h;
-    e->piece[3] = x->piece.w; e->piece[4] = x->piece.f0; e->piece[5] = x->piece.f1;
+    e->layout = x->slot;
     e->hparams = muon__ns_hash(&opt->groups[x->group]);
     e->normuon_have = x->normuon ? x->normuon_len : 0;
     e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
-    e->momentum_have = muon__owner_momentum(x) && x->momentum && !x->momentum_fresh;
-    e->on_owner = muon__owner_momentum(x);
-    { unsigned char *q = e->layout; muon__put_layout(&q, &x->layout); }
+    e->flags = (muon__owner_momentum(x) && x->momentum && !x->momentum_fresh ? MUON__HAS_MOMENTUM : 0) |
+               (muon__owner_momentum(x) ? MUON__ON_OWNER : 0);
+    if (x->slot == written) muon__put_levels(table + (size_t)written++ * MUON__LAYOUT_RECORD, &x->layout);
   }
 }
 
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
-  int P, me, r, max_local = 0, *count = NULL, moving = 0;
+  int P, me, r, max_local = 0, max_layouts = 0, layouts, *count = NULL, moving = 0;
   long long plan_hash;
-  muon__entry *all = NULL;
+  muon__lists w;
+  unsigned char *all = NULL;
   float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
   unsigned char *moved = NULL;
   const long long *three;   /* every rank's three numbers (muon__exchange3) */
-  muon__entry *pad = NULL;
+  unsigned char *pad = NULL;
   muon__adamw_entry *aw_all = NULL, *aw_pad = NULL;   /* Partial AdamW params: who holds which part */
   int any_aw = 0;
   muon_status st = MUON_OK, got;
@@ -5081,29 +5182,38 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   opt->error[0] = '\0';
   /* The small exchanges below go through the buffer allocated at creation, so that a rank short
      of memory still joins every one of them and its failure becomes everyone's. */
-  /* Round 1: how many matrices, AdamW params and Partial ones each rank has. */
-  if ((st = muon__exchange3(opt, opt->n_matrices, opt->n_adamw, muon__adamw_partials(opt), &three,
-                            "muon_plan: exchanging matrix counts")) != MUON_OK)
+  /* Round 1: how many matrices (and distinct layouts among them), AdamW params and Partial ones
+     each rank has. A rank short of memory for its layout table says so in round 1b. */
+  layouts = muon__layout_slots(opt);
+  if ((st = muon__exchange3(opt, opt->n_matrices + ((long long)(layouts < 0 ? 0 : layouts) << 32), opt->n_adamw,
+                            muon__adamw_partials(opt), &three, "muon_plan: exchanging matrix counts")) != MUON_OK)
     goto done;
   opt->plan.max_adamw = 0;
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
   for (r = 0; r < P; r++) {
-    if (count) count[r] = (int)three[3 * r];
-    if (three[3 * r] > max_local) max_local = (int)three[3 * r];
+    int n = (int)(three[3 * r] & 0xffffffff), layouts = (int)(three[3 * r] >> 32);
+    if (count) count[r] = n;
+    if (n > max_local) max_local = n;
+    if (layouts > max_layouts) max_layouts = layouts;
     if (three[3 * r + 1] > opt->plan.max_adamw) opt->plan.max_adamw = (int)three[3 * r + 1];
     any_aw |= three[3 * r + 2] > 0;
   }
+  w.max_local = max_local;
+  w.max_layouts = max_layouts;
+  w.stride = muon__list_bytes(max_local, max_layouts);
   /* Round 1b: whether each rank could allocate what round 2 and the plan's lists need. */
   opt->plan.adamw_names =
       (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
-  all = (muon__entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)max_local * sizeof *all + 1);
-  pad = (muon__entry *)muon__alloc(&opt->allocator, (size_t)max_local * sizeof *pad + 1);
+  all = (unsigned char *)muon__alloc(&opt->allocator, (size_t)P * w.stride + 1);
+  pad = (unsigned char *)muon__alloc(&opt->allocator, w.stride + 1);
   if (any_aw) {
     aw_all =
         (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)opt->plan.max_adamw * sizeof *aw_all + 1);
     aw_pad = (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)opt->plan.max_adamw * sizeof *aw_pad + 1);
   }
-  got = count && opt->plan.adamw_names && all && pad && (!any_aw || (aw_all && aw_pad)) ? MUON_OK : MUON_ERR_NOMEM;
+  got = layouts >= 0 && count && opt->plan.adamw_names && all && pad && (!any_aw || (aw_all && aw_pad))
+            ? MUON_OK
+            : MUON_ERR_NOMEM;
   if ((st = muon__exchange3(opt, got, 0, 0, &three, "muon_plan: exchanging allocation verdicts")) != MUON_OK) goto done;
   for (r = 0; r < P; r++)
     if (three[3 * r] != MUON_OK) {
@@ -5113,11 +5223,9 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       goto done;
     }
   /* Round 2: every rank's list, padded to the longest. */
-  {
-    muon__put_entries(opt, pad, max_local);
-    st = muon__allgather(opt, pad, all, (size_t)max_local * sizeof *pad, "muon_plan: exchanging matrix lists");
-    if (st != MUON_OK) goto done;
-  }
+  muon__put_list(opt, pad, max_local, max_layouts);
+  if ((st = muon__allgather(opt, pad, all, w.stride, "muon_plan: exchanging matrix lists")) != MUON_OK) goto done;
+  w.bytes = all;
   /* Round 2b, only where some rank has a Partial AdamW param: every rank's AdamW params. */
   if (any_aw) {
     muon__adamw_entries(opt, aw_pad, opt->plan.max_adamw);
@@ -5128,7 +5236,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   opt->plan.max_local = max_local;
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
-  got = muon__build_plan(opt, all, count, max_local);
+  got = muon__build_plan(opt, &w, count);
   if (got == MUON_OK && any_aw) {
     opt->plan.any_adamw_partial = 1;
     got = muon__plan_adamw(opt, aw_all, opt->plan.max_adamw);
@@ -5136,7 +5244,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   if (got == MUON_OK) got = muon__partial_prepare(opt);
   if (got == MUON_OK) got = muon__normuon_prepare(opt);
   if (got == MUON_OK) got = muon__plan_checks(opt);
-  if (got == MUON_OK && (moving = muon__normuon_counts(opt, all, max_local)) != 0) {
+  if (got == MUON_OK && (moving = muon__normuon_counts(opt, &w)) != 0) {
     got = muon__normuon_buffers(opt, &nm_send, &nm_recv);
     if (got == MUON_OK && !(moved = (unsigned char *)muon__alloc(&opt->allocator, (size_t)opt->n_matrices + 1)))
       got = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d flags failed", opt->n_matrices);
@@ -5159,7 +5267,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       goto done;
     }
   }
-  if (moving && (st = muon__normuon_move(opt, all, max_local, nm_send, nm_recv, moved)) != MUON_OK) goto done;
+  if (moving && (st = muon__normuon_move(opt, &w, nm_send, nm_recv, moved)) != MUON_OK) goto done;
   muon__normuon_finish(opt, moved);
   muon__partial_finish(opt);
   opt->plan.ready = 1;

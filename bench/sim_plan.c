@@ -7,7 +7,7 @@
    - a counting communicator for virtual rank r of W: alltoallv moves nothing and counts the
      bytes per peer; allgather hands back what the other W - 1 ranks would send. Planning's
      matrix lists are every virtual rank's own (each registers its matrices in a shadow optimizer
-     and muon__put_entries writes the list planning sends), its counts too; every other
+     and muon__put_list writes the list planning sends), its counts too; every other
      control record (agreement, verdicts, plan fingerprints, the vote) is this rank's own,
      repeated: what agreeing ranks send.
    Planning runs on a few ranks (rank 0, the busiest owner, a median one), timed, with host
@@ -398,30 +398,41 @@ static void sim_close(sim_rank *s) {
 }
 
 /* ---- every rank's matrix list, from shadow optimizers ------------------------------------- */
-typedef struct world_lists { unsigned char *lists; long long *counts; int max_local; size_t bytes; } world_lists;
+typedef struct world_lists { unsigned char *lists; long long *counts; int max_local, max_layouts; size_t bytes; } world_lists;
 
+/* Each shadow writes its list unpadded (muon__put_list with its own counts); the lists are then
+   laid out as planning pads them: entries to the longest list, layout tables to the most slots. */
 static int make_lists(const config *c, world_lists *w) {
   int r;
   sim_rank *s = (sim_rank *)malloc(sizeof *s);
+  unsigned char **own = (unsigned char **)calloc((size_t)c->W, sizeof *own);
   w->counts = (long long *)calloc((size_t)c->W * 3, sizeof(long long));
-  w->max_local = 0;
-  for (r = 0; r < c->W; r++) {   /* the longest list first: lists are padded to it */
-    int first, n = 0, l, ep = c->mesh == MESH_EP ? c->D : 1;
-    mat tmp[2048];
-    int nl = stage_layers(c, r / (c->tp * c->D), &first);
-    for (l = first; l < first + nl; l++) n += layer_mats(c->m, l, (r / c->tp) % c->D * (ep > 1), ep, tmp);
-    w->counts[3 * r] = n;
-    if (n > w->max_local) w->max_local = n;
-  }
-  w->bytes = (size_t)w->max_local * sizeof(muon__entry);
-  w->lists = (unsigned char *)malloc(w->bytes * (size_t)c->W + 1);
-  if (!s || !w->counts || !w->lists) return -1;
+  w->max_local = w->max_layouts = 0;
+  if (!s || !own || !w->counts) return -1;
   for (r = 0; r < c->W; r++) {
+    int n, layouts;
     if (!sim_open(s, c, r)) return -1;
-    if (s->opt->n_matrices != w->counts[3 * r]) { fprintf(stderr, "sim: count mismatch\n"); return -1; }
-    muon__put_entries(s->opt, (muon__entry *)(void *)(w->lists + (size_t)r * w->bytes), w->max_local);
+    n = s->opt->n_matrices;
+    if ((layouts = muon__layout_slots(s->opt)) < 0) return -1;
+    w->counts[3 * r] = n + ((long long)layouts << 32);   /* as muon__plan_collective's round 1 */
+    if (n > w->max_local) w->max_local = n;
+    if (layouts > w->max_layouts) w->max_layouts = layouts;
+    if (!(own[r] = (unsigned char *)malloc(muon__list_bytes(n, layouts)))) return -1;
+    muon__put_list(s->opt, own[r], n, layouts);
     sim_close(s);
   }
+  w->bytes = muon__list_bytes(w->max_local, w->max_layouts);
+  w->lists = (unsigned char *)calloc((size_t)c->W, w->bytes);
+  if (!w->lists) return -1;
+  for (r = 0; r < c->W; r++) {
+    int n = (int)(w->counts[3 * r] & 0xffffffff), layouts = (int)(w->counts[3 * r] >> 32);
+    unsigned char *to = w->lists + (size_t)r * w->bytes;
+    memcpy(to, own[r], (size_t)n * sizeof(muon__entry));
+    memcpy(to + (size_t)w->max_local * sizeof(muon__entry), own[r] + (size_t)n * sizeof(muon__entry),
+           (size_t)layouts * MUON__LAYOUT_RECORD);
+    free(own[r]);
+  }
+  free(own);
   free(s);
   return 0;
 }
@@ -464,7 +475,7 @@ static void plan_figures(const muon_optimizer *opt, int W, rank_figs *f) {
 #define IB 50e9            /* 400 Gb/s per GPU across nodes */
 
 typedef struct result {
-  double plan_s, reg_s, peak_mib, lists_mib, flops_max, flops_mean, sent_mean, sent_max, formula, step_fp32,
+  double plan_s, reg_s, peak_mib, kept_mib, lists_mib, flops_max, flops_mean, sent_mean, sent_max, formula, step_fp32,
       step_bf16, comm_s, agree_bytes;
   int n_globals, reps, busiest, median, bad;
 } result;
@@ -482,12 +493,14 @@ static int cmp_by_flops(const void *a, const void *b) {
 static int simulate_rank(const config *c, const world_lists *w, int r, rank_figs *f, result *res, int verbose) {
   sim_rank *s = (sim_rank *)malloc(sizeof *s);
   double t0 = now_s(), t1, t2;
+  size_t kept;
   muon_stats st;
   int ok = 1;
   if (!s || !sim_open(s, c, r)) return -1;
   s->comm.lists = w->lists;
   s->comm.list_bytes = w->bytes;
   s->comm.counts = w->counts;
+  kept = s->mem.cur;
   t1 = now_s();
   if (muon_plan(s->opt) != MUON_OK) {
     fprintf(stderr, "sim: rank %d: muon_plan: %s\n", r, muon_error(s->opt));
@@ -499,6 +512,8 @@ static int simulate_rank(const config *c, const world_lists *w, int r, rank_figs
   if (t2 - t1 > res->plan_s) res->plan_s = t2 - t1;
   if (t1 - t0 > res->reg_s) res->reg_s = t1 - t0;
   if ((double)s->mem.peak / 1048576.0 > res->peak_mib) res->peak_mib = (double)s->mem.peak / 1048576.0;
+  kept = s->mem.cur - kept;   /* the plan, held until the next one */
+  if ((double)kept / 1048576.0 > res->kept_mib) res->kept_mib = (double)kept / 1048576.0;
   res->n_globals = s->opt->plan.n_globals;
   if (f) plan_figures(s->opt, c->W, f);
   {   /* one step: its exchanges and control bytes, counted by the communicator */
@@ -775,15 +790,16 @@ int main(int argc, char **argv) {
     else { fprintf(stderr, "usage: %s [--check] [--max-ranks W] [--min-ranks W] [--models a,b] [--meshes m,n] [-v]\n", argv[0]); return 2; }
   }
   printf("sim_plan: muon's planner on virtual ranks (load average %.2f). Per configuration: planning time and\n"
-         "peak host memory (the most of the ranks planned: 0, the busiest owner, a median one), the matrix\n"
-         "lists every rank gathers, bytes sent per rank per step (mean, most) vs 2(P-1)/P^2*S*4 per stage,\n"
-         "Newton-Schulz GFLOP per step (busiest, mean, ratio), and an H100 step estimate: busiest NS at %.0f%%\n"
-         "of 67 TFLOP/s fp32 (TF32 off) or 989 TFLOP/s bf16, plus the heaviest rank's exchange at 450 GB/s\n"
-         "NVLink inside a node of 8, 50 GB/s across (bf16: half the bytes); no overlap.\n",
+         "peak host memory (the most of the ranks planned: 0, the busiest owner, a median one), what the\n"
+         "plan keeps after, the matrix lists every rank gathers, bytes sent per rank per step (mean, most)\n"
+         "vs 2(P-1)/P^2*S*4 per stage, Newton-Schulz GFLOP per step (busiest, mean, ratio), and an H100 step\n"
+         "estimate: busiest NS at %.0f%% of 67 TFLOP/s fp32 (TF32 off) or 989 TFLOP/s bf16, plus the heaviest\n"
+         "rank's exchange at 450 GB/s NVLink inside a node of 8, 50 GB/s across (bf16: half the bytes); no\n"
+         "overlap.\n",
          load_average(), EFFICIENCY * 100);
-  printf("%-12s %-5s %6s %4s %5s %7s | %8s %8s %8s | %9s %9s %9s | %9s %8s %7s | %8s %8s\n", "model", "mesh", "ranks",
-         "pp", "dp", "globals", "plan s", "peak MiB", "lists MiB", "B/rk mean", "B/rk max", "formula", "NS GF max",
-         "NS mean", "max/mean", "fp32 ms", "bf16 ms");
+  printf("%-12s %-5s %6s %4s %5s %7s | %8s %8s %8s %8s | %9s %9s %9s | %9s %8s %7s | %8s %8s\n", "model", "mesh",
+         "ranks", "pp", "dp", "globals", "plan s", "peak MiB", "kept MiB", "lists MiB", "B/rk mean", "B/rk max",
+         "formula", "NS GF max", "NS mean", "max/mean", "fp32 ms", "bf16 ms");
   for (mi = 0; mi < N_MODELS - 2; mi++) {
     if (!listed(models, MODELS[mi].name)) continue;
     for (mesh = 0; mesh < 3; mesh++) {
@@ -793,8 +809,9 @@ int main(int argc, char **argv) {
         result r;
         if (config_make(&c, &MODELS[mi], mesh, W, NODE)) continue;
         if (run_config(&c, &r, verbose)) { fails++; printf("%-12s %-5s %6d FAILED\n", c.m->name, MESH_NAMES[mesh], W); continue; }
-        printf("%-12s %-5s %6d %4d %5d %7d | %8.3f %8.1f %8.1f | %9.3g %9.3g %9.3g | %9.1f %8.2f %7.2f | %8.2f %8.2f\n",
-               c.m->name, MESH_NAMES[mesh], W, c.pp, c.D, r.n_globals, r.plan_s, r.peak_mib, r.lists_mib, r.sent_mean,
+        printf("%-12s %-5s %6d %4d %5d %7d | %8.3f %8.1f %8.1f %8.1f | %9.3g %9.3g %9.3g | %9.1f %8.2f %7.2f | %8.2f %8.2f\n",
+               c.m->name, MESH_NAMES[mesh], W, c.pp, c.D, r.n_globals, r.plan_s, r.peak_mib, r.kept_mib, r.lists_mib,
+               r.sent_mean,
                r.sent_max, r.formula, r.flops_max / 1e9, r.flops_mean / 1e9, r.flops_max / r.flops_mean,
                r.step_fp32 * 1e3, r.step_bf16 * 1e3);
         if (W == maxW)

@@ -378,6 +378,87 @@ static muon_status flaky_allgather(void *ctx, const void *send, void *recv, size
 }
 static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"; }
 
+/* Planning's matrix lists: a rank sends each of its distinct layouts once (keys apart: experts
+   and stages share levels), and a layout slot out of range from a peer is an error, not a read
+   past the list. */
+typedef struct { size_t list_bytes; int lists, corrupt; } list_comm;
+static muon_status list_alltoallv(void *ctx, const float *send, const size_t *sc, const size_t *sd, float *recv,
+                                  const size_t *rc, const size_t *rd, int *ticket) {
+  muon_comm self = muon_comm_self();
+  (void)ctx;
+  return self.vt->alltoallv(self.ctx, send, sc, sd, recv, rc, rd, ticket);
+}
+static muon_status list_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+  list_comm *c = (list_comm *)ctx;
+  memcpy(recv, send, bytes);
+  if (bytes == c->list_bytes) {
+    c->lists++;
+    if (c->corrupt) ((muon__entry *)recv)[1].layout = 18;   /* one past the last slot */
+  }
+  return MUON_OK;
+}
+
+static void test_plan_lists(void) {
+  static const muon_comm_vtable vt = {
+    MUON_COMM_VTABLE_VERSION,
+    /* .alltoallv = */ list_alltoallv,
+    /* .join      = */ NULL,
+    /* .finish    = */ NULL,
+    /* .allgather = */ list_allgather,
+    /* .error     = */ NULL,
+    /* .destroy   = */ NULL,
+    /* .memory    = */ MUON_MEMORY_HOST,
+    /* .queued    = */ 0
+  };
+  static float w[20][48], g[20][48];
+  list_comm c;
+  muon_comm comm;
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = muon_default_desc();
+  int k;
+  TEST_CASE("planning sends each distinct layout of a rank once (keys apart), and rejects a slot out of range");
+  comm.vt = &vt; comm.ctx = &c; comm.rank = 0; comm.size = 1;
+  d.comm = &comm; d.dist = &cfg;
+  for (k = 0; k < 2; k++) {
+    muon_optimizer *opt = NULL;
+    int i, ok = 1;
+    memset(&c, 0, sizeof c);
+    /* 20 matrices, 18 layouts: two experts (keys 10, 11) and "up" split by rows, "down" by
+       columns, and 16 of three levels each, all different (a table of 64 slots: they collide) */
+    c.list_bytes = muon__list_bytes(20, 18);
+    c.corrupt = k;
+    if (muon_create(&opt, &d) != MUON_OK) { CHECK(0, "create"); return; }
+    for (i = 0; i < 20; i++) {
+      static const char *names[4] = { "expert", "expert", "up", "down" };
+      muon_matrix m = muon_default_matrix();
+      muon_layout l;
+      char name[16];
+      memset(&l, 0, sizeof l);
+      if (i < 4) {
+        l.n_levels = 1;
+        l.levels[0] = muon_shard(i < 3 ? 0 : 1, &comm);
+        l.key = i < 2 ? 10 + i : 0;
+      } else {
+        int v = i - 4, j;
+        l.n_levels = 3;
+        for (j = 0; j < 3; j++, v /= 3) l.levels[j] = v % 3 == 2 ? muon_replicate(&comm) : muon_shard(v % 3, &comm);
+      }
+      snprintf(name, sizeof name, "m%d", i);
+      m.name = i < 4 ? names[i] : name; m.param = w[i]; m.grad = g[i]; m.rows = 6; m.cols = 8; m.layout = &l;
+      ok &= muon_add_matrix(opt, &m, NULL) == MUON_OK;
+    }
+    CHECK(ok, "20 matrices registered");
+    if (!k) {
+      CHECK(muon_plan(opt) == MUON_OK && c.lists == 1, "planning gathered one list of %zu bytes (%d): %s",
+            c.list_bytes, c.lists, muon_error(opt));
+    } else {
+      CHECK(muon_plan(opt) == MUON_ERR_MISMATCH && strstr(muon_error(opt), "matrix 'expert' with layout slot 18 of 18"),
+            "a slot out of range: %s", muon_error(opt));
+    }
+    muon_destroy(opt);
+  }
+}
+
 static void test_comm_faults(void) {
   static const muon_comm_vtable vt = {
     MUON_COMM_VTABLE_VERSION,
@@ -1904,6 +1985,7 @@ int main(void) {
   test_nonfinite();
   test_nonfinite_every_element();
   test_comm_faults();
+  test_plan_lists();
   test_absent_grad();
   test_alloc_failure();
   test_state();
