@@ -3802,61 +3802,44 @@ static muon_status muon__gap(muon_optimizer *opt, const muon__global *g, int gi,
 
 /* first[j]: the lowest index of the holders with holder j's piece (with_part: and its part). By
    sorting, not by pairs: a matrix has thousands of holders at scale. */
-typedef struct muon__piece_key { muon__piece piece; int part, index; } muon__piece_key;
-static int muon__piece_key_cmp(const void *a, const void *b) {
-  const muon__piece_key *x = (const muon__piece_key *)a, *y = (const muon__piece_key *)b;
-  const long long *p = &x->piece.r0, *q = &y->piece.r0;
-  int k;
-  for (k = 0; k < 6; k++) if (p[k] != q[k]) return p[k] < q[k] ? -1 : 1;
-  if (x->part != y->part) return x->part < y->part ? -1 : 1;
-  return x->index - y->index;
-}
+/* Per holder of x, the first (lowest index) holder of an equal piece (and part, with_part): the
+   groups of replicas, found through a hash table of the pieces (a world has tens of thousands of
+   holders per matrix, a sort of them was most of planning's time). */
 static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, int with_part) {
-  int n = x->n_holders, j, lead = 0;
-  int *first = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
-  muon__piece_key *k = (muon__piece_key *)muon__alloc(&opt->allocator, (size_t)n * sizeof *k + 1);
-  if (!first || !k) {
+  int n = x->n_holders, i, j;
+  size_t mask = 1, at;
+  int *first = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1), *tab;
+  while (mask < 2 * (size_t)n) mask <<= 1;
+  tab = (int *)muon__alloc(&opt->allocator, mask * sizeof(int));
+  if (!first || !tab) {
     muon__free(&opt->allocator, first);
-    muon__free(&opt->allocator, k);
+    muon__free(&opt->allocator, tab);
     return NULL;
   }
+  memset(tab, 0xff, mask * sizeof(int));
+  mask--;
   for (j = 0; j < n; j++) {
-    k[j].piece = x->holders[j].piece;
-    k[j].part = with_part ? x->holders[j].part : 0;
-    k[j].index = j;
+    const muon__holder *h = &x->holders[j];
+    int part = with_part ? h->part : 0;
+    uint64_t key = muon__fnv1a((const unsigned char *)&h->piece, sizeof h->piece) ^ (uint64_t)part;
+    for (at = (size_t)(key * 1099511628211ull) & mask; (i = tab[at]) >= 0; at = (at + 1) & mask)
+      if (muon__same_piece(&x->holders[i].piece, &h->piece) && (with_part ? x->holders[i].part : 0) == part) break;
+    if (i < 0) tab[at] = i = j;
+    first[j] = i;
   }
-  qsort(k, (size_t)n, sizeof *k, muon__piece_key_cmp);
-  for (j = 0; j < n; j++) {
-    if (j == 0 || !muon__same_piece(&k[j].piece, &k[j - 1].piece) || k[j].part != k[j - 1].part) lead = k[j].index;
-    first[k[j].index] = lead;
-  }
-  muon__free(&opt->allocator, k);
+  muon__free(&opt->allocator, tab);
   return first;
-}
-
-static int muon__ll_cmp(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
-  return x < y ? -1 : x > y;
-}
-/* Sorted, without repeats; returns the count. */
-static size_t muon__unique(long long *v, size_t n) {
-  size_t i, k = 0;
-  qsort(v, n, sizeof *v, muon__ll_cmp);
-  for (i = 0; i < n; i++) if (!k || v[i] != v[k - 1]) v[k++] = v[i];
-  return k;
-}
-static size_t muon__bound(const long long *v, size_t n, long long x) {   /* v[i] == x, or n */
-  const long long *f = (const long long *)bsearch(&x, v, n, sizeof *v, muon__ll_cmp);
-  return f ? (size_t)(f - v) : n;
 }
 
 /* The fast path of the tiling check, for distinct pieces that are whole rectangles (every mesh
    of SHARD levels): they tile the matrix iff they paint each cell of the grid their edges draw
-   exactly once. 1: they do; 0: unknown (not rectangles, a grid too fine) or not, and the exact
-   check below, row segment by row segment, says which and where; -1: out of memory. */
+   exactly once. Edges are found through an index of every row and column boundary (no sort: a
+   world has tens of thousands of pieces per matrix). 1: they do; 0: unknown (not rectangles, a
+   grid too fine, sides far longer than the pieces are many) or not, and the exact check below,
+   row segment by row segment, says which and where; -1: out of memory. */
 static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const int *first) {
-  size_t n = 0, nr, nc, i, k, a, b, c, d, ok = 1;
-  long long *rb, *cb;
+  size_t n = 0, nr = 0, nc = 0, i, k, a, b, c, d, ok = 1;
+  int *ri, *ci;   /* per row (column) boundary 0..rows (cols): its index among the edges, or -1 */
   unsigned char *cell = NULL;
   int j;
   for (j = 0; j < g->n_holders; j++) {
@@ -3865,38 +3848,39 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
     if (p->f0 != 0 || p->f1 != p->h * p->w) return 0;
     n++;
   }
-  rb = (long long *)muon__alloc(&opt->allocator, (4 * n + 4) * sizeof(long long));
-  if (!rb) return -1;
-  cb = rb + 2 * n + 2;
-  rb[0] = cb[0] = 0; rb[1] = g->rows; cb[1] = g->cols;
-  for (j = 0, i = 2; j < g->n_holders; j++) {
+  if ((size_t)g->rows + (size_t)g->cols > 64 * n + ((size_t)1 << 22)) return 0;
+  ri = (int *)muon__alloc(&opt->allocator, ((size_t)g->rows + (size_t)g->cols + 2) * sizeof(int));
+  if (!ri) return -1;
+  ci = ri + g->rows + 1;
+  memset(ri, 0xff, ((size_t)g->rows + (size_t)g->cols + 2) * sizeof(int));
+  ri[0] = ri[g->rows] = ci[0] = ci[g->cols] = 0;
+  for (j = 0; j < g->n_holders; j++) {
     const muon__piece *p = &g->holders[j].piece;
     if (first[j] != j) continue;
-    rb[i] = p->r0; rb[i + 1] = p->r0 + p->h; cb[i] = p->c0; cb[i + 1] = p->c0 + p->w;
-    i += 2;
+    ri[p->r0] = ri[p->r0 + p->h] = ci[p->c0] = ci[p->c0 + p->w] = 0;
   }
-  nr = muon__unique(rb, 2 * n + 2);
-  nc = muon__unique(cb, 2 * n + 2);
-  if (rb[0] != 0 || rb[nr - 1] != g->rows || cb[0] != 0 || cb[nc - 1] != g->cols || (nr - 1) * (nc - 1) > 4 * n + 64) {
-    muon__free(&opt->allocator, rb);
+  for (i = 0; i <= (size_t)g->rows; i++) if (ri[i] >= 0) ri[i] = (int)nr++;
+  for (i = 0; i <= (size_t)g->cols; i++) if (ci[i] >= 0) ci[i] = (int)nc++;
+  if ((nr - 1) * (nc - 1) > 4 * n + 64) {
+    muon__free(&opt->allocator, ri);
     return 0;
   }
-  if (!(cell = (unsigned char *)muon__alloc(&opt->allocator, (nr - 1) * (nc - 1)))) {
-    muon__free(&opt->allocator, rb);
+  if (!(cell = (unsigned char *)muon__alloc(&opt->allocator, (nr - 1) * (nc - 1) + 1))) {
+    muon__free(&opt->allocator, ri);
     return -1;
   }
   memset(cell, 0, (nr - 1) * (nc - 1));
   for (j = 0; ok && j < g->n_holders; j++) {
     const muon__piece *p = &g->holders[j].piece;
     if (first[j] != j) continue;
-    a = muon__bound(rb, nr, p->r0); b = muon__bound(rb, nr, p->r0 + p->h);
-    c = muon__bound(cb, nc, p->c0); d = muon__bound(cb, nc, p->c0 + p->w);
-    for (i = a; ok && i < b && b < nr && d < nc; i++)
+    a = (size_t)ri[p->r0]; b = (size_t)ri[p->r0 + p->h];
+    c = (size_t)ci[p->c0]; d = (size_t)ci[p->c0 + p->w];
+    for (i = a; ok && i < b; i++)
       for (k = c; k < d; k++) if (cell[i * (nc - 1) + k]++) { ok = 0; break; }
   }
   for (i = 0; ok && i < (nr - 1) * (nc - 1); i++) ok = cell[i] == 1;
   muon__free(&opt->allocator, cell);
-  muon__free(&opt->allocator, rb);
+  muon__free(&opt->allocator, ri);
   return (int)ok;
 }
 

@@ -468,6 +468,9 @@ static void test_validation(void) {
     TEST_CASE("validation: FLAT ranges that overlap -> MUON_ERR_SHAPE everywhere");
     f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 150 < 20 * 20 - W.rank * 100 ? 150 : 20 * 20 - W.rank * 100);
     one_matrix_error("overlap", 20, 20, &f, NULL, MUON_ERR_SHAPE, "overlap");
+    TEST_CASE("validation: whole-row ranges that overlap and cover it all (the grid check's rectangles) -> MUON_ERR_SHAPE everywhere");
+    f.levels[0] = muon_flat_range(&W.world, W.rank * 100, W.rank == P - 1 ? 400 - W.rank * 100 : 200);
+    one_matrix_error("rows overlap", 20, 20, &f, NULL, MUON_ERR_SHAPE, "overlap at row 5, col 0");
     TEST_CASE("validation: FLAT ranges with a gap -> MUON_ERR_SHAPE everywhere");
     f.levels[0] = muon_flat_range(&W.world, W.rank * 100, 50);
     one_matrix_error("gap", 20, 20, &f, NULL, MUON_ERR_SHAPE, "gap");
