@@ -2254,6 +2254,8 @@ static void muon__plan_free(muon_optimizer *opt);
 static int muon__wire_bf16(const muon_optimizer *opt);
 static void muon__log_plan(muon_optimizer *opt);
 static muon_status muon__comm_finish(muon_optimizer *opt, const char *op);
+static muon_status muon__exchange(muon_optimizer *opt, const long long *mine, int n, const long long **all,
+                                  const char *op);
 static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all,
                                    const char *op);
 static unsigned long long muon__ns_hash(const muon_hparams *hp);
@@ -3663,12 +3665,12 @@ static void muon__holder_text(const muon__holder *h, char *out, size_t size) {
   muon__layout_text(&l, out, size);
 }
 
-/* One registered matrix on the wire. Its levels sit once in its rank's layout table, after the
-   entries: a rank's matrices share a few layouts (a TP x FSDP rank's: two or three), so a world
-   of 16,384 ranks x 200 matrices gathers 200 small entries per rank, not 200 layout records.
-   Its piece is not sent: every rank derives it from the levels, as the registrant did. */
+/* One registered matrix on the wire. Its levels sit once in its rank's layout table, and its
+   name in its rank's list of names (below): a rank's matrices share a few layouts (a TP x FSDP
+   rank's: two or three) and whole pipeline stages register the same names, so a world of 16,384
+   ranks x 200 matrices gathers 200 entries of 48 bytes per rank and little else. Its piece is
+   not sent: every rank derives it from the levels, as the registrant did. */
 typedef struct muon__entry {
-  char name[64];                 /* for messages */
   unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
   long long key;
   unsigned long long hparams;    /* hash of the group's Newton-Schulz hyperparameters */
@@ -3679,26 +3681,122 @@ typedef struct muon__entry {
 } muon__entry;
 #define MUON__HAS_MOMENTUM 1     /* a Partial matrix's momentum is held here */
 #define MUON__ON_OWNER 2         /* muon__owner_momentum of this rank's piece */
+#define MUON__NAME 64            /* a name on the wire: its first 63 characters, for messages */
+#define MUON__COUNTS 5           /* planning's round 1 per rank: matrices, layouts, AdamW params,
+                                    Partial ones, the digest of its names */
 
 /* Every rank's list as planning gathers it: per rank `stride` bytes, its entries (max_local,
-   zero-padded) and then its layout table (max_layouts records). */
+   zero-padded), its layout table (max_layouts records) and its slice of its class's names.
+   Ranks that register the same names in the same order (a class: its lowest rank leads) share
+   one list of names, and each of the class's m members sends `slice` bytes of it (member k:
+   bytes [k slice, (k + 1) slice)), so a list of names crosses the network once per class. */
 typedef struct muon__lists {
   const unsigned char *bytes;
-  size_t stride;
+  size_t stride, slice;
   int max_local, max_layouts;
+  int *lead, *member;            /* per rank: its class's lowest rank, its index among the members */
+  char *names;                   /* after the exchange: every class's names, MUON__NAME bytes each, */
+  size_t *name_at;               /* rank r's at names + name_at[r] */
 } muon__lists;
 
-static size_t muon__list_bytes(int max_local, int max_layouts) {
-  size_t b = (size_t)max_local * sizeof(muon__entry) + (size_t)max_layouts * MUON__LAYOUT_RECORD;
+static void muon__lists_init(muon__lists *w) { memset(w, 0, sizeof *w); }
+static void muon__lists_free(muon_optimizer *opt, muon__lists *w) {
+  muon__free(&opt->allocator, w->lead);
+  muon__free(&opt->allocator, w->names);
+  muon__free(&opt->allocator, w->name_at);
+  muon__lists_init(w);
+}
+static size_t muon__list_bytes(const muon__lists *w) {
+  size_t b = (size_t)w->max_local * sizeof(muon__entry) + (size_t)w->max_layouts * MUON__LAYOUT_RECORD + w->slice;
   return (b + 7) & ~(size_t)7;   /* the next rank's entries stay aligned */
 }
+static const unsigned char *muon__list_of(const muon__lists *w, int r) { return w->bytes + (size_t)r * w->stride; }
 static const muon__entry *muon__entry_at(const muon__lists *w, int r, int i) {
-  return (const muon__entry *)(const void *)(w->bytes + (size_t)r * w->stride + (size_t)i * sizeof(muon__entry));
+  return (const muon__entry *)(const void *)(muon__list_of(w, r) + (size_t)i * sizeof(muon__entry));
 }
 static void muon__layout_at(const muon__lists *w, int r, int slot, muon_layout *l) {
-  muon__get_layout(w->bytes + (size_t)r * w->stride + (size_t)w->max_local * sizeof(muon__entry) +
-                       (size_t)slot * MUON__LAYOUT_RECORD,
+  muon__get_layout(muon__list_of(w, r) + (size_t)w->max_local * sizeof(muon__entry) + (size_t)slot * MUON__LAYOUT_RECORD,
                    l);
+}
+static const char *muon__entry_name(const muon__lists *w, int r, int i) {
+  return w->names + w->name_at[r] + (size_t)i * MUON__NAME;
+}
+
+/* Matrix i's name as planning sends it. */
+static void muon__wire_name(const muon_optimizer *opt, int i, char *out /* [MUON__NAME] */) {
+  memset(out, 0, MUON__NAME);
+  if (opt->matrices[i].name[0]) memcpy(out, opt->matrices[i].name, MUON__NAME - 1);
+  else snprintf(out, MUON__NAME, "#%d", i);
+}
+static uint64_t muon__names_digest(const muon_optimizer *opt) {
+  uint64_t h = MUON__FNV_START;
+  char name[MUON__NAME];
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__wire_name(opt, i, name);
+    h = muon__fnv1a_more(h, (const unsigned char *)name, sizeof name);
+  }
+  return h;
+}
+
+/* From round 1's numbers (P x MUON__COUNTS): the lists' sizes, the classes of equal names and the
+   slice of names each member sends. -1: out of memory. */
+static int muon__list_geometry(muon_optimizer *opt, muon__lists *w, const long long *counts) {
+  int P = opt->comm.size, r, q, *tab, *members;
+  size_t mask = 1, at;
+  w->max_local = w->max_layouts = 0;
+  w->slice = 0;
+  w->lead = (int *)muon__alloc(&opt->allocator, 2 * (size_t)P * sizeof(int));
+  while (mask < 2 * (size_t)P) mask <<= 1;
+  tab = (int *)muon__alloc(&opt->allocator, (mask + (size_t)P) * sizeof(int));
+  if (!w->lead || !tab) {
+    muon__free(&opt->allocator, tab);
+    return -1;
+  }
+  w->member = w->lead + P;
+  members = tab + mask;
+  memset(tab, 0xff, mask * sizeof(int));
+  mask--;
+  for (r = 0; r < P; r++) {
+    const long long *c = counts + (size_t)r * MUON__COUNTS;
+    if (c[0] > w->max_local) w->max_local = (int)c[0];
+    if (c[1] > w->max_layouts) w->max_layouts = (int)c[1];
+    for (at = (size_t)((unsigned long long)c[4] * 1099511628211ull >> 17) & mask; (q = tab[at]) >= 0;
+         at = (at + 1) & mask)
+      if (counts[(size_t)q * MUON__COUNTS + 4] == c[4] && counts[(size_t)q * MUON__COUNTS] == c[0]) break;
+    if (q < 0) { tab[at] = q = r; members[r] = 0; }
+    w->lead[r] = q;
+    w->member[r] = members[q]++;
+  }
+  for (r = 0; r < P; r++)
+    if (w->lead[r] == r) {
+      size_t bytes = (size_t)counts[(size_t)r * MUON__COUNTS] * MUON__NAME, m = (size_t)members[r];
+      if ((bytes + m - 1) / m > w->slice) w->slice = (bytes + m - 1) / m;
+    }
+  muon__free(&opt->allocator, tab);
+  w->stride = muon__list_bytes(w);
+  return 0;
+}
+
+/* After the exchange: every class's names, assembled from its members' slices. */
+static muon_status muon__gather_names(muon_optimizer *opt, muon__lists *w, const int *count) {
+  int P = opt->comm.size, r;
+  size_t total = 0, at, n;
+  w->name_at = (size_t *)muon__alloc(&opt->allocator, (size_t)P * sizeof(size_t));
+  for (r = 0; w->name_at && r < P; r++)
+    if (w->lead[r] == r) { w->name_at[r] = total; total += (size_t)count[r] * MUON__NAME; }
+  w->names = w->name_at ? (char *)muon__alloc(&opt->allocator, total + 1) : NULL;
+  if (!w->names) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of names failed", total);
+  for (r = 0; r < P; r++) {
+    size_t size = (size_t)count[w->lead[r]] * MUON__NAME;
+    w->name_at[r] = w->name_at[w->lead[r]];
+    at = (size_t)w->member[r] * w->slice;
+    n = at < size ? MUON__MIN(w->slice, size - at) : 0;
+    memcpy(w->names + w->name_at[r] + at,
+           muon__list_of(w, r) + (size_t)w->max_local * sizeof(muon__entry) + (size_t)w->max_layouts * MUON__LAYOUT_RECORD,
+           n);
+  }
+  return MUON_OK;
 }
 
 static void muon__plan_free(muon_optimizer *opt) {
@@ -4292,7 +4390,7 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w,
       if (g < 0) { tab[at] = n; first[2 * n] = r; first[2 * n + 1] = i; n++; }
       else if (f->rows != e->rows || f->cols != e->cols)
         st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %d x %d on rank %d",
-                        e->name, (int)f->rows, (int)f->cols, first[2 * g], e->rows, e->cols, r);
+                        muon__entry_name(w, r, i), (int)f->rows, (int)f->cols, first[2 * g], e->rows, e->cols, r);
     }
   muon__free(&opt->allocator, tab);
   if (st == MUON_OK &&
@@ -4302,7 +4400,7 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w,
   for (g = 0; st == MUON_OK && g < n; g++) {
     const muon__entry *e = muon__entry_at(w, first[2 * g], first[2 * g + 1]);
     muon__global *x = &pl->globals[g];
-    memcpy(x->name, e->name, sizeof x->name);
+    memcpy(x->name, muon__entry_name(w, first[2 * g], first[2 * g + 1]), sizeof x->name);
     x->name_hash = e->name_hash;
     x->key = e->key;
     x->rows = (int)e->rows;
@@ -4340,19 +4438,19 @@ static muon_status muon__plan_layouts(muon_optimizer *opt, const muon__lists *w)
 }
 
 /* Entry e of rank r: its layout (from the pool) and the piece it describes. */
-static muon_status muon__entry_piece(muon_optimizer *opt, const muon__entry *e, int r, muon_layout *l,
-                                     muon__piece *piece) {
+static muon_status muon__entry_piece(muon_optimizer *opt, const muon__entry *e, int r, const char *name,
+                                     muon_layout *l, muon__piece *piece) {
   const muon__plan *pl = &opt->plan;
   size_t s = (size_t)r * (size_t)pl->max_layouts + (size_t)e->layout;
   char why[160];
   if (e->layout < 0 || e->layout >= pl->max_layouts)
     return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d sent matrix '%s' with layout slot %d of %d", r,
-                      e->name, e->layout, pl->max_layouts);
+                      name, e->layout, pl->max_layouts);
   memset(l, 0, sizeof *l);
   l->n_levels = (int)(pl->layout_at[s + 1] - pl->layout_at[s]);
   memcpy(l->levels, pl->layout_levels + pl->layout_at[s], (size_t)l->n_levels * sizeof(muon_level));
   if (muon__layout_piece(l, e->rows, e->cols, piece, why, sizeof why) != MUON_OK)
-    return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d's layout of matrix '%s' is invalid: %s", r, e->name,
+    return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d's layout of matrix '%s' is invalid: %s", r, name,
                       why);
   return MUON_OK;
 }
@@ -4373,6 +4471,7 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
   if (!x->holders || !x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
   for (k = from; k < to; k++) {
     const muon__entry *e;
+    const char *name;
     muon__holder *h = &x->holders[x->n_holders];
     muon_layout layout;
     float scale;
@@ -4380,17 +4479,18 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
     r = ri[2 * k];
     i = ri[2 * k + 1];
     e = muon__entry_at(w, r, i);
+    name = muon__entry_name(w, r, i);
     if (r == prev)
       return muon__fail(opt, MUON_ERR_ARG,
                         "muon_plan: rank %d registered matrix '%s' twice (names must be unique per layout key)", r,
-                        e->name);
+                        name);
     prev = r;
     if (r == me) x->local = i;
-    if ((st = muon__entry_piece(opt, e, r, &layout, &h->piece)) != MUON_OK) return st;
+    if ((st = muon__entry_piece(opt, e, r, name, &layout, &h->piece)) != MUON_OK) return st;
     if (h->piece.f1 <= h->piece.f0) continue;
     if (x->n_holders && e->hparams != hp)
       return muon__fail(opt, MUON_ERR_MISMATCH,
-                        "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", e->name,
+                        "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", name,
                         x->holders[0].rank, r);
     hp = e->hparams;
     if (r == me) x->mine = x->n_holders;
@@ -4403,14 +4503,14 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
       return muon__fail(
           opt, MUON_ERR_MISMATCH,
           "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
-          e->name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
+          name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
           scale == 1.0f ? "sum" : "mean");
     if (x->n_holders && (e->flags & MUON__ON_OWNER ? 1 : 0) != x->on_owner)
       return muon__fail(opt, MUON_ERR_MISMATCH,
                         "muon_plan: matrix '%s': rank %d keeps its momentum whole on the owner, rank %d in pieces "
                         "(muon_hparams.momentum_format INT8 with a piece of the matrix on one and the whole on the "
                         "other): every holder must hold a piece, or every one the whole matrix",
-                        e->name, x->on_owner ? x->holders[0].rank : r, x->on_owner ? r : x->holders[0].rank);
+                        name, x->on_owner ? x->holders[0].rank : r, x->on_owner ? r : x->holders[0].rank);
     x->on_owner = e->flags & MUON__ON_OWNER ? 1 : 0;
     x->parts = parts;
     x->part_scale = scale;
@@ -5052,25 +5152,29 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   unsigned char *bytes;
   muon__entry *e;
   muon__lists w;
+  size_t zero = 0;
   muon_status st;
   muon__plan_free(opt);
   opt->plan.P = 1;
   opt->plan.me = 0;
   opt->plan.max_local = n;
+  muon__lists_init(&w);
   w.max_local = n;
   w.max_layouts = 1;   /* one, of no levels: every matrix whole */
-  w.stride = muon__list_bytes(n, 1);
+  w.slice = (size_t)n * MUON__NAME;
+  w.stride = muon__list_bytes(&w);
   bytes = (unsigned char *)muon__alloc(&opt->allocator, w.stride);
   if (!bytes) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the matrix list failed");
   memset(bytes, 0, w.stride);
   w.bytes = bytes;
+  w.names = (char *)bytes + (size_t)n * sizeof(muon__entry) + MUON__LAYOUT_RECORD;
+  w.name_at = &zero;
   e = (muon__entry *)(void *)bytes;
   for (i = 0; i < n; i++) {
     const muon__matrix *x = &opt->matrices[i];
     char id[24];
     snprintf(id, sizeof id, "#%d", i);   /* one device: names need not be unique, so match by index */
-    if (x->name[0]) memcpy(e[i].name, x->name, sizeof e[i].name);
-    else memcpy(e[i].name, id, sizeof id);
+    muon__wire_name(opt, i, w.names + (size_t)i * MUON__NAME);
     e[i].name_hash = muon__name_hash(id, -1);
     e[i].rows = x->rows;
     e[i].cols = x->cols;
@@ -5122,17 +5226,19 @@ static int muon__layout_slots(muon_optimizer *opt) {
   return slots;
 }
 
-/* This rank's matrix list as planning sends it (muon__list_bytes(max_local, max_layouts)): its
-   entries, zero-padded to max_local, then its layout table (after muon__layout_slots). */
-static void muon__put_list(const muon_optimizer *opt, unsigned char *out, int max_local, int max_layouts) {
+/* Rank me's matrix list as planning sends it, in w's geometry (muon__list_geometry): its
+   entries, zero-padded to max_local, its layout table (after muon__layout_slots) and its slice of
+   its names. */
+static void muon__put_list(const muon_optimizer *opt, unsigned char *out, const muon__lists *w, int me) {
   muon__entry *e = (muon__entry *)(void *)out;
-  unsigned char *table = out + (size_t)max_local * sizeof(muon__entry);
+  unsigned char *table = out + (size_t)w->max_local * sizeof(muon__entry);
+  unsigned char *slice = table + (size_t)w->max_layouts * MUON__LAYOUT_RECORD;
+  size_t from = (size_t)w->member[me] * w->slice, at;
   int i, written = 0;
-  memset(out, 0, muon__list_bytes(max_local, max_layouts));
+  char name[MUON__NAME];
+  memset(out, 0, w->stride);
   for (i = 0; i < opt->n_matrices; i++, e++) {
     const muon__matrix *x = &opt->matrices[i];
-    if (x->name[0]) memcpy(e->name, x->name, sizeof e->name);
-    else snprintf(e->name, sizeof e->name, "#%d", i);
     e->name_hash = x->name_hash;
     e->key = x->layout.key;
     e->rows = x->rows;
@@ -5145,51 +5251,57 @@ static void muon__put_list(const muon_optimizer *opt, unsigned char *out, int ma
                (muon__owner_momentum(x) ? MUON__ON_OWNER : 0);
     if (x->slot == written) muon__put_levels(table + (size_t)written++ * MUON__LAYOUT_RECORD, &x->layout);
   }
+  for (at = from; at < from + w->slice && at < (size_t)opt->n_matrices * MUON__NAME; at++) {
+    if (at == from || at % MUON__NAME == 0) muon__wire_name(opt, (int)(at / MUON__NAME), name);
+    slice[at - from] = (unsigned char)name[at % MUON__NAME];
+  }
 }
 
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
-  int P, me, r, max_local = 0, max_layouts = 0, layouts, *count = NULL, moving = 0;
-  long long plan_hash;
+  int P, me, r, layouts, geometry = -1, *count = NULL, moving = 0;
+  long long plan_hash, mine[MUON__COUNTS];
   muon__lists w;
   unsigned char *all = NULL;
   float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
   unsigned char *moved = NULL;
-  const long long *three;   /* every rank's three numbers (muon__exchange3) */
+  const long long *three;   /* every rank's numbers (muon__exchange, muon__exchange3) */
   unsigned char *pad = NULL;
   muon__adamw_entry *aw_all = NULL, *aw_pad = NULL;   /* Partial AdamW params: who holds which part */
   int any_aw = 0;
   muon_status st = MUON_OK, got;
   muon__plan_free(opt);
+  muon__lists_init(&w);
   P = opt->plan.P = opt->comm.size;
   me = opt->plan.me = opt->comm.rank;
   opt->error[0] = '\0';
   /* The small exchanges below go through the buffer allocated at creation, so that a rank short
      of memory still joins every one of them and its failure becomes everyone's. */
   /* Round 1: how many matrices (and distinct layouts among them), AdamW params and Partial ones
-     each rank has. A rank short of memory for its layout table says so in round 1b. */
+     each rank has, and the digest of its names. A rank short of memory for its layout table
+     says so in round 1b. */
   layouts = muon__layout_slots(opt);
-  if ((st = muon__exchange3(opt, opt->n_matrices + ((long long)(layouts < 0 ? 0 : layouts) << 32), opt->n_adamw,
-                            muon__adamw_partials(opt), &three, "muon_plan: exchanging matrix counts")) != MUON_OK)
+  mine[0] = opt->n_matrices;
+  mine[1] = layouts < 0 ? 0 : layouts;
+  mine[2] = opt->n_adamw;
+  mine[3] = muon__adamw_partials(opt);
+  mine[4] = (long long)muon__names_digest(opt);
+  if ((st = muon__exchange(opt, mine, MUON__COUNTS, &three, "muon_plan: exchanging matrix counts")) != MUON_OK)
     goto done;
   opt->plan.max_adamw = 0;
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
   for (r = 0; r < P; r++) {
-    int n = (int)(three[3 * r] & 0xffffffff), layouts = (int)(three[3 * r] >> 32);
-    if (count) count[r] = n;
-    if (n > max_local) max_local = n;
-    if (layouts > max_layouts) max_layouts = layouts;
-    if (three[3 * r + 1] > opt->plan.max_adamw) opt->plan.max_adamw = (int)three[3 * r + 1];
-    any_aw |= three[3 * r + 2] > 0;
+    const long long *c = three + (size_t)r * MUON__COUNTS;
+    if (count) count[r] = (int)c[0];
+    if (c[2] > opt->plan.max_adamw) opt->plan.max_adamw = (int)c[2];
+    any_aw |= c[3] > 0;
   }
-  w.max_local = max_local;
-  w.max_layouts = max_layouts;
-  w.stride = muon__list_bytes(max_local, max_layouts);
+  geometry = muon__list_geometry(opt, &w, three);
   /* Round 1b: whether each rank could allocate what round 2 and the plan's lists need. */
   opt->plan.adamw_names =
       (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
-  all = (unsigned char *)muon__alloc(&opt->allocator, (size_t)P * w.stride + 1);
-  pad = (unsigned char *)muon__alloc(&opt->allocator, w.stride + 1);
+  all = geometry < 0 ? NULL : (unsigned char *)muon__alloc(&opt->allocator, (size_t)P * w.stride + 1);
+  pad = geometry < 0 ? NULL : (unsigned char *)muon__alloc(&opt->allocator, w.stride + 1);
   if (any_aw) {
     aw_all =
         (muon__adamw_entry *)muon__alloc(&opt->allocator, (size_t)P * (size_t)opt->plan.max_adamw * sizeof *aw_all + 1);
@@ -5207,7 +5319,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       goto done;
     }
   /* Round 2: every rank's list, padded to the longest. */
-  muon__put_list(opt, pad, max_local, max_layouts);
+  muon__put_list(opt, pad, &w, me);
   if ((st = muon__allgather(opt, pad, all, w.stride, "muon_plan: exchanging matrix lists")) != MUON_OK) goto done;
   w.bytes = all;
   /* Round 2b, only where some rank has a Partial AdamW param: every rank's AdamW params. */
@@ -5217,10 +5329,11 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
                          "muon_plan: exchanging AdamW param lists");
     if (st != MUON_OK) goto done;
   }
-  opt->plan.max_local = max_local;
+  opt->plan.max_local = w.max_local;
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
-  got = muon__build_plan(opt, &w, count);
+  got = muon__gather_names(opt, &w, count);
+  if (got == MUON_OK) got = muon__build_plan(opt, &w, count);
   if (got == MUON_OK && any_aw) {
     opt->plan.any_adamw_partial = 1;
     got = muon__plan_adamw(opt, aw_all, opt->plan.max_adamw);
@@ -5262,6 +5375,7 @@ done:
   muon__free(&opt->allocator, moved);
   muon__free(&opt->allocator, pad);
   muon__free(&opt->allocator, all);
+  muon__lists_free(opt, &w);
   muon__free(&opt->allocator, aw_pad);
   muon__free(&opt->allocator, aw_all);
   muon__free(&opt->allocator, count);
@@ -8644,16 +8758,20 @@ MUON_API muon_status muon_state_reshard_files(muon_optimizer *opt, const char *c
    element positions. Collective, for checks rather than every step: each matrix's pieces go to
    every rank by one allgather, which is simple and shares no code with the step's exchange. */
 
-/* Three numbers from every rank, into the commit vote's buffer (allocated at creation, so no
-   rank drops out of these small exchanges for want of memory). Distributed only. */
+/* n <= MUON__VOTE numbers from every rank, into the commit vote's buffer (allocated at creation,
+   so no rank drops out of these small exchanges for want of memory). Distributed only. */
+static muon_status muon__exchange(muon_optimizer *opt, const long long *mine, int n, const long long **all,
+                                  const char *op) {
+  long long *buf = (long long *)(void *)((unsigned char *)opt->agree +
+                                         (size_t)opt->comm.size * (sizeof(muon__record) + MUON__AGREE_SLOT));
+  *all = buf;
+  return muon__allgather(opt, mine, buf, (size_t)n * sizeof *mine, op);
+}
 static muon_status muon__exchange3(muon_optimizer *opt, long long a, long long b, long long c, const long long **all,
                                    const char *op) {
   long long mine[3];
-  long long *buf = (long long *)(void *)((unsigned char *)opt->agree +
-                                         (size_t)opt->comm.size * (sizeof(muon__record) + MUON__AGREE_SLOT));
   mine[0] = a; mine[1] = b; mine[2] = c;
-  *all = buf;
-  return muon__allgather(opt, mine, buf, sizeof mine, op);
+  return muon__exchange(opt, mine, 3, all, op);
 }
 
 /* Every rank plans (together, if anything changed) and agrees on the call's arguments. */

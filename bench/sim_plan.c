@@ -138,7 +138,7 @@ typedef struct sim_comm {
   int rank, size;
   const unsigned char *lists;   /* every rank's matrix list as planning sends it: size x list_bytes */
   size_t list_bytes;
-  const long long *counts;      /* per rank: matrices, AdamW params, Partial AdamW params */
+  const long long *counts;      /* per rank: planning's round 1 (MUON__COUNTS numbers) */
   int seq;                      /* allgathers since the last agreement record */
   long long a2a_calls, a2a_sent, a2a_recv, ag_calls, ag_recv;
   char error[200];
@@ -164,8 +164,8 @@ static muon_status sc_allgather(void *ctx, const void *send, void *recv, size_t 
   c->ag_recv += (long long)(bytes * (size_t)(c->size - 1));
   if (bytes == MUON__RECORD_BYTES) c->seq = 0;
   else c->seq++;
-  if (c->seq == 1 && bytes == 3 * sizeof(long long) && c->counts) {
-    if (memcmp(send, c->counts + 3 * c->rank, bytes)) {
+  if (c->seq == 1 && bytes == MUON__COUNTS * sizeof(long long) && c->counts) {
+    if (memcmp(send, c->counts + MUON__COUNTS * c->rank, bytes)) {
       snprintf(c->error, sizeof c->error, "sim: rank %d's counts differ from its shadow's", c->rank);
       return MUON_ERR_COMM;
     }
@@ -398,43 +398,40 @@ static void sim_close(sim_rank *s) {
 }
 
 /* ---- every rank's matrix list, from shadow optimizers ------------------------------------- */
-typedef struct world_lists { unsigned char *lists; long long *counts; int max_local, max_layouts; size_t bytes; } world_lists;
+typedef struct world_lists { unsigned char *lists; long long *counts; size_t bytes; } world_lists;
 
-/* Each shadow writes its list unpadded (muon__put_list with its own counts); the lists are then
-   laid out as planning pads them: entries to the longest list, layout tables to the most slots. */
+/* Two passes over the shadows: their round-1 numbers (planning's own muon__layout_slots and
+   muon__names_digest), then, in the geometry planning derives from them (muon__list_geometry, on
+   rank 0's shadow), each rank's list as it sends it (muon__put_list). */
 static int make_lists(const config *c, world_lists *w) {
-  int r;
-  sim_rank *s = (sim_rank *)malloc(sizeof *s);
-  unsigned char **own = (unsigned char **)calloc((size_t)c->W, sizeof *own);
-  w->counts = (long long *)calloc((size_t)c->W * 3, sizeof(long long));
-  w->max_local = w->max_layouts = 0;
-  if (!s || !own || !w->counts) return -1;
-  for (r = 0; r < c->W; r++) {
-    int n, layouts;
+  int r, ok = 1;
+  sim_rank *s = (sim_rank *)malloc(2 * sizeof *s), *s0 = s + 1;
+  muon__lists g;
+  muon__lists_init(&g);
+  w->counts = (long long *)calloc((size_t)c->W * MUON__COUNTS, sizeof(long long));
+  if (!s || !w->counts) return -1;
+  for (r = 0; ok && r < c->W; r++) {
+    long long *n = w->counts + (size_t)r * MUON__COUNTS;
     if (!sim_open(s, c, r)) return -1;
-    n = s->opt->n_matrices;
-    if ((layouts = muon__layout_slots(s->opt)) < 0) return -1;
-    w->counts[3 * r] = n + ((long long)layouts << 32);   /* as muon__plan_collective's round 1 */
-    if (n > w->max_local) w->max_local = n;
-    if (layouts > w->max_layouts) w->max_layouts = layouts;
-    if (!(own[r] = (unsigned char *)malloc(muon__list_bytes(n, layouts)))) return -1;
-    muon__put_list(s->opt, own[r], n, layouts);
+    n[0] = s->opt->n_matrices;
+    n[1] = muon__layout_slots(s->opt);
+    n[4] = (long long)muon__names_digest(s->opt);
+    ok = n[1] >= 0;
     sim_close(s);
   }
-  w->bytes = muon__list_bytes(w->max_local, w->max_layouts);
-  w->lists = (unsigned char *)calloc((size_t)c->W, w->bytes);
-  if (!w->lists) return -1;
-  for (r = 0; r < c->W; r++) {
-    int n = (int)(w->counts[3 * r] & 0xffffffff), layouts = (int)(w->counts[3 * r] >> 32);
-    unsigned char *to = w->lists + (size_t)r * w->bytes;
-    memcpy(to, own[r], (size_t)n * sizeof(muon__entry));
-    memcpy(to + (size_t)w->max_local * sizeof(muon__entry), own[r] + (size_t)n * sizeof(muon__entry),
-           (size_t)layouts * MUON__LAYOUT_RECORD);
-    free(own[r]);
+  if (!ok || !sim_open(s0, c, 0) || muon__list_geometry(s0->opt, &g, w->counts)) return -1;
+  w->bytes = g.stride;
+  w->lists = (unsigned char *)malloc(w->bytes * (size_t)c->W + 1);
+  for (r = 0; ok && w->lists && r < c->W; r++) {
+    if (!sim_open(s, c, r)) return -1;
+    ok = muon__layout_slots(s->opt) >= 0;
+    muon__put_list(s->opt, w->lists + (size_t)r * w->bytes, &g, r);
+    sim_close(s);
   }
-  free(own);
+  muon__lists_free(s0->opt, &g);
+  sim_close(s0);
   free(s);
-  return 0;
+  return ok && w->lists ? 0 : -1;
 }
 
 /* ---- per-rank figures from a plan --------------------------------------------------------- */

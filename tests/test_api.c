@@ -425,7 +425,12 @@ static void test_plan_lists(void) {
     memset(&c, 0, sizeof c);
     /* 20 matrices, 18 layouts: two experts (keys 10, 11) and "up" split by rows, "down" by
        columns, and 16 of three levels each, all different (a table of 64 slots: they collide) */
-    c.list_bytes = muon__list_bytes(20, 18);
+    {
+      muon__lists g;   /* one rank, so its slice is all 20 names */
+      memset(&g, 0, sizeof g);
+      g.max_local = 20; g.max_layouts = 18; g.slice = 20 * MUON__NAME;
+      c.list_bytes = muon__list_bytes(&g);
+    }
     c.corrupt = k;
     if (muon_create(&opt, &d) != MUON_OK) { CHECK(0, "create"); return; }
     for (i = 0; i < 20; i++) {
