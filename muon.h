@@ -3561,12 +3561,15 @@ static int muon__async_comm(const muon_optimizer *opt) {
 }
 
 /* An alltoallv's counters: one collective, the floats to and from the other ranks. */
-static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
+/* control: an agreement's exchange, counted like an allgather's (the bytes it receives), so that
+   a step's bytes sent and received stay the U/O exchange's. */
+static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts, int control) {
   int P = opt->comm.size, me = opt->comm.rank, p;
   opt->stats.collectives++;
   if (opt->comm.vt->queued) opt->comm_queued = 1;
   for (p = 0; p < P; p++)
-    if (p != me) {
+    if (p != me && control) opt->stats.control_bytes += (long long)(counts[2 * P + p] * sizeof(float));
+    else if (p != me) {
       opt->stats.bytes_sent += (long long)(counts[p] * sizeof(float));
       opt->stats.bytes_received += (long long)(counts[2 * P + p] * sizeof(float));
     }
@@ -3574,11 +3577,11 @@ static void muon__count_alltoallv(muon_optimizer *opt, const size_t *counts) {
 
 /* One exchange the compute queue waits for at once. */
 static muon_status muon__alltoallv(muon_optimizer *opt, const float *send, float *recv, const size_t *counts,
-                                   const char *op) {
+                                   int control, const char *op) {
   int ticket;
   muon_status st = muon__comm_exchange(opt, send, counts, recv, &ticket);
   if (st == MUON_OK) st = muon__comm_join(opt, ticket);
-  muon__count_alltoallv(opt, counts);
+  muon__count_alltoallv(opt, counts, control);
   return st == MUON_OK ? MUON_OK : muon__comm_fail(opt, st, op);
 }
 
@@ -4910,7 +4913,7 @@ static muon_status muon__normuon_move(muon_optimizer *opt, const muon__lists *w,
     cur[x->owner] += (size_t)len;
   }
   if (local == MUON_OK && staged) local = muon__sync(opt, "muon_plan: reading NorMuon second moments");
-  if ((st = muon__alltoallv(opt, send, recv, cnt, "muon_plan: moving NorMuon second moments")) != MUON_OK) return st;
+  if ((st = muon__alltoallv(opt, send, recv, cnt, 0, "muon_plan: moving NorMuon second moments")) != MUON_OK) return st;
   memcpy(cur, cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (g = 0; g < pl->n_globals && local == MUON_OK; g++) {
     const muon__global *x = &pl->globals[g];
@@ -6198,7 +6201,7 @@ static void muon__xfer_join(muon_optimizer *opt, muon__xfer *x) {
 static muon_status muon__xfer_end(muon_optimizer *opt, muon__xfer *x) {
   muon__plan *pl = &opt->plan;
   int P = pl->P;
-  muon__count_alltoallv(opt, x->wire);
+  muon__count_alltoallv(opt, x->wire, 0);
   if (x->st != MUON_OK) return muon__comm_fail_text(opt, x->st, x->op, x->error);
   if (pl->stage && opt->step_status == MUON_OK) {
     size_t got = x->wire[4 * P - 1] + x->wire[3 * P - 1];
@@ -9268,18 +9271,6 @@ static size_t muon__clip_floats(size_t H, int P, int me) {
   return H + (size_t)P * n;
 }
 
-/* One alltoallv of the agreement's, counted as control bytes like an allgather's (the bytes it
-   receives): a step's bytes sent and received stay the U/O exchange's. */
-static muon_status muon__clip_exchange(muon_optimizer *opt, float *send, float *recv, const size_t *wire,
-                                       const char *op) {
-  long long sent = opt->stats.bytes_sent, received = opt->stats.bytes_received;
-  muon_status st = muon__alltoallv(opt, send, recv, wire, op);
-  opt->stats.control_bytes += opt->stats.bytes_received - received;
-  opt->stats.bytes_sent = sent;
-  opt->stats.bytes_received = received;
-  return st;
-}
-
 /* The max of every head over the ranks, the same bits on every rank, into host[0, H) (this
    rank's view on entry; muon__clip_floats floats in all): rank j takes the maxima of its share
    of the heads (muon__clip_share) in rank order and sends them to every rank. An allgather of
@@ -9298,7 +9289,7 @@ static muon_status muon__clip_max(muon_optimizer *opt, float *host, float *buf, 
     wire[3 * P + p] = (size_t)p * n;
   }
   if (dev) MUON__TRY(muon__compute_copy(opt, buf, host, H * sizeof(float), 0, 1, op));
-  MUON__TRY(muon__clip_exchange(opt, buf, buf + H, wire, op));
+  MUON__TRY(muon__alltoallv(opt, buf, buf + H, wire, 1, op));
   if (dev) {
     MUON__TRY(muon__compute_copy(opt, views, buf + H, (size_t)P * n * sizeof(float), 1, 0, op));
     MUON__TRY(muon__sync(opt, op));
@@ -9312,7 +9303,7 @@ static muon_status muon__clip_max(muon_optimizer *opt, float *host, float *buf, 
     muon__clip_share(H, P, p, &wire[3 * P + p], &wire[2 * P + p]);
   }
   if (dev) MUON__TRY(muon__compute_copy(opt, buf + H, views, n * sizeof(float), 0, 1, op));
-  MUON__TRY(muon__clip_exchange(opt, buf + H, buf, wire, op));
+  MUON__TRY(muon__alltoallv(opt, buf + H, buf, wire, 1, op));
   if (dev) {
     MUON__TRY(muon__compute_copy(opt, host, buf, H * sizeof(float), 1, 0, op));
     MUON__TRY(muon__sync(opt, op));
