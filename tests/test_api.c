@@ -393,7 +393,11 @@ static muon_status list_allgather(void *ctx, const void *send, void *recv, size_
   memcpy(recv, send, bytes);
   if (bytes == c->list_bytes) {
     c->lists++;
-    if (c->corrupt) ((muon__entry *)recv)[1].layout = 18;   /* one past the last slot */
+    if (c->corrupt == 1) ((muon__entry *)recv)[1].layout = 18;   /* one past the last slot */
+    if (c->corrupt == 2) {   /* slot 0's level 0 (after n_levels and key: placement, dim, size): index 5 of 1 */
+      unsigned char *index = (unsigned char *)recv + 20 * sizeof(muon__entry) + 12 + 12;
+      index[0] = 5; index[1] = index[2] = index[3] = 0;
+    }
   }
   return MUON_OK;
 }
@@ -416,10 +420,10 @@ static void test_plan_lists(void) {
   muon_dist_config cfg = muon_layout_config();
   muon_desc d = muon_default_desc();
   int k;
-  TEST_CASE("planning sends each distinct layout of a rank once (keys apart), and rejects a slot out of range");
+  TEST_CASE("planning sends each distinct layout of a rank once (keys apart), and rejects a slot out of range or a broken layout");
   comm.vt = &vt; comm.ctx = &c; comm.rank = 0; comm.size = 1;
   d.comm = &comm; d.dist = &cfg;
-  for (k = 0; k < 2; k++) {
+  for (k = 0; k < 3; k++) {
     muon_optimizer *opt = NULL;
     int i, ok = 1;
     memset(&c, 0, sizeof c);
@@ -456,9 +460,13 @@ static void test_plan_lists(void) {
     if (!k) {
       CHECK(muon_plan(opt) == MUON_OK && c.lists == 1, "planning gathered one list of %zu bytes (%d): %s",
             c.list_bytes, c.lists, muon_error(opt));
-    } else {
+    } else if (k == 1) {
       CHECK(muon_plan(opt) == MUON_ERR_MISMATCH && strstr(muon_error(opt), "matrix 'expert' with layout slot 18 of 18"),
             "a slot out of range: %s", muon_error(opt));
+    } else {
+      CHECK(muon_plan(opt) == MUON_ERR_MISMATCH &&
+                strstr(muon_error(opt), "rank 0's layout of matrix 'expert' is invalid: levels[0]: index 5 outside a group of 1"),
+            "a broken layout: %s", muon_error(opt));
     }
     muon_destroy(opt);
   }
