@@ -5260,15 +5260,51 @@ static void muon__put_list(const muon_optimizer *opt, unsigned char *out, const 
   }
 }
 
+/* Whether every rank could allocate what the list exchange and the plan's lists need. */
+static muon_status muon__agree_allocations(muon_optimizer *opt, muon_status got) {
+  const long long *all;
+  muon_status st;
+  int r, P = opt->comm.size;
+  if ((st = muon__exchange3(opt, got, 0, 0, &all, "muon_plan: exchanging allocation verdicts")) != MUON_OK) return st;
+  for (r = 0; r < P; r++)
+    if (all[3 * r] != MUON_OK)
+      return r == opt->comm.rank
+                 ? muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists of %d ranks failed", P)
+                 : muon__fail(opt, (muon_status)all[3 * r], "muon_plan: rank %d could not allocate its matrix lists", r);
+  return MUON_OK;
+}
+
+/* Every rank's verdict on its plan, and the plan's fingerprint: one rank's failure is everyone's,
+   and a plan some rank computed differently (an assign that is not deterministic) is refused. */
+static muon_status muon__compare_plans(muon_optimizer *opt, muon_status got) {
+  long long hash = got == MUON_OK ? (long long)muon__plan_hash(&opt->plan) : 0;
+  const long long *all;
+  muon_status st;
+  int r;
+  if ((st = muon__exchange3(opt, got, hash, 0, &all, "muon_plan: comparing plans")) != MUON_OK) return st;
+  if (got != MUON_OK) return got;
+  for (r = 0; r < opt->comm.size; r++) {
+    if (all[3 * r] != MUON_OK)
+      return muon__fail(opt, (muon_status)all[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r,
+                        muon_status_string((muon_status)all[3 * r]));
+    if (all[3 * r + 1] != hash)
+      return muon__fail(
+          opt, MUON_ERR_ASSIGN,
+          "muon_plan: ranks %d and %d computed different owners or rounds (is muon_dist_config.assign deterministic?)",
+          opt->comm.rank, r);
+  }
+  return MUON_OK;
+}
+
 /* Distributed planning proper: every rank enters it together (see muon__agree). */
 static muon_status muon__plan_collective(muon_optimizer *opt) {
   int P, me, r, layouts, geometry = -1, *count = NULL, moving = 0;
-  long long plan_hash, mine[MUON__COUNTS];
+  long long mine[MUON__COUNTS];
   muon__lists w;
   unsigned char *all = NULL;
   float *nm_send = NULL, *nm_recv = NULL;   /* moving NorMuon second moments to new owners */
   unsigned char *moved = NULL;
-  const long long *three;   /* every rank's numbers (muon__exchange, muon__exchange3) */
+  const long long *counts;   /* every rank's round-1 numbers, MUON__COUNTS each */
   unsigned char *pad = NULL;
   muon__adamw_entry *aw_all = NULL, *aw_pad = NULL;   /* Partial AdamW params: who holds which part */
   int any_aw = 0;
@@ -5289,17 +5325,17 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   mine[2] = opt->n_adamw;
   mine[3] = muon__adamw_partials(opt);
   mine[4] = (long long)muon__names_digest(opt);
-  if ((st = muon__exchange(opt, mine, MUON__COUNTS, &three, "muon_plan: exchanging matrix counts")) != MUON_OK)
+  if ((st = muon__exchange(opt, mine, MUON__COUNTS, &counts, "muon_plan: exchanging matrix counts")) != MUON_OK)
     goto done;
   opt->plan.max_adamw = 0;
   count = (int *)muon__alloc(&opt->allocator, (size_t)P * sizeof(int));
   for (r = 0; r < P; r++) {
-    const long long *c = three + (size_t)r * MUON__COUNTS;
+    const long long *c = counts + (size_t)r * MUON__COUNTS;
     if (count) count[r] = (int)c[0];
     if (c[2] > opt->plan.max_adamw) opt->plan.max_adamw = (int)c[2];
     any_aw |= c[3] > 0;
   }
-  geometry = muon__list_geometry(opt, &w, three);
+  geometry = muon__list_geometry(opt, &w, counts);
   /* Round 1b: whether each rank could allocate what round 2 and the plan's lists need. */
   opt->plan.adamw_names =
       (uint64_t *)muon__alloc(&opt->allocator, (size_t)(P + 1) * (size_t)opt->plan.max_adamw * sizeof(uint64_t) + 1);
@@ -5313,14 +5349,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   got = layouts >= 0 && count && opt->plan.adamw_names && all && pad && (!any_aw || (aw_all && aw_pad))
             ? MUON_OK
             : MUON_ERR_NOMEM;
-  if ((st = muon__exchange3(opt, got, 0, 0, &three, "muon_plan: exchanging allocation verdicts")) != MUON_OK) goto done;
-  for (r = 0; r < P; r++)
-    if (three[3 * r] != MUON_OK) {
-      st = r == me ? muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the matrix lists of %d ranks failed", P)
-                   : muon__fail(opt, (muon_status)three[3 * r],
-                                "muon_plan: rank %d could not allocate its matrix lists", r);
-      goto done;
-    }
+  if ((st = muon__agree_allocations(opt, got)) != MUON_OK) goto done;
   /* Round 2: every rank's list, padded to the longest. */
   muon__put_list(opt, pad, &w, me);
   if ((st = muon__allgather(opt, pad, all, w.stride, "muon_plan: exchanging matrix lists")) != MUON_OK) goto done;
@@ -5350,23 +5379,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
       got = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d flags failed", opt->n_matrices);
     if (moved) memset(moved, 0, (size_t)opt->n_matrices + 1);
   }
-  plan_hash = got == MUON_OK ? (long long)muon__plan_hash(&opt->plan) : 0;
-  if ((st = muon__exchange3(opt, got, plan_hash, 0, &three, "muon_plan: comparing plans")) != MUON_OK) goto done;
-  if (got != MUON_OK) { st = got; goto done; }
-  for (r = 0; r < P; r++) {
-    if (three[3 * r] != MUON_OK) {
-      st = muon__fail(opt, (muon_status)three[3 * r], "muon_plan: rank %d failed to plan (%s); see its message", r,
-                      muon_status_string((muon_status)three[3 * r]));
-      goto done;
-    }
-    if (three[3 * r + 1] != plan_hash) {
-      st = muon__fail(
-          opt, MUON_ERR_ASSIGN,
-          "muon_plan: ranks %d and %d computed different owners or rounds (is muon_dist_config.assign deterministic?)",
-          me, r);
-      goto done;
-    }
-  }
+  if ((st = muon__compare_plans(opt, got)) != MUON_OK) goto done;
   if (moving && (st = muon__normuon_move(opt, &w, nm_send, nm_recv, moved)) != MUON_OK) goto done;
   muon__normuon_finish(opt, moved);
   muon__partial_finish(opt);
