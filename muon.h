@@ -4449,7 +4449,7 @@ static muon_status muon__entry_piece(muon_optimizer *opt, const muon__entry *e, 
   if (e->layout < 0 || e->layout >= pl->max_layouts)
     return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d sent matrix '%s' with layout slot %d of %d", r,
                       name, e->layout, pl->max_layouts);
-  memset(l, 0, sizeof *l);
+  l->key = 0;   /* the levels past n_levels are never read: no memset per entry of the world */
   l->n_levels = (int)(pl->layout_at[s + 1] - pl->layout_at[s]);
   memcpy(l->levels, pl->layout_levels + pl->layout_at[s], (size_t)l->n_levels * sizeof(muon_level));
   if (muon__layout_piece(l, e->rows, e->cols, piece, why, sizeof why) != MUON_OK)
