@@ -1713,6 +1713,7 @@ typedef struct muon__global {
   float part_scale;
   size_t roff;          /* owner of a Partial matrix: its reduced gradient in the plan's `reduced` */
   int on_owner;         /* its momentum lives whole on the owner (muon__owner_momentum, agreed) */
+  int moves_out, moves_back;   /* some holder sends its piece to the owner; the owner some piece back */
   muon__holder *holders;
   int *holder_ranks;
 } muon__global;
@@ -4551,6 +4552,10 @@ static muon_status muon__plan_owners(muon_optimizer *opt) {
       if (x->holders[j].has_momentum) { pin = x->holders[j].rank; if (pin == x->owner) break; }
     if (pin >= 0) x->owner = pin;
     if ((st = muon__choose_sources(opt, x)) != MUON_OK) return st;
+    for (j = 0; j < x->n_holders; j++) {
+      x->moves_out |= x->holders[j].rank == x->holders[j].source && x->holders[j].source != x->owner;
+      x->moves_back |= x->holders[j].rank != x->owner;
+    }
   }
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
   {
@@ -6411,7 +6416,10 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
   return MUON_OK;
 }
 
-/* Counts of one direction of round r: out (U from sources to owners) or back (O to holders). */
+/* Counts of one direction of round r: out (U from sources to owners) or back (O to holders).
+   Every step: it visits the holders of the matrices this rank owns and its own pieces only (a
+   world of 16,384 ranks has millions of pieces); whether the round moves anything at all, which
+   every rank must answer alike, comes from each matrix's moves_out and moves_back. */
 static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt) {
   muon__plan *pl = &opt->plan;
   int P = pl->P, me = pl->me, g, j, any = 0;
@@ -6419,19 +6427,17 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
   memset(cnt, 0, 4 * (size_t)P * sizeof(size_t));
   for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
     const muon__global *x = &pl->globals[g];
-    for (j = 0; !x->skip && j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
-      size_t n = muon__piece_size(&h->piece);
-      if (back ? h->rank == x->owner : h->rank != h->source || h->source == x->owner) continue;
-      any = 1;
-      if (back) {
-        if (x->owner == me) cnt[h->rank] += n;
-        if (h->rank == me) rcnt[x->owner] += n;
-      } else {
-        if (h->rank == me) cnt[x->owner] += n;
-        if (x->owner == me) rcnt[h->rank] += n;
+    const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
+    if (x->skip) continue;
+    any |= back ? x->moves_back : x->moves_out;   /* the same on every rank: skips are agreed */
+    if (x->owner == me)   /* the owner receives, or sends back, every other holder's piece */
+      for (j = 0; j < x->n_holders; j++) {
+        const muon__holder *o = &x->holders[j];
+        if (back ? o->rank == me : o->rank != o->source || o->source == me) continue;
+        (back ? cnt : rcnt)[o->rank] += muon__piece_size(&o->piece);
       }
-    }
+    else if (h && (back || h->source == me))   /* a holder sends its piece, or gets it back */
+      (back ? rcnt : cnt)[x->owner] += muon__piece_size(&h->piece);
   }
   muon__prefix(dsp, cnt, P);
   muon__prefix(rdsp, rcnt, P);
