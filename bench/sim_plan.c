@@ -534,9 +534,10 @@ static int simulate_rank(const config *c, const world_lists *w, int r, rank_figs
     t3 = now_s() - t3;
   }
   if (verbose)
-    printf("    rank %d: %d matrices, plan %.3f s, peak host %.1f MiB, step %lld B sent, %lld B received, host "
-           "time of a step %.4f s\n",
-           r, s->opt->n_matrices, t2 - t1, (double)s->mem.peak / 1048576.0, s->comm.a2a_sent, s->comm.a2a_recv, t3);
+    printf("    rank %d: %d matrices, plan %.3f s, peak host %.1f MiB, step %lld B sent, %lld B received in %d "
+           "rounds, host time of a step %.4f s\n",
+           r, s->opt->n_matrices, t2 - t1, (double)s->mem.peak / 1048576.0, s->comm.a2a_sent, s->comm.a2a_recv,
+           st.rounds, t3);
   sim_close(s);
   free(s);
   res->reps++;
