@@ -1747,7 +1747,8 @@ typedef struct muon__plan {
   int P, me;            /* the plan's world: the communicator's, or 1 and 0 without a dist config */
   muon__global *globals;
   int n_globals;
-  int *round_start;     /* round r is globals [round_start[r], round_start[r+1]) */
+  int *round_start;     /* round r is globals round_order[round_start[r] .. round_start[r + 1]) */
+  int *round_order;     /* the globals by round, each round's in global order */
   int n_rounds;
   int *order;           /* per round, the globals this rank owns, sorted into NS batches */
   int *order_start;     /* round r's are order [order_start[r], order_start[r+1]) */
@@ -3816,6 +3817,7 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->layout_levels);
   muon__free(a, pl->layout_at);
   muon__free(a, pl->round_start);
+  muon__free(a, pl->round_order);
   muon__free(a, pl->order);
   muon__free(a, pl->order_start);
   muon__free(a, pl->many_X);
@@ -4179,11 +4181,11 @@ typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, 
 
 static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int me) {
   const muon__plan *pl = &opt->plan;
-  int g, j;
+  int k, j;
   muon__traffic t;
   memset(&t, 0, sizeof t);
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     if (x->owner == me) {
       t.gathered += (size_t)x->rows * x->cols;
       t.ops += x->n_holders + 1;
@@ -4208,12 +4210,11 @@ static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int m
    (a matrix larger than that alone), so there are as many rounds as the busiest owner needs.
    (Cutting the list of matrices wherever an owner came back made a round every few matrices
    where owners take turns, as a MoE's experts do: 3,936 rounds, 7,872 collectives a step, for
-   one at 16,384 ranks.) The globals are then ordered by round, stably: each round is a range.
-   cur: P ints; moved: room for the globals. */
-static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes, int *cur, muon__global *moved) {
+   one at 16,384 ranks.) round_order lists each round's globals in turn. cur: P ints. */
+static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes, int *cur) {
   muon__plan *pl = &opt->plan;
   size_t budget = opt->dist.round_bytes ? opt->dist.round_bytes : (size_t)64 << 20;
-  int g, r, i, P = pl->P, p;
+  int g, r, P = pl->P, p;
   /* One device on the CPU backend's threads: 64 MiB of operands per thread (up to 4), so that a
      round has enough of them to keep every thread busy to its end. */
   if (!opt->distributed && muon__is_cpu(&opt->compute)) {
@@ -4244,13 +4245,9 @@ static void muon__make_rounds(muon_optimizer *opt, size_t *owned_bytes, int *cur
   for (r = 0; r <= pl->n_rounds; r++) pl->round_start[r] = 0;   /* a counting sort by round */
   for (g = 0; g < pl->n_globals; g++) pl->round_start[pl->globals[g].round + 1]++;
   for (r = 0; r < pl->n_rounds; r++) pl->round_start[r + 1] += pl->round_start[r];
-  for (g = 0; g < pl->n_globals; g++) moved[pl->round_start[pl->globals[g].round]++] = pl->globals[g];
+  for (g = 0; g < pl->n_globals; g++) pl->round_order[pl->round_start[pl->globals[g].round]++] = g;
   for (r = pl->n_rounds; r > 0; r--) pl->round_start[r] = pl->round_start[r - 1];
   pl->round_start[0] = 0;
-  memcpy(pl->globals, moved, (size_t)pl->n_globals * sizeof *moved);
-  for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].global = -1;
-  for (g = 0; g < pl->n_globals; g++)
-    if (pl->globals[g].local >= 0) opt->matrices[pl->globals[g].local].global = g;
 }
 
 /* The group of the matrix this rank holds of global x: owners always hold one. */
@@ -4335,7 +4332,7 @@ static int muon__ns_many(const muon_optimizer *opt) {
    (with newton_schulz_many, of the largest round). Returns the most operands of a round. */
 static int muon__plan_batches(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
-  int r, g, n = 0, i, j, most = 0;
+  int r, g, k, n = 0, i, j, most = 0;
   pl->ns_ws_bytes = 0;
   for (g = 0; g < pl->n_globals; g++)
     if (pl->globals[g].owner == pl->me) pl->globals[g].ns = muon__ns_hash(muon__global_hparams(opt, &pl->globals[g]));
@@ -4343,14 +4340,14 @@ static int muon__plan_batches(muon_optimizer *opt) {
     int first = n;
     size_t xoff = 0;
     pl->order_start[r] = n;
-    for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-      const muon__global *x = &pl->globals[g];
+    for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
+      const muon__global *x = &pl->globals[pl->round_order[k]];
       if (x->owner != pl->me) continue;
       i = n;                                      /* after the last one of its batch, if any */
       for (j = n - 1; j >= first; j--)
         if (muon__same_batch(&pl->globals[pl->order[j]], x)) { i = j + 1; break; }
       memmove(pl->order + i + 1, pl->order + i, (size_t)(n - i) * sizeof(int));
-      pl->order[i] = g;
+      pl->order[i] = pl->round_order[k];
       n++;
     }
     for (i = first; i < n; ) {
@@ -4568,13 +4565,13 @@ static muon_status muon__plan_owners(muon_optimizer *opt) {
     }
   }
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
+  pl->round_order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int) + 1);
   {
     size_t *owned = (size_t *)muon__alloc(&opt->allocator, (size_t)P * (sizeof(size_t) + sizeof(int)));
-    muon__global *moved = (muon__global *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof *moved + 1);
-    if (pl->round_start && owned && moved) muon__make_rounds(opt, owned, (int *)(void *)(owned + P), moved);
+    if (pl->round_start && pl->round_order && owned) muon__make_rounds(opt, owned, (int *)(void *)(owned + P));
     muon__free(&opt->allocator, owned);
-    muon__free(&opt->allocator, moved);
-    if (!pl->round_start || !owned || !moved) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating rounds failed");
+    if (!pl->round_start || !pl->round_order || !owned)
+      return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating rounds failed");
   }
   return MUON_OK;
 }
@@ -5469,14 +5466,9 @@ static void muon__say_piece(muon__text *t, const muon__piece *p) {
 
 /* Does round r move anything (the same answer on every rank)? out: U to owners; else O back. */
 static int muon__round_moves(const muon__plan *pl, int r, int out) {
-  int g, j;
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
-    for (j = 0; j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
-      if (out ? h->rank == h->source && h->source != x->owner : h->rank != x->owner) return 1;
-    }
-  }
+  int k;
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++)
+    if (out ? pl->globals[pl->round_order[k]].moves_out : pl->globals[pl->round_order[k]].moves_back) return 1;
   return 0;
 }
 
@@ -6431,11 +6423,11 @@ static muon_status muon__orthogonalize_round(muon_optimizer *opt, int r) {
    every rank must answer alike, comes from each matrix's moves_out and moves_back. */
 static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, me = pl->me, g, j, any = 0;
+  int P = pl->P, me = pl->me, k, j, any = 0;
   size_t *dsp = cnt + P, *rcnt = dsp + P, *rdsp = rcnt + P;
   memset(cnt, 0, 4 * (size_t)P * sizeof(size_t));
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip) continue;
     any |= back ? x->moves_back : x->moves_out;   /* the same on every rank: skips are agreed */
@@ -6471,12 +6463,12 @@ static muon_status muon__grad_part(muon_optimizer *opt, const muon__matrix *x, f
    in round order per destination. */
 static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, me = pl->me, g;
+  int P = pl->P, me = pl->me, k;
   size_t *cur = pl->counts + 8 * (size_t)P;
   muon_status st;
   memcpy(cur, out->cnt + P, (size_t)P * sizeof(size_t));
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip || !h || h->source != me || x->owner == me) continue;
     st = x->on_owner ? muon__grad_part(opt, &opt->matrices[x->local], out->send + cur[x->owner])
@@ -6531,12 +6523,12 @@ static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x
    then O cut into its own stash and into back's send buffer for every other holder. */
 static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer *out, muon__xfer *back) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, me = pl->me, g, j, n;
+  int P = pl->P, me = pl->me, k, j, n;
   size_t *cur = pl->counts + 8 * (size_t)P, xend = 0;
   muon_status st;
   memcpy(cur, out->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {   /* where each received piece sits */
-    muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {   /* where each received piece sits */
+    muon__global *x = &pl->globals[pl->round_order[k]];
     if (x->skip || x->owner != me) continue;
     for (j = 0; j < x->n_holders; j++) {
       muon__holder *h = &x->holders[j];
@@ -6545,14 +6537,14 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
       cur[h->rank] += muon__piece_size(&h->piece);
     }
   }
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     if (x->skip || x->owner != me) continue;
     if (x->xoff + (size_t)x->rows * x->cols > xend) xend = x->xoff + (size_t)x->rows * x->cols;
     if (x->on_owner && (st = muon__reduce_parts(opt, x, out)) != MUON_OK) return st;
   }
-  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r], n = 0; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     const muon__matrix *own;
     if (x->skip || x->owner != me || x->on_owner) continue;
     own = &opt->matrices[x->local];
@@ -6560,8 +6552,8 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
     pl->ops[n++] = muon__piece_op(x, &own->piece, own->stash);
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 1)) != MUON_OK) return st;
-  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r], n = 0; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     if (x->skip || x->owner != me || x->on_owner) continue;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
@@ -6572,8 +6564,8 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
   if ((st = muon__pack(opt, n, out->recv, pl->gathered, 1)) != MUON_OK) return st;
   if ((st = muon__orthogonalize_round(opt, r)) != MUON_OK) return st;
   if (xend * sizeof(float) > opt->stats.gathered_bytes) opt->stats.gathered_bytes = xend * sizeof(float);
-  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r], n = 0; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     const muon__matrix *own;
     if (x->skip || x->owner != me) continue;
     own = &opt->matrices[x->local];
@@ -6581,8 +6573,8 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
   }
   if ((st = muon__pack(opt, n, pl->stash, pl->gathered, 0)) != MUON_OK) return st;
   memcpy(cur, back->cnt + P, (size_t)P * sizeof(size_t));
-  for (g = pl->round_start[r], n = 0; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r], n = 0; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     if (x->skip || x->owner != me) continue;
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
@@ -6597,11 +6589,11 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
 /* O of every piece received from an owner (back), into the stash. */
 static muon_status muon__receive(muon_optimizer *opt, int r, const muon__xfer *back) {
   muon__plan *pl = &opt->plan;
-  int P = pl->P, me = pl->me, g;
+  int P = pl->P, me = pl->me, k;
   size_t *cur = pl->counts + 8 * (size_t)P;
   memcpy(cur, back->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
-  for (g = pl->round_start[r]; g < pl->round_start[r + 1]; g++) {
-    const muon__global *x = &pl->globals[g];
+  for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     const muon__matrix *mine;
     if (x->skip || x->owner == me || x->mine < 0) continue;
     mine = &opt->matrices[x->local];
