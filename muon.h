@@ -1633,6 +1633,7 @@ MUON_API void muon_comm_destroy(muon_comm *comm) {
 typedef struct muon__piece {
   long long r0, c0, h, w, f0, f1;
 } muon__piece;
+static size_t muon__piece_size(const muon__piece *p) { return (size_t)(p->f1 - p->f0); }
 
 typedef struct muon__matrix {
   char name[64];        /* for messages; cut at 63 characters */
@@ -1682,19 +1683,20 @@ static int muon__owner_momentum(const muon__matrix *x) {
    block; chunks of the state are multiples of MUON_Q8_BLOCK, see muon__plan_checks). */
 static void *muon__mom_at(const muon__matrix *x, size_t at) { return (char *)x->momentum + muon__mom_bytes(x, at); }
 
-/* One rank's share of a global matrix. */
+/* One rank's share of a global matrix: 20 bytes with its entry in holder_ranks, for every piece
+   of the world (16,384 ranks x 200 matrices are 3.3 M of them). Its piece is not kept: it is
+   its layout's, derived again where needed (muon__holder_piece), and the owner of a matrix keeps
+   its holders' pieces and where they land (muon__global.pieces, .at). */
 typedef struct muon__holder {
   int rank;
   int local;            /* that rank's matrix index */
-  muon__piece piece;
   int source;           /* the rank that sends this piece's U (or its part) to the owner */
-  int part;             /* its part of a Partial gradient (0 without PARTIAL levels) */
-  int has_momentum;     /* a Partial matrix's momentum is there (its owner stays) */
-  size_t at;            /* owner, in a step: where its piece sits in the received buffer */
-  int n_levels;         /* its layout's levels as that rank described its piece (for the plan's
-                           text), in the plan's pool: a rank's holders share its few layouts */
-  const muon_level *levels;
+  unsigned slot : 16;   /* its layout: a slot of that rank's table in the plan's pool */
+  unsigned part : 15;   /* its part of a Partial gradient (0 without PARTIAL levels) */
+  unsigned has_momentum : 1;   /* a Partial matrix's momentum is there (its owner stays) */
 } muon__holder;
+#define MUON__MAX_SLOTS 65536    /* the bit-fields' bounds: distinct layouts of one rank, */
+#define MUON__MAX_PARTS 32768    /* and parts of a Partial matrix */
 
 typedef struct muon__global {
   char name[64];        /* for messages; cut at 63 characters */
@@ -1716,6 +1718,8 @@ typedef struct muon__global {
   int moves_out, moves_back;   /* some holder sends its piece to the owner; the owner some piece back */
   muon__holder *holders;
   int *holder_ranks;
+  muon__piece *pieces;  /* owner: its holders' pieces, and where each sits in the received buffer */
+  size_t *at;           /* in a step (both in the plan's `owned`) */
 } muon__global;
 
 /* One exchange of a step (a round's U to the owners, or its O back): its buffers, in backend
@@ -1726,6 +1730,7 @@ typedef struct muon__global {
 /* A slot appended in version v of its vtable (see "Growing a vtable"): NULL in an older table. */
 #define MUON__SLOT(vt, v, slot) ((vt)->version >= (v) ? (vt)->slot : NULL)
 #define MUON__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MUON__MAX(a, b) ((a) > (b) ? (a) : (b))
 #define MUON__MAX_PREFETCH 8
 #define MUON__MAX_UNJOINED 16   /* exchanges started on a communicator's queue and not joined */
 typedef struct muon__xfer {
@@ -1756,6 +1761,8 @@ typedef struct muon__plan {
   int max_layouts;      /* most distinct layouts any rank registered them with */
   muon_level *layout_levels;   /* every rank's layout table, levels one after another: */
   size_t *layout_at;    /* slot s of rank r starts at layout_at[r * max_layouts + s] */
+  muon__piece *owned;   /* the pieces of the holders of every matrix this rank owns, then their */
+  size_t *owned_at;     /* offsets (muon__global.pieces and .at point into these) */
   int max_adamw;        /* most AdamW params any rank registered */
   uint64_t *adamw_names; /* (size + 1) x max_adamw: the name hashes of skipped AdamW params, everyone's then mine */
   int any_adamw_skip;   /* this step: some rank skips an AdamW param */
@@ -2123,16 +2130,13 @@ static muon__piece muon__canonical(muon__piece p) {
   return p;
 }
 
-static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, muon__piece *out, char *why, size_t n) {
+static muon_status muon__levels_piece(const muon_level *levels, int n_levels, int rows, int cols, muon__piece *out,
+                                      char *why, size_t n) {
   muon__piece p;
   int k, flat = 0;
   p.r0 = 0; p.c0 = 0; p.h = rows; p.w = cols; p.f0 = 0; p.f1 = (long long)rows * cols;
-  if (L->n_levels < 0 || L->n_levels > MUON_MAX_LEVELS) {
-    snprintf(why, n, "n_levels must be in [0, %d] (got %d)", MUON_MAX_LEVELS, L->n_levels);
-    return MUON_ERR_SHAPE;
-  }
-  for (k = 0; k < L->n_levels; k++) {
-    const muon_level *l = &L->levels[k];
+  for (k = 0; k < n_levels; k++) {
+    const muon_level *l = &levels[k];
     long long lo, hi, len = p.f1 - p.f0;
     if (l->size < 1 || l->index < 0 || l->index >= l->size) {
       snprintf(why, n, "levels[%d]: index %d outside a group of %d", k, l->index, l->size);
@@ -2191,6 +2195,13 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
   }
   *out = muon__canonical(p);
   return MUON_OK;
+}
+static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, muon__piece *out, char *why, size_t n) {
+  if (L->n_levels < 0 || L->n_levels > MUON_MAX_LEVELS) {
+    snprintf(why, n, "n_levels must be in [0, %d] (got %d)", MUON_MAX_LEVELS, L->n_levels);
+    return MUON_ERR_SHAPE;
+  }
+  return muon__levels_piece(L->levels, L->n_levels, rows, cols, out, why, n);
 }
 
 /* The parts of a gradient under a layout: their count (1 without PARTIAL levels), this rank's
@@ -3661,20 +3672,45 @@ static void muon__layout_text(const muon_layout *l, char *out, size_t size) {
   }
 }
 
+/* A holder's layout: its levels in the plan's pool. */
+static const muon_level *muon__holder_levels(const muon__plan *pl, const muon__holder *h, int *n) {
+  size_t s = (size_t)h->rank * (size_t)pl->max_layouts + h->slot;
+  *n = (int)(pl->layout_at[s + 1] - pl->layout_at[s]);
+  return pl->layout_levels + pl->layout_at[s];
+}
+
 /* A holder's layout as text (its levels; the key is the matrix's). */
-static void muon__holder_text(const muon__holder *h, char *out, size_t size) {
+static void muon__holder_text(const muon__plan *pl, const muon__holder *h, char *out, size_t size) {
   muon_layout l;
+  const muon_level *levels;
   memset(&l, 0, sizeof l);
-  l.n_levels = h->n_levels;
-  memcpy(l.levels, h->levels, (size_t)h->n_levels * sizeof(muon_level));
+  levels = muon__holder_levels(pl, h, &l.n_levels);
+  memcpy(l.levels, levels, (size_t)l.n_levels * sizeof(muon_level));
   muon__layout_text(&l, out, size);
 }
 
-/* One registered matrix on the wire. Its levels sit once in its rank's layout table, and its
-   name in its rank's list of names (below): a rank's matrices share a few layouts (a TP x FSDP
-   rank's: two or three) and whole pipeline stages register the same names, so a world of 16,384
-   ranks x 200 matrices gathers 200 entries of 48 bytes per rank and little else. Its piece is
-   not sent: every rank derives it from the levels, as the registrant did. */
+/* Holder j's piece: its owner's copy, or derived from its layout as its rank derived it
+   (planning checked every layout). */
+static muon__piece muon__holder_piece(const muon__plan *pl, const muon__global *x, int j) {
+  muon__piece p;
+  char why[8];
+  int n;
+  const muon_level *levels;
+  if (x->pieces) return x->pieces[j];
+  levels = muon__holder_levels(pl, &x->holders[j], &n);
+  (void)muon__levels_piece(levels, n, x->rows, x->cols, &p, why, sizeof why);
+  return p;
+}
+static size_t muon__holder_size(const muon__plan *pl, const muon__global *x, int j) {
+  muon__piece p = muon__holder_piece(pl, x, j);
+  return muon__piece_size(&p);
+}
+
+/* One registered matrix on the wire. Its levels sit once in its rank's layout table: a rank's
+   matrices share a few layouts (a TP x FSDP rank's: two or three). Its entry and name travel
+   once per class of ranks that register the same entries (below): whole pipeline stages do, so
+   a world of 16,384 ranks gathers little more than their layout tables. Its piece is not sent:
+   every rank derives it from the levels, as the registrant did. */
 typedef struct muon__entry {
   unsigned long long name_hash;  /* muon__name_hash of the full name: what matches */
   long long key;
@@ -3688,43 +3724,43 @@ typedef struct muon__entry {
 #define MUON__ON_OWNER 2         /* muon__owner_momentum of this rank's piece */
 #define MUON__NAME 64            /* a name on the wire: its first 63 characters, for messages */
 #define MUON__COUNTS 5           /* planning's round 1 per rank: matrices, layouts, AdamW params,
-                                    Partial ones, the digest of its names */
+                                    Partial ones, the digest of its entries and names */
+#define MUON__LISTED (sizeof(muon__entry) + MUON__NAME)   /* a matrix's bytes in its class's list */
 
-/* Every rank's list as planning gathers it: per rank `stride` bytes, its entries (max_local,
-   zero-padded), its layout table (max_layouts records) and its slice of its class's names.
-   Ranks that register the same names in the same order (a class: its lowest rank leads) share
-   one list of names, and each of the class's m members sends `slice` bytes of it (member k:
-   bytes [k slice, (k + 1) slice)), so a list of names crosses the network once per class. */
+/* Every rank's list as planning gathers it: per rank `stride` bytes, its layout table
+   (max_layouts records) and its slice of its class's list. Ranks that register the same entries
+   and names in the same order (a class: its lowest rank leads) share one list, its entries then
+   their names, and each of the class's m members sends `slice` bytes of it (member k: bytes
+   [k slice, (k + 1) slice)), so a class's list crosses the network once. */
 typedef struct muon__lists {
   const unsigned char *bytes;
   size_t stride, slice;
   int max_local, max_layouts;
   int *lead, *member;            /* per rank: its class's lowest rank, its index among the members */
-  char *names;                   /* after the exchange: every class's names, MUON__NAME bytes each, */
-  size_t *name_at;               /* rank r's at names + name_at[r] */
+  unsigned char *classes;        /* after the exchange: every class's list, assembled */
+  size_t *entry_at, *name_at;    /* rank r's entries and names in it */
 } muon__lists;
 
 static void muon__lists_init(muon__lists *w) { memset(w, 0, sizeof *w); }
 static void muon__lists_free(muon_optimizer *opt, muon__lists *w) {
   muon__free(&opt->allocator, w->lead);
-  muon__free(&opt->allocator, w->names);
-  muon__free(&opt->allocator, w->name_at);
+  muon__free(&opt->allocator, w->classes);
+  muon__free(&opt->allocator, w->entry_at);
   muon__lists_init(w);
 }
 static size_t muon__list_bytes(const muon__lists *w) {
-  size_t b = (size_t)w->max_local * sizeof(muon__entry) + (size_t)w->max_layouts * MUON__LAYOUT_RECORD + w->slice;
-  return (b + 7) & ~(size_t)7;   /* the next rank's entries stay aligned */
+  size_t b = (size_t)w->max_layouts * MUON__LAYOUT_RECORD + w->slice;
+  return (b + 7) & ~(size_t)7;
 }
 static const unsigned char *muon__list_of(const muon__lists *w, int r) { return w->bytes + (size_t)r * w->stride; }
 static const muon__entry *muon__entry_at(const muon__lists *w, int r, int i) {
-  return (const muon__entry *)(const void *)(muon__list_of(w, r) + (size_t)i * sizeof(muon__entry));
+  return (const muon__entry *)(const void *)(w->classes + w->entry_at[r] + (size_t)i * sizeof(muon__entry));
 }
 static void muon__layout_at(const muon__lists *w, int r, int slot, muon_layout *l) {
-  muon__get_layout(muon__list_of(w, r) + (size_t)w->max_local * sizeof(muon__entry) + (size_t)slot * MUON__LAYOUT_RECORD,
-                   l);
+  muon__get_layout(muon__list_of(w, r) + (size_t)slot * MUON__LAYOUT_RECORD, l);
 }
 static const char *muon__entry_name(const muon__lists *w, int r, int i) {
-  return w->names + w->name_at[r] + (size_t)i * MUON__NAME;
+  return (const char *)w->classes + w->name_at[r] + (size_t)i * MUON__NAME;
 }
 
 /* Matrix i's name as planning sends it. */
@@ -3733,19 +3769,8 @@ static void muon__wire_name(const muon_optimizer *opt, int i, char *out /* [MUON
   if (opt->matrices[i].name[0]) memcpy(out, opt->matrices[i].name, MUON__NAME - 1);
   else snprintf(out, MUON__NAME, "#%d", i);
 }
-static uint64_t muon__names_digest(const muon_optimizer *opt) {
-  uint64_t h = MUON__FNV_START;
-  char name[MUON__NAME];
-  int i;
-  for (i = 0; i < opt->n_matrices; i++) {
-    muon__wire_name(opt, i, name);
-    h = muon__fnv1a_more(h, (const unsigned char *)name, sizeof name);
-  }
-  return h;
-}
-
-/* From round 1's numbers (P x MUON__COUNTS): the lists' sizes, the classes of equal names and the
-   slice of names each member sends. -1: out of memory. */
+/* From round 1's numbers (P x MUON__COUNTS): the lists' sizes, the classes of equal lists and
+   the slice of its class's list each member sends. -1: out of memory. */
 static int muon__list_geometry(muon_optimizer *opt, muon__lists *w, const long long *counts) {
   int P = opt->comm.size, r, q, *tab, *members;
   size_t mask = 1, at;
@@ -3775,7 +3800,7 @@ static int muon__list_geometry(muon_optimizer *opt, muon__lists *w, const long l
   }
   for (r = 0; r < P; r++)
     if (w->lead[r] == r) {
-      size_t bytes = (size_t)counts[(size_t)r * MUON__COUNTS] * MUON__NAME, m = (size_t)members[r];
+      size_t bytes = (size_t)counts[(size_t)r * MUON__COUNTS] * MUON__LISTED, m = (size_t)members[r];
       if ((bytes + m - 1) / m > w->slice) w->slice = (bytes + m - 1) / m;
     }
   muon__free(&opt->allocator, tab);
@@ -3783,23 +3808,23 @@ static int muon__list_geometry(muon_optimizer *opt, muon__lists *w, const long l
   return 0;
 }
 
-/* After the exchange: every class's names, assembled from its members' slices. */
-static muon_status muon__gather_names(muon_optimizer *opt, muon__lists *w, const int *count) {
+/* After the exchange: every class's list, assembled from its members' slices. */
+static muon_status muon__gather_classes(muon_optimizer *opt, muon__lists *w, const int *count) {
   int P = opt->comm.size, r;
   size_t total = 0, at, n;
-  w->name_at = (size_t *)muon__alloc(&opt->allocator, (size_t)P * sizeof(size_t));
-  for (r = 0; w->name_at && r < P; r++)
-    if (w->lead[r] == r) { w->name_at[r] = total; total += (size_t)count[r] * MUON__NAME; }
-  w->names = w->name_at ? (char *)muon__alloc(&opt->allocator, total + 1) : NULL;
-  if (!w->names) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of names failed", total);
+  w->entry_at = (size_t *)muon__alloc(&opt->allocator, 2 * (size_t)P * sizeof(size_t));
+  for (r = 0; w->entry_at && r < P; r++)   /* a list is a multiple of 16 bytes: entries stay aligned */
+    if (w->lead[r] == r) { w->entry_at[r] = total; total += (size_t)count[r] * MUON__LISTED; }
+  w->classes = w->entry_at ? (unsigned char *)muon__alloc(&opt->allocator, total + 1) : NULL;
+  if (!w->classes) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu bytes of matrix lists failed", total);
+  w->name_at = w->entry_at + P;
   for (r = 0; r < P; r++) {
-    size_t size = (size_t)count[w->lead[r]] * MUON__NAME;
-    w->name_at[r] = w->name_at[w->lead[r]];
+    size_t size = (size_t)count[w->lead[r]] * MUON__LISTED;
+    w->entry_at[r] = w->entry_at[w->lead[r]];
+    w->name_at[r] = w->entry_at[r] + (size_t)count[w->lead[r]] * sizeof(muon__entry);
     at = (size_t)w->member[r] * w->slice;
     n = at < size ? MUON__MIN(w->slice, size - at) : 0;
-    memcpy(w->names + w->name_at[r] + at,
-           muon__list_of(w, r) + (size_t)w->max_local * sizeof(muon__entry) + (size_t)w->max_layouts * MUON__LAYOUT_RECORD,
-           n);
+    memcpy(w->classes + w->entry_at[r] + at, muon__list_of(w, r) + (size_t)w->max_layouts * MUON__LAYOUT_RECORD, n);
   }
   return MUON_OK;
 }
@@ -3816,6 +3841,8 @@ static void muon__plan_free(muon_optimizer *opt) {
   muon__free(a, pl->globals);
   muon__free(a, pl->layout_levels);
   muon__free(a, pl->layout_at);
+  muon__free(a, pl->owned);
+  muon__free(a, pl->owned_at);
   muon__free(a, pl->round_start);
   muon__free(a, pl->round_order);
   muon__free(a, pl->order);
@@ -3885,8 +3912,6 @@ static int muon__same_piece(const muon__piece *a, const muon__piece *b) {
   return a->r0 == b->r0 && a->c0 == b->c0 && a->h == b->h && a->w == b->w && a->f0 == b->f0 && a->f1 == b->f1;
 }
 
-static size_t muon__piece_size(const muon__piece *p) { return (size_t)(p->f1 - p->f0); }
-
 typedef struct muon__interval { long long start, len; int rank; } muon__interval;
 static int muon__interval_cmp(const void *a, const void *b) {
   const muon__interval *x = (const muon__interval *)a, *y = (const muon__interval *)b;
@@ -3904,12 +3929,11 @@ static muon_status muon__gap(muon_optimizer *opt, const muon__global *g, int gi,
       b == (long long)g->rows * g->cols ? ", its tail" : "");
 }
 
-/* first[j]: the lowest index of the holders with holder j's piece (with_part: and its part). By
-   sorting, not by pairs: a matrix has thousands of holders at scale. */
-/* Per holder of x, the first (lowest index) holder of an equal piece (and part, with_part): the
-   groups of replicas, found through a hash table of the pieces (a world has tens of thousands of
-   holders per matrix, a sort of them was most of planning's time). */
-static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, int with_part) {
+/* Per holder of x (its piece in pieces[j]), the first (lowest index) holder of an equal piece
+   (and part, with_part): the groups of replicas, found through a hash table of the pieces (a
+   world has tens of thousands of holders per matrix, a sort of them was most of planning's time). */
+static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, const muon__piece *pieces,
+                                int with_part) {
   int n = x->n_holders, i, j;
   size_t mask = 1, at;
   int *first = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1), *tab;
@@ -3923,11 +3947,10 @@ static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, int 
   memset(tab, 0xff, mask * sizeof(int));
   mask--;
   for (j = 0; j < n; j++) {
-    const muon__holder *h = &x->holders[j];
-    int part = with_part ? h->part : 0;
-    uint64_t key = muon__fnv1a((const unsigned char *)&h->piece, sizeof h->piece) ^ (uint64_t)part;
+    int part = with_part ? (int)x->holders[j].part : 0;
+    uint64_t key = muon__fnv1a((const unsigned char *)&pieces[j], sizeof pieces[j]) ^ (uint64_t)part;
     for (at = (size_t)(key * 1099511628211ull) & mask; (i = tab[at]) >= 0; at = (at + 1) & mask)
-      if (muon__same_piece(&x->holders[i].piece, &h->piece) && (with_part ? x->holders[i].part : 0) == part) break;
+      if (muon__same_piece(&pieces[i], &pieces[j]) && (with_part ? (int)x->holders[i].part : 0) == part) break;
     if (i < 0) tab[at] = i = j;
     first[j] = i;
   }
@@ -3941,13 +3964,13 @@ static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, int 
    world has tens of thousands of pieces per matrix). 1: they do; 0: unknown (not rectangles, a
    grid too fine, sides far longer than the pieces are many) or not, and the exact check below,
    row segment by row segment, says which and where; -1: out of memory. */
-static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const int *first) {
+static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const muon__piece *pieces, const int *first) {
   size_t n = 0, nr = 0, nc = 0, i, k, a, b, c, d, ok = 1;
   int *ri, *ci;   /* per row (column) boundary 0..rows (cols): its index among the edges, or -1 */
   unsigned char *cell = NULL;
   int j;
   for (j = 0; j < g->n_holders; j++) {
-    const muon__piece *p = &g->holders[j].piece;
+    const muon__piece *p = &pieces[j];
     if (first[j] != j) continue;
     if (p->f0 != 0 || p->f1 != p->h * p->w) return 0;
     n++;
@@ -3959,7 +3982,7 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
   memset(ri, 0xff, ((size_t)g->rows + (size_t)g->cols + 2) * sizeof(int));
   ri[0] = ri[g->rows] = ci[0] = ci[g->cols] = 0;
   for (j = 0; j < g->n_holders; j++) {
-    const muon__piece *p = &g->holders[j].piece;
+    const muon__piece *p = &pieces[j];
     if (first[j] != j) continue;
     ri[p->r0] = ri[p->r0 + p->h] = ci[p->c0] = ci[p->c0 + p->w] = 0;
   }
@@ -3975,7 +3998,7 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
   }
   memset(cell, 0, (nr - 1) * (nc - 1));
   for (j = 0; ok && j < g->n_holders; j++) {
-    const muon__piece *p = &g->holders[j].piece;
+    const muon__piece *p = &pieces[j];
     if (first[j] != j) continue;
     a = (size_t)ri[p->r0]; b = (size_t)ri[p->r0 + p->h];
     c = (size_t)ci[p->c0]; d = (size_t)ci[p->c0 + p->w];
@@ -3988,31 +4011,31 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
   return (int)ok;
 }
 
-static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi) {
+/* first: muon__first_holders without parts. */
+static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi, const muon__piece *pieces,
+                                      const int *first) {
   size_t n = 0, k = 0;
-  int j, *first = muon__first_holders(opt, g, 0);
+  int j;
   long long next = 0;
   muon__interval *iv;
   muon_status st = MUON_OK;
-  int fast = first ? muon__tiles_by_grid(opt, g, first) : -1;
+  int fast = muon__tiles_by_grid(opt, g, pieces, first);
   if (fast) {
-    muon__free(&opt->allocator, first);
     return fast > 0 ? MUON_OK : muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
   }
-  for (j = 0; first && j < g->n_holders; j++) {
-    muon__seg s = muon__segs(&g->holders[j].piece);
+  for (j = 0; j < g->n_holders; j++) {
+    muon__seg s = muon__segs(&pieces[j]);
     if (first[j] != j) continue;
-    while (muon__next_seg(&g->holders[j].piece, &s)) n++;
+    while (muon__next_seg(&pieces[j], &s)) n++;
   }
-  iv = first ? (muon__interval *)muon__alloc(&opt->allocator, n * sizeof *iv + 1) : NULL;
+  iv = (muon__interval *)muon__alloc(&opt->allocator, n * sizeof *iv + 1);
   if (!iv) {
-    muon__free(&opt->allocator, first);
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", gi);
   }
   for (j = 0; j < g->n_holders; j++) {
-    muon__seg s = muon__segs(&g->holders[j].piece);
+    muon__seg s = muon__segs(&pieces[j]);
     if (first[j] != j) continue;
-    while (muon__next_seg(&g->holders[j].piece, &s)) {
+    while (muon__next_seg(&pieces[j], &s)) {
       iv[k].start = s.row * g->cols + s.col;
       iv[k].len = s.len;
       iv[k].rank = g->holders[j].rank;
@@ -4034,32 +4057,24 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
   if (st == MUON_OK && next != (long long)g->rows * g->cols)
     st = muon__gap(opt, g, gi, next, (long long)g->rows * g->cols);
   muon__free(&opt->allocator, iv);
-  muon__free(&opt->allocator, first);
   return st;
 }
 
 /* A Partial matrix: every part's pieces tile it alike, so the owner can add them piece by piece. */
-static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x, int g) {
+static muon_status muon__check_parts(muon_optimizer *opt, const muon__global *x, int g, const int *first,
+                                     const int *first_part) {
   long long pieces = 0, pairs = 0;
-  int j, *first, *first_part;
+  int j;
   if (opt->dist.gather)
     return muon__fail(
         opt, MUON_ERR_ARG,
         "muon_plan: matrix '%s' (global %d) keeps its momentum whole on its owner (a PARTIAL level, or "
         "muon_hparams.momentum_format INT8 held in pieces), which needs muon's own exchange: muon_dist_config.gather is set",
         x->name, g);
-  first = muon__first_holders(opt, x, 0);
-  first_part = first ? muon__first_holders(opt, x, 1) : NULL;
-  if (!first_part) {
-    muon__free(&opt->allocator, first);
-    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the parts check of matrix %d failed", g);
-  }
   for (j = 0; j < x->n_holders; j++) {
     pieces += first[j] == j;
     pairs += first_part[j] == j;
   }
-  muon__free(&opt->allocator, first);
-  muon__free(&opt->allocator, first_part);
   if (pairs != pieces * x->parts)
     return muon__fail(
         opt, MUON_ERR_SHAPE,
@@ -4161,8 +4176,9 @@ static muon_status muon__assign(muon_optimizer *opt) {
 /* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
    (in a row-major mesh: the same replica group); of a Partial matrix, each part of each piece. */
 static muon_status muon__choose_sources(muon_optimizer *opt, muon__global *x) {
-  int j, *first = muon__first_holders(opt, x, 1);
+  int j, *first = (int *)muon__alloc(&opt->allocator, (size_t)x->n_holders * sizeof(int) + 1);
   if (!first) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the sources of '%s' failed", x->name);
+  for (j = 0; j < x->n_holders; j++) first[j] = x->holders[j].source;   /* muon__plan_holders left the groups there */
   /* Per group of equal pieces (and parts), its lowest-index holder keeps the choice so far: the
      nearest rank, the first of equals; the owner's own group gets the owner (distance 0). */
   for (j = 0; j < x->n_holders; j++) {
@@ -4192,7 +4208,9 @@ static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int m
     }
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
-      size_t n = muon__piece_size(&h->piece);
+      size_t n;
+      if (h->rank != me && x->owner != me) continue;
+      n = muon__holder_size(pl, x, j);
       if (h->rank == h->source && h->source != x->owner) {
         if (h->rank == me) t.out_send += n;
         if (x->owner == me) t.out_recv += n;
@@ -4431,6 +4449,9 @@ static muon_status muon__plan_layouts(muon_optimizer *opt, const muon__lists *w)
   muon__plan *pl = &opt->plan;
   size_t slots = (size_t)pl->P * (size_t)w->max_layouts, s, n = 0;
   muon_layout l;
+  if (w->max_layouts > MUON__MAX_SLOTS)
+    return muon__fail(opt, MUON_ERR_ARG, "muon_plan: a rank registered matrices with %d distinct layouts, more than %d",
+                      w->max_layouts, MUON__MAX_SLOTS);
   pl->layout_at = (size_t *)muon__alloc(&opt->allocator, (slots + 1) * sizeof(size_t));
   for (s = 0; pl->layout_at && s < slots; s++) {
     muon__layout_at(w, (int)(s / (size_t)w->max_layouts), (int)(s % (size_t)w->max_layouts), &l);
@@ -4468,12 +4489,12 @@ static muon_status muon__entry_piece(muon_optimizer *opt, const muon__entry *e, 
 
 /* 2b. Holders (non-empty pieces) of global g, ascending by rank; this rank's local index; the
    checks that the holders agree and their pieces tile the matrix. Its entries are ri[2k] (rank)
-   and ri[2k + 1] (index) for k in [from, to), in rank order. */
+   and ri[2k + 1] (index) for k in [from, to), in rank order; pieces: room for their pieces. */
 static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w, const int *ri, int from, int to,
-                                      int g) {
+                                      int g, muon__piece *pieces) {
   muon__plan *pl = &opt->plan;
   muon__global *x = &pl->globals[g];
-  int me = pl->me, r, i, k, prev = -1;
+  int me = pl->me, r, i, k, prev = -1, *first = NULL, *first_part = NULL;
   unsigned long long hp = 0;
   muon_status st;
   /* room for every entry: only a piece cut empty by an uneven split is left out */
@@ -4484,9 +4505,10 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
     const muon__entry *e;
     const char *name;
     muon__holder *h = &x->holders[x->n_holders];
+    muon__piece *piece = &pieces[x->n_holders];
     muon_layout layout;
     float scale;
-    int parts;
+    int parts, part;
     r = ri[2 * k];
     i = ri[2 * k + 1];
     e = muon__entry_at(w, r, i);
@@ -4497,8 +4519,8 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
                         name);
     prev = r;
     if (r == me) x->local = i;
-    if ((st = muon__entry_piece(opt, e, r, name, &layout, &h->piece)) != MUON_OK) return st;
-    if (h->piece.f1 <= h->piece.f0) continue;
+    if ((st = muon__entry_piece(opt, e, r, name, &layout, piece)) != MUON_OK) return st;
+    if (piece->f1 <= piece->f0) continue;
     if (x->n_holders && e->hparams != hp)
       return muon__fail(opt, MUON_ERR_MISMATCH,
                         "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", name,
@@ -4507,9 +4529,12 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
     if (r == me) x->mine = x->n_holders;
     h->rank = r;
     h->local = i;
-    h->n_levels = layout.n_levels;
-    h->levels = pl->layout_levels + pl->layout_at[(size_t)r * (size_t)pl->max_layouts + (size_t)e->layout];
-    parts = muon__layout_parts(&layout, &h->part, &scale);
+    h->slot = (unsigned)e->layout;
+    parts = muon__layout_parts(&layout, &part, &scale);
+    if (parts > MUON__MAX_PARTS)
+      return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: matrix '%s': rank %d's layout has %d Partial parts, more than %d",
+                        name, r, parts, MUON__MAX_PARTS);
+    h->part = (unsigned)part;
     if (x->n_holders && (parts != x->parts || scale != x->part_scale))
       return muon__fail(
           opt, MUON_ERR_MISMATCH,
@@ -4525,18 +4550,45 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
     x->on_owner = e->flags & MUON__ON_OWNER ? 1 : 0;
     x->parts = parts;
     x->part_scale = scale;
-    h->has_momentum = e->flags & MUON__HAS_MOMENTUM ? 1 : 0;
+    h->has_momentum = e->flags & MUON__HAS_MOMENTUM ? 1u : 0u;
     x->holder_ranks[x->n_holders] = r;
     x->n_holders++;
   }
   if (x->n_holders == 0)
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
                       g);
-  if (x->on_owner) {
-    muon_status st = muon__check_tiling(opt, x, g);
-    return st == MUON_OK ? muon__check_parts(opt, x, g) : st;
+  /* The groups of equal pieces: the tiling counts each once; each group (and part) has one
+     source, chosen once the owner is known, and until then `source` holds its first holder. */
+  first = muon__first_holders(opt, x, pieces, 0);
+  first_part = first && x->parts > 1 ? muon__first_holders(opt, x, pieces, 1) : first;
+  if (!first_part) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", g);
+  else st = muon__check_tiling(opt, x, g, pieces, first);
+  if (st == MUON_OK && x->on_owner) st = muon__check_parts(opt, x, g, first, first_part);
+  for (k = 0; st == MUON_OK && k < x->n_holders; k++) x->holders[k].source = first_part[k];
+  if (first_part != first) muon__free(&opt->allocator, first_part);
+  muon__free(&opt->allocator, first);
+  return st;
+}
+
+/* An owner reads its holders' pieces every step: it keeps them, with where each lands. */
+static muon_status muon__plan_owned(muon_optimizer *opt) {
+  muon__plan *pl = &opt->plan;
+  size_t n = 0;
+  int g, j;
+  for (g = 0; g < pl->n_globals; g++)
+    if (pl->globals[g].owner == pl->me) n += (size_t)pl->globals[g].n_holders;
+  pl->owned = (muon__piece *)muon__alloc(&opt->allocator, n * sizeof(muon__piece) + 1);
+  pl->owned_at = (size_t *)muon__alloc(&opt->allocator, n * sizeof(size_t) + 1);
+  if (!pl->owned || !pl->owned_at) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu owned pieces failed", n);
+  for (g = 0, n = 0; g < pl->n_globals; g++) {
+    muon__global *x = &pl->globals[g];
+    if (x->owner != pl->me) continue;
+    for (j = 0; j < x->n_holders; j++) pl->owned[n + (size_t)j] = muon__holder_piece(pl, x, j);
+    x->pieces = pl->owned + n;
+    x->at = pl->owned_at + n;
+    n += (size_t)x->n_holders;
   }
-  return muon__check_tiling(opt, x, g);
+  return MUON_OK;
 }
 
 /* 3. Owners, sources, rounds. */
@@ -4564,6 +4616,7 @@ static muon_status muon__plan_owners(muon_optimizer *opt) {
       x->moves_back |= x->holders[j].rank != x->owner;
     }
   }
+  if ((st = muon__plan_owned(opt)) != MUON_OK) return st;
   pl->round_start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
   pl->round_order = (int *)muon__alloc(&opt->allocator, (size_t)pl->n_globals * sizeof(int) + 1);
   {
@@ -4676,6 +4729,7 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__lists *w, c
   muon__plan *pl = &opt->plan;
   int r, i, g, t, total = 0;
   int *gid, *start = NULL, *ri = NULL;   /* the entries of global g: ri[2k], ri[2k + 1], k in [start[g], start[g+1]) */
+  muon__piece *pieces = NULL;            /* one global's, while it is checked */
   muon_status st;
   for (r = 0; r < pl->P; r++) total += count[r];
   if ((st = muon__plan_layouts(opt, w)) != MUON_OK) return st;
@@ -4699,9 +4753,13 @@ static muon_status muon__build_plan(muon_optimizer *opt, const muon__lists *w, c
       }
     for (g = pl->n_globals; g > 0; g--) start[g] = start[g - 1];
     start[0] = 0;
+    for (g = 0, t = 0; g < pl->n_globals; g++) t = MUON__MAX(t, start[g + 1] - start[g]);
+    if (!(pieces = (muon__piece *)muon__alloc(&opt->allocator, (size_t)t * sizeof(muon__piece) + 1)))
+      st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
   }
   for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
-    st = muon__plan_holders(opt, w, ri, start[g], start[g + 1], g);
+    st = muon__plan_holders(opt, w, ri, start[g], start[g + 1], g, pieces);
+  muon__free(&opt->allocator, pieces);
   muon__free(&opt->allocator, gid);
   muon__free(&opt->allocator, start);
   muon__free(&opt->allocator, ri);
@@ -5166,7 +5224,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   unsigned char *bytes;
   muon__entry *e;
   muon__lists w;
-  size_t zero = 0;
+  size_t at[2];
   muon_status st;
   muon__plan_free(opt);
   opt->plan.P = 1;
@@ -5175,20 +5233,23 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   muon__lists_init(&w);
   w.max_local = n;
   w.max_layouts = 1;   /* one, of no levels: every matrix whole */
-  w.slice = (size_t)n * MUON__NAME;
+  w.slice = (size_t)n * MUON__LISTED;
   w.stride = muon__list_bytes(&w);
-  bytes = (unsigned char *)muon__alloc(&opt->allocator, w.stride);
+  bytes = (unsigned char *)muon__alloc(&opt->allocator, w.stride + 8);
   if (!bytes) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the matrix list failed");
-  memset(bytes, 0, w.stride);
+  memset(bytes, 0, w.stride + 8);
   w.bytes = bytes;
-  w.names = (char *)bytes + (size_t)n * sizeof(muon__entry) + MUON__LAYOUT_RECORD;
-  w.name_at = &zero;
-  e = (muon__entry *)(void *)bytes;
+  w.classes = bytes + ((MUON__LAYOUT_RECORD + 7) & ~7u);   /* the list, its entries aligned */
+  at[0] = 0;
+  at[1] = (size_t)n * sizeof(muon__entry);
+  w.entry_at = &at[0];
+  w.name_at = &at[1];
+  e = (muon__entry *)(void *)w.classes;
   for (i = 0; i < n; i++) {
     const muon__matrix *x = &opt->matrices[i];
     char id[24];
     snprintf(id, sizeof id, "#%d", i);   /* one device: names need not be unique, so match by index */
-    muon__wire_name(opt, i, w.names + (size_t)i * MUON__NAME);
+    muon__wire_name(opt, i, (char *)w.classes + at[1] + (size_t)i * MUON__NAME);
     e[i].name_hash = muon__name_hash(id, -1);
     e[i].rows = x->rows;
     e[i].cols = x->cols;
@@ -5240,35 +5301,62 @@ static int muon__layout_slots(muon_optimizer *opt) {
   return slots;
 }
 
-/* Rank me's matrix list as planning sends it, in w's geometry (muon__list_geometry): its
-   entries, zero-padded to max_local, its layout table (after muon__layout_slots) and its slice of
-   its names. */
+/* Matrix i's entry as planning sends it (after muon__layout_slots). */
+static void muon__put_entry(const muon_optimizer *opt, int i, muon__entry *e) {
+  const muon__matrix *x = &opt->matrices[i];
+  memset(e, 0, sizeof *e);
+  e->name_hash = x->name_hash;
+  e->key = x->layout.key;
+  e->rows = x->rows;
+  e->cols = x->cols;
+  e->layout = x->slot;
+  e->hparams = muon__ns_hash(&opt->groups[x->group]);
+  e->normuon_have = x->normuon ? x->normuon_len : 0;
+  e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
+  e->flags = (muon__owner_momentum(x) && x->momentum && !x->momentum_fresh ? MUON__HAS_MOMENTUM : 0) |
+             (muon__owner_momentum(x) ? MUON__ON_OWNER : 0);
+}
+/* Byte `at` of this rank's list (its entries, then their names): what its class shares. */
+static unsigned char muon__listed_byte(const muon_optimizer *opt, size_t at, muon__entry *e, char *name, int *cached) {
+  size_t entries = (size_t)opt->n_matrices * sizeof(muon__entry);
+  int i = at < entries ? (int)(at / sizeof(muon__entry)) : opt->n_matrices + (int)((at - entries) / MUON__NAME);
+  if (i != *cached) {
+    if (i < opt->n_matrices) muon__put_entry(opt, i, e);
+    else muon__wire_name(opt, i - opt->n_matrices, name);
+    *cached = i;
+  }
+  return at < entries ? ((const unsigned char *)e)[at % sizeof(muon__entry)] : (unsigned char)name[(at - entries) % MUON__NAME];
+}
+static uint64_t muon__list_digest(const muon_optimizer *opt) {
+  uint64_t h = MUON__FNV_START;
+  char name[MUON__NAME];
+  muon__entry e;
+  int i;
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__put_entry(opt, i, &e);
+    h = muon__fnv1a_more(h, (const unsigned char *)&e, sizeof e);
+  }
+  for (i = 0; i < opt->n_matrices; i++) {
+    muon__wire_name(opt, i, name);
+    h = muon__fnv1a_more(h, (const unsigned char *)name, sizeof name);
+  }
+  return h;
+}
+
+/* Rank me's list as planning sends it, in w's geometry (muon__list_geometry): its layout table
+   (after muon__layout_slots) and its slice of its class's list. */
 static void muon__put_list(const muon_optimizer *opt, unsigned char *out, const muon__lists *w, int me) {
-  muon__entry *e = (muon__entry *)(void *)out;
-  unsigned char *table = out + (size_t)w->max_local * sizeof(muon__entry);
-  unsigned char *slice = table + (size_t)w->max_layouts * MUON__LAYOUT_RECORD;
+  unsigned char *slice = out + (size_t)w->max_layouts * MUON__LAYOUT_RECORD;
   size_t from = (size_t)w->member[me] * w->slice, at;
-  int i, written = 0;
+  int i, written = 0, cached = -1;
+  muon__entry e;
   char name[MUON__NAME];
   memset(out, 0, w->stride);
-  for (i = 0; i < opt->n_matrices; i++, e++) {
-    const muon__matrix *x = &opt->matrices[i];
-    e->name_hash = x->name_hash;
-    e->key = x->layout.key;
-    e->rows = x->rows;
-    e->cols = x->cols;
-    e->layout = x->slot;
-    e->hparams = muon__ns_hash(&opt->groups[x->group]);
-    e->normuon_have = x->normuon ? x->normuon_len : 0;
-    e->normuon_want = muon__normuon_len(&opt->groups[x->group], x->rows, x->cols);
-    e->flags = (muon__owner_momentum(x) && x->momentum && !x->momentum_fresh ? MUON__HAS_MOMENTUM : 0) |
-               (muon__owner_momentum(x) ? MUON__ON_OWNER : 0);
-    if (x->slot == written) muon__put_levels(table + (size_t)written++ * MUON__LAYOUT_RECORD, &x->layout);
-  }
-  for (at = from; at < from + w->slice && at < (size_t)opt->n_matrices * MUON__NAME; at++) {
-    if (at == from || at % MUON__NAME == 0) muon__wire_name(opt, (int)(at / MUON__NAME), name);
-    slice[at - from] = (unsigned char)name[at % MUON__NAME];
-  }
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].slot == written)
+      muon__put_levels(out + (size_t)written++ * MUON__LAYOUT_RECORD, &opt->matrices[i].layout);
+  for (at = from; at < from + w->slice && at < (size_t)opt->n_matrices * MUON__LISTED; at++)
+    slice[at - from] = muon__listed_byte(opt, at, &e, name, &cached);
 }
 
 /* Whether every rank could allocate what the list exchange and the plan's lists need. */
@@ -5335,7 +5423,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   mine[1] = layouts < 0 ? 0 : layouts;
   mine[2] = opt->n_adamw;
   mine[3] = muon__adamw_partials(opt);
-  mine[4] = (long long)muon__names_digest(opt);
+  mine[4] = (long long)muon__list_digest(opt);
   if ((st = muon__exchange(opt, mine, MUON__COUNTS, &counts, "muon_plan: exchanging matrix counts")) != MUON_OK)
     goto done;
   opt->plan.max_adamw = 0;
@@ -5375,7 +5463,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   opt->plan.max_local = w.max_local;
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
-  got = muon__gather_names(opt, &w, count);
+  got = muon__gather_classes(opt, &w, count);
   if (got == MUON_OK) got = muon__build_plan(opt, &w, count);
   if (got == MUON_OK && any_aw) {
     opt->plan.any_adamw_partial = 1;
@@ -5502,9 +5590,10 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
     for (j = 0; opt->distributed && j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       char levels[240];
-      muon__holder_text(h, levels, sizeof levels);
+      muon__piece piece = muon__holder_piece(pl, x, j);
+      muon__holder_text(pl, h, levels, sizeof levels);
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
-      muon__say_piece(&t, &h->piece);
+      muon__say_piece(&t, &piece);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
       else if (h->source == h->rank)
         muon__say(&t, x->on_owner ? "; sends its part of the gradient\n" : "; sends its U\n");
@@ -5527,7 +5616,7 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       owns++;
       flops += muon__ns_cost(x->rows, x->cols);
       least += (size_t)x->rows * (size_t)x->cols;
-      for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == p) least -= muon__piece_size(&x->holders[j].piece);
+      for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == p) least -= muon__holder_size(pl, x, j);
     }
     muon__say(
         &t,
@@ -6435,10 +6524,10 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
       for (j = 0; j < x->n_holders; j++) {
         const muon__holder *o = &x->holders[j];
         if (back ? o->rank == me : o->rank != o->source || o->source == me) continue;
-        (back ? cnt : rcnt)[o->rank] += muon__piece_size(&o->piece);
+        (back ? cnt : rcnt)[o->rank] += muon__piece_size(&x->pieces[j]);
       }
     else if (h && (back || h->source == me))   /* a holder sends its piece, or gets it back */
-      (back ? rcnt : cnt)[x->owner] += muon__piece_size(&h->piece);
+      (back ? rcnt : cnt)[x->owner] += muon__piece_size(&opt->matrices[x->local].piece);
   }
   muon__prefix(dsp, cnt, P);
   muon__prefix(rdsp, rcnt, P);
@@ -6474,13 +6563,13 @@ static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) 
     st = x->on_owner ? muon__grad_part(opt, &opt->matrices[x->local], out->send + cur[x->owner])
                       : muon__u_piece(opt, &opt->matrices[x->local], out->send + cur[x->owner]);
     if (st != MUON_OK) return st;
-    cur[x->owner] += muon__piece_size(&h->piece);
+    cur[x->owner] += muon__piece_size(&opt->matrices[x->local].piece);
   }
   return MUON_OK;
 }
 
 /* The owner of a Partial matrix: the parts of its gradient added up, part 0 first (received
-   pieces at h->at in `out`, its own in its stash slot), in the operand; that sum, row-major, is
+   pieces at x->at in `out`, its own in its stash slot), in the operand; that sum, row-major, is
    kept for the commit; then U from it and the whole momentum, into the operand. Adding is the
    momentum slot with mu = 1 (SGD: B' = 1 * B + g is exactly B + g on every backend). */
 static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x, const muon__xfer *out) {
@@ -6499,7 +6588,7 @@ static muon_status muon__reduce_parts(muon_optimizer *opt, const muon__global *x
     for (j = 0, n = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->part != p || h->rank != h->source || h->rank == pl->me) continue;
-      pl->ops[n] = muon__piece_op(x, &h->piece, h->at);
+      pl->ops[n] = muon__piece_op(x, &x->pieces[j], x->at[j]);
       pl->ops[n++].operand = 0;
     }
     if ((st = muon__pack(opt, n, out->recv, dst, 1)) != MUON_OK) return st;
@@ -6528,13 +6617,13 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
   muon_status st;
   memcpy(cur, out->cnt + 3 * (size_t)P, (size_t)P * sizeof(size_t));
   for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {   /* where each received piece sits */
-    muon__global *x = &pl->globals[pl->round_order[k]];
+    const muon__global *x = &pl->globals[pl->round_order[k]];
     if (x->skip || x->owner != me) continue;
     for (j = 0; j < x->n_holders; j++) {
-      muon__holder *h = &x->holders[j];
+      const muon__holder *h = &x->holders[j];
       if (h->rank != h->source || h->source == me) continue;
-      h->at = cur[h->rank];
-      cur[h->rank] += muon__piece_size(&h->piece);
+      x->at[j] = cur[h->rank];
+      cur[h->rank] += muon__piece_size(&x->pieces[j]);
     }
   }
   for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
@@ -6558,7 +6647,7 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->rank != h->source || h->source == me) continue;
-      pl->ops[n++] = muon__piece_op(x, &h->piece, h->at);
+      pl->ops[n++] = muon__piece_op(x, &x->pieces[j], x->at[j]);
     }
   }
   if ((st = muon__pack(opt, n, out->recv, pl->gathered, 1)) != MUON_OK) return st;
@@ -6579,8 +6668,8 @@ static muon_status muon__owner_work(muon_optimizer *opt, int r, const muon__xfer
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       if (h->rank == me) continue;
-      pl->ops[n++] = muon__piece_op(x, &h->piece, cur[h->rank]);
-      cur[h->rank] += muon__piece_size(&h->piece);
+      pl->ops[n++] = muon__piece_op(x, &x->pieces[j], cur[h->rank]);
+      cur[h->rank] += muon__piece_size(&x->pieces[j]);
     }
   }
   return muon__pack(opt, n, back->send, pl->gathered, 0);
@@ -8816,11 +8905,10 @@ static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long lo
 }
 
 /* The largest piece any rank holds of global g: the allgather's block. */
-static size_t muon__largest_piece(const muon__global *x) {
+static size_t muon__largest_piece(const muon__plan *pl, const muon__global *x) {
   size_t b = 0;
   int j;
-  for (j = 0; j < x->n_holders; j++)
-    if (muon__piece_size(&x->holders[j].piece) > b) b = muon__piece_size(&x->holders[j].piece);
+  for (j = 0; j < x->n_holders; j++) b = MUON__MAX(b, muon__holder_size(pl, x, j));
   return b;
 }
 
@@ -8879,21 +8967,22 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
   int me = opt->distributed ? opt->comm.rank : 0, j;
   float *blocks;
   size_t W;
-  size_t piece = muon__largest_piece(x), full = (size_t)x->rows * x->cols;
+  size_t piece = muon__largest_piece(&opt->plan, x), full = (size_t)x->rows * x->cols;
   muon_status st =
       muon__share_pieces(opt, g, piece + (x->on_owner ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
   if (st != MUON_OK || me != root) { muon__free(&opt->allocator, blocks); return st; }
   for (j = 0; momentum && x->on_owner && j < x->n_holders; j++)
     if (x->holders[j].rank == x->owner)
-      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__piece_size(&x->holders[j].piece),
+      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__holder_size(&opt->plan, x, j),
              full * sizeof(float));
   for (j = 0; j < x->n_holders; j++) {   /* one copy of each piece: its U source's */
     const muon__holder *h = &x->holders[j];
     const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
-    size_t n = muon__piece_size(&h->piece);
-    muon__seg s = muon__segs(&h->piece);
+    muon__piece p = muon__holder_piece(&opt->plan, x, j);
+    size_t n = muon__piece_size(&p);
+    muon__seg s = muon__segs(&p);
     if (h->source != h->rank) continue;
-    while (muon__next_seg(&h->piece, &s)) {
+    while (muon__next_seg(&p, &s)) {
       size_t at = (size_t)s.row * (size_t)x->cols + (size_t)s.col;
       if (param) memcpy(param + at, b + s.off, (size_t)s.len * sizeof(float));
       if (momentum && !x->on_owner) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
@@ -9015,13 +9104,13 @@ static muon_status muon__fill_indices(muon_optimizer *opt, const muon__matrix *x
   return MUON_OK;
 }
 
-/* The first element of holder h's block (two floats per element: the framework's full index, 24
+/* The first element of a holder's block (two floats per element: the framework's full index, 24
    bits each) that is not where the declared piece puts it: local k, declared and framework's
    full indices (-1: outside the matrix). 0 if every element is in place. */
-static int muon__misplaced(const muon__global *x, const muon__holder *h, const float *b, size_t *k, long long *want,
+static int muon__misplaced(const muon__global *x, const muon__piece *p, const float *b, size_t *k, long long *want,
                            long long *got) {
-  muon__seg s = muon__segs(&h->piece);
-  while (muon__next_seg(&h->piece, &s)) {
+  muon__seg s = muon__segs(p);
+  while (muon__next_seg(p, &s)) {
     long long i;
     for (i = 0; i < s.len; i++) {
       *k = (size_t)(s.off + i);
@@ -9048,17 +9137,17 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
     const muon__global *x = &opt->plan.globals[g];
     float *blocks;
     size_t W;
-    if ((st = muon__share_pieces(opt, g, 2 * muon__largest_piece(x), muon__fill_indices, &arg, &blocks, &W, op)) !=
-        MUON_OK)
-      return st;
+    st = muon__share_pieces(opt, g, 2 * muon__largest_piece(&opt->plan, x), muon__fill_indices, &arg, &blocks, &W, op);
+    if (st != MUON_OK) return st;
     /* Every rank checks every holder's piece: all reach the same verdict without another exchange. */
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
       size_t k;
       long long want, got;
       char levels[240];
-      if (!muon__misplaced(x, h, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
-      muon__holder_text(h, levels, sizeof levels);
+      muon__piece p = muon__holder_piece(&opt->plan, x, j);
+      if (!muon__misplaced(x, &p, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
+      muon__holder_text(&opt->plan, h, levels, sizeof levels);
       if (got < 0)
         st = muon__fail(
             opt, MUON_ERR_SHAPE,

@@ -401,7 +401,7 @@ static void sim_close(sim_rank *s) {
 typedef struct world_lists { unsigned char *lists; long long *counts; size_t bytes; } world_lists;
 
 /* Two passes over the shadows: their round-1 numbers (planning's own muon__layout_slots and
-   muon__names_digest), then, in the geometry planning derives from them (muon__list_geometry, on
+   muon__list_digest), then, in the geometry planning derives from them (muon__list_geometry, on
    rank 0's shadow), each rank's list as it sends it (muon__put_list). */
 static int make_lists(const config *c, world_lists *w) {
   int r, ok = 1;
@@ -415,7 +415,7 @@ static int make_lists(const config *c, world_lists *w) {
     if (!sim_open(s, c, r)) return -1;
     n[0] = s->opt->n_matrices;
     n[1] = muon__layout_slots(s->opt);
-    n[4] = (long long)muon__names_digest(s->opt);
+    n[4] = (long long)muon__list_digest(s->opt);
     ok = n[1] >= 0;
     sim_close(s);
   }
@@ -449,7 +449,7 @@ static void plan_figures(const muon_optimizer *opt, int W, rank_figs *f) {
     f->flops[o] += steps * muon__ns_cost(x->rows, x->cols);
     for (j = 0; j < x->n_holders; j++) {
       const muon__holder *h = &x->holders[j];
-      double n = e * (double)muon__piece_size(&h->piece);
+      double n = e * (double)muon__holder_size(pl, x, j);
       int cross = h->rank / NODE != o / NODE;
       if (h->rank == h->source && h->source != o) {   /* U to the owner */
         f->sent[h->rank] += n; f->recv[o] += n;

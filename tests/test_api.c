@@ -393,9 +393,15 @@ static muon_status list_allgather(void *ctx, const void *send, void *recv, size_
   memcpy(recv, send, bytes);
   if (bytes == c->list_bytes) {
     c->lists++;
-    if (c->corrupt == 1) ((muon__entry *)recv)[1].layout = 18;   /* one past the last slot */
+    if (c->corrupt == 1) {   /* entry 1, after the layout table: one past the last slot */
+      muon__entry e;
+      unsigned char *at = (unsigned char *)recv + 18 * MUON__LAYOUT_RECORD + sizeof e;
+      memcpy(&e, at, sizeof e);
+      e.layout = 18;
+      memcpy(at, &e, sizeof e);
+    }
     if (c->corrupt == 2) {   /* slot 0's level 0 (after n_levels and key: placement, dim, size): index 5 of 1 */
-      unsigned char *index = (unsigned char *)recv + 20 * sizeof(muon__entry) + 12 + 12;
+      unsigned char *index = (unsigned char *)recv + 12 + 12;
       index[0] = 5; index[1] = index[2] = index[3] = 0;
     }
   }
@@ -430,9 +436,9 @@ static void test_plan_lists(void) {
     /* 20 matrices, 18 layouts: two experts (keys 10, 11) and "up" split by rows, "down" by
        columns, and 16 of three levels each, all different (a table of 64 slots: they collide) */
     {
-      muon__lists g;   /* one rank, so its slice is all 20 names */
+      muon__lists g;   /* one rank, so its slice is its whole list: 20 entries and names */
       memset(&g, 0, sizeof g);
-      g.max_local = 20; g.max_layouts = 18; g.slice = 20 * MUON__NAME;
+      g.max_local = 20; g.max_layouts = 18; g.slice = 20 * MUON__LISTED;
       c.list_bytes = muon__list_bytes(&g);
     }
     c.corrupt = k;
