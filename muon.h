@@ -1683,10 +1683,10 @@ static int muon__owner_momentum(const muon__matrix *x) {
    block; chunks of the state are multiples of MUON_Q8_BLOCK, see muon__plan_checks). */
 static void *muon__mom_at(const muon__matrix *x, size_t at) { return (char *)x->momentum + muon__mom_bytes(x, at); }
 
-/* One rank's share of a global matrix: 20 bytes with its entry in holder_ranks, for every piece
-   of the world (16,384 ranks x 200 matrices are 3.3 M of them). Its piece is not kept: it is
-   its layout's, derived again where needed (muon__holder_piece), and the owner of a matrix keeps
-   its holders' pieces and where they land (muon__global.pieces, .at). */
+/* One rank's share of a global matrix. The plan keeps these only for the matrices its rank owns
+   (with their pieces and where each lands in a step): a world of 16,384 ranks x 200 matrices has
+   3.3 M of them. Any other matrix's are derived when asked (muon__holders_of): its holders' ranks
+   are kept, and each one's listing of the matrix (below) gives the rest. */
 typedef struct muon__holder {
   int rank;
   int local;            /* that rank's matrix index */
@@ -1697,6 +1697,12 @@ typedef struct muon__holder {
 } muon__holder;
 #define MUON__MAX_SLOTS 65536    /* the bit-fields' bounds: distinct layouts of one rank, */
 #define MUON__MAX_PARTS 32768    /* and parts of a Partial matrix */
+
+/* A class of ranks (ranks that registered the same entries: a pipeline stage's FSDP ranks) lists
+   a global matrix once: the class, its members' matrix index, layout slot and entry flags. */
+typedef struct muon__listing {
+  int cls, local, slot, flags;
+} muon__listing;
 
 typedef struct muon__global {
   char name[64];        /* for messages; cut at 63 characters */
@@ -1709,17 +1715,20 @@ typedef struct muon__global {
   size_t xoff;          /* owner: offset of its NS operand in the round's gathered buffer */
   unsigned long long ns; /* owner: hash of its NS settings, the batch key with the shape */
   int skip;             /* this step, agreed by all ranks */
-  int n_holders;        /* ranks with a non-empty piece, ascending */
-  int mine;             /* this rank's entry in holders, -1 if none */
+  int n_holders;        /* ranks with a non-empty piece, ascending (holder_ranks) */
+  int mine;             /* this rank's index among them, -1 if none */
+  int my_source;        /* who sends this rank's piece's U: itself, or a replica */
+  int listing, n_listings;   /* its listings in the plan's, by class */
+  int replicas;         /* some piece is held twice: its sources are not all its holders */
   int parts;            /* MUON_PARTIAL: parts of the gradient, summed by the owner (1: none) */
   float part_scale;
   size_t roff;          /* owner of a Partial matrix: its reduced gradient in the plan's `reduced` */
   int on_owner;         /* its momentum lives whole on the owner (muon__owner_momentum, agreed) */
   int moves_out, moves_back;   /* some holder sends its piece to the owner; the owner some piece back */
-  muon__holder *holders;
   int *holder_ranks;
-  muon__piece *pieces;  /* owner: its holders' pieces, and where each sits in the received buffer */
-  size_t *at;           /* in a step (both in the plan's `owned`) */
+  muon__holder *holders;   /* owner: its holders in full, their pieces, and where each sits in */
+  muon__piece *pieces;     /* the received buffer in a step (all three in the plan's `owned`); */
+  size_t *at;              /* NULL elsewhere */
 } muon__global;
 
 /* One exchange of a step (a round's U to the owners, or its O back): its buffers, in backend
@@ -1761,8 +1770,19 @@ typedef struct muon__plan {
   int max_layouts;      /* most distinct layouts any rank registered them with */
   muon_level *layout_levels;   /* every rank's layout table, levels one after another: */
   size_t *layout_at;    /* slot s of rank r starts at layout_at[r * max_layouts + s] */
-  muon__piece *owned;   /* the pieces of the holders of every matrix this rank owns, then their */
-  size_t *owned_at;     /* offsets (muon__global.pieces and .at point into these) */
+  muon__holder *owned;  /* the holders of every matrix this rank owns, their pieces and offsets */
+  muon__piece *owned_pieces;
+  size_t *owned_at;
+  int *class_of;        /* per rank: its class (ranks that registered the same entries) */
+  int *class_start;     /* class c's ranks, ascending: class_members[class_start[c] .. class_start[c + 1]) */
+  int *class_members;
+  muon__listing *listings;   /* by global, then class (muon__global.listing) */
+  /* Room for one global's holders in full (muon__holders_of), their pieces, groups of equal
+     pieces and its hash table (mask + 1 entries): sized at planning, so deriving never fails. */
+  muon__holder *one_holders;
+  muon__piece *one_pieces;
+  int *one_first, *one_table, *one_pairs;
+  size_t one_mask;
   int max_adamw;        /* most AdamW params any rank registered */
   uint64_t *adamw_names; /* (size + 1) x max_adamw: the name hashes of skipped AdamW params, everyone's then mine */
   int any_adamw_skip;   /* this step: some rank skips an AdamW param */
@@ -2206,13 +2226,13 @@ static muon_status muon__layout_piece(const muon_layout *L, int rows, int cols, 
 
 /* The parts of a gradient under a layout: their count (1 without PARTIAL levels), this rank's
    part (mixed radix, the first PARTIAL level most significant) and MEAN's factor. */
-static int muon__layout_parts(const muon_layout *l, int *part, float *scale) {
+static int muon__levels_parts(const muon_level *levels, int n_levels, int *part, float *scale) {
   int k;
   long long n = 1, p = 0, mean = 1;
   if (part) *part = 0;
   if (scale) *scale = 1.0f;
-  for (k = 0; k < l->n_levels && k < MUON_MAX_LEVELS; k++) {
-    const muon_level *v = &l->levels[k];
+  for (k = 0; k < n_levels && k < MUON_MAX_LEVELS; k++) {
+    const muon_level *v = &levels[k];
     if (v->placement != MUON_PARTIAL) continue;
     if (v->size < 1 || n > INT_MAX / v->size) return -1;
     n *= v->size;
@@ -2222,6 +2242,9 @@ static int muon__layout_parts(const muon_layout *l, int *part, float *scale) {
   if (part) *part = (int)p;
   if (scale) *scale = 1.0f / (float)mean;
   return (int)n;
+}
+static int muon__layout_parts(const muon_layout *l, int *part, float *scale) {
+  return muon__levels_parts(l->levels, l->n_levels, part, scale);
 }
 
 /* Walks a piece row segment by row segment: element (row, col .. col+len) of the full matrix is
@@ -3689,22 +3712,6 @@ static void muon__holder_text(const muon__plan *pl, const muon__holder *h, char 
   muon__layout_text(&l, out, size);
 }
 
-/* Holder j's piece: its owner's copy, or derived from its layout as its rank derived it
-   (planning checked every layout). */
-static muon__piece muon__holder_piece(const muon__plan *pl, const muon__global *x, int j) {
-  muon__piece p;
-  char why[8];
-  int n;
-  const muon_level *levels;
-  if (x->pieces) return x->pieces[j];
-  levels = muon__holder_levels(pl, &x->holders[j], &n);
-  (void)muon__levels_piece(levels, n, x->rows, x->cols, &p, why, sizeof why);
-  return p;
-}
-static size_t muon__holder_size(const muon__plan *pl, const muon__global *x, int j) {
-  muon__piece p = muon__holder_piece(pl, x, j);
-  return muon__piece_size(&p);
-}
 
 /* One registered matrix on the wire. Its levels sit once in its rank's layout table: a rank's
    matrices share a few layouts (a TP x FSDP rank's: two or three). Its entry and name travel
@@ -3761,6 +3768,41 @@ static void muon__layout_at(const muon__lists *w, int r, int slot, muon_layout *
 }
 static const char *muon__entry_name(const muon__lists *w, int r, int i) {
   return (const char *)w->classes + w->name_at[r] + (size_t)i * MUON__NAME;
+}
+
+/* Holder j of x: its rank's listing of x gives its matrix index, layout and flags, the layout its
+   part; its source is its own rank (muon__holders_of chooses among replicas). */
+static muon__holder muon__holder_at(const muon__plan *pl, const muon__global *x, int j) {
+  const muon__listing *l = pl->listings + x->listing;
+  const muon_level *levels;
+  muon__holder h;
+  int r = x->holder_ranks[j], c = pl->class_of[r], lo = 0, hi = x->n_listings - 1, n, part;
+  if (x->holders) return x->holders[j];
+  while (lo < hi) {   /* by class, ascending */
+    int mid = (lo + hi) / 2;
+    if (l[mid].cls < c) lo = mid + 1; else hi = mid;
+  }
+  l += lo;
+  h.rank = r;
+  h.local = l->local;
+  h.source = r;
+  h.slot = (unsigned)l->slot;
+  h.has_momentum = l->flags & MUON__HAS_MOMENTUM ? 1u : 0u;
+  levels = muon__holder_levels(pl, &h, &n);
+  (void)muon__levels_parts(levels, n, &part, NULL);
+  h.part = (unsigned)part;
+  return h;
+}
+
+/* A holder's piece, derived from its layout as its rank derived it (planning checked every
+   layout). */
+static muon__piece muon__piece_of(const muon__plan *pl, const muon__holder *h, int rows, int cols) {
+  muon__piece p;
+  char why[8];
+  int n;
+  const muon_level *levels = muon__holder_levels(pl, h, &n);
+  (void)muon__levels_piece(levels, n, rows, cols, &p, why, sizeof why);
+  return p;
 }
 
 /* Matrix i's name as planning sends it. */
@@ -3834,15 +3876,18 @@ static void muon__plan_free(muon_optimizer *opt) {
   const muon_allocator *a = &opt->allocator;
   int g;
   (void)muon__comm_finish(opt, "freeing the exchange buffers");   /* nothing queued may still use them */
-  for (g = 0; g < pl->n_globals; g++) {
-    muon__free(a, pl->globals[g].holders);
-    muon__free(a, pl->globals[g].holder_ranks);
-  }
+  for (g = 0; g < pl->n_globals; g++) muon__free(a, pl->globals[g].holder_ranks);
   muon__free(a, pl->globals);
   muon__free(a, pl->layout_levels);
   muon__free(a, pl->layout_at);
   muon__free(a, pl->owned);
+  muon__free(a, pl->owned_pieces);
   muon__free(a, pl->owned_at);
+  muon__free(a, pl->class_of);
+  muon__free(a, pl->listings);
+  muon__free(a, pl->one_holders);
+  muon__free(a, pl->one_pieces);
+  muon__free(a, pl->one_first);
   muon__free(a, pl->round_start);
   muon__free(a, pl->round_order);
   muon__free(a, pl->order);
@@ -3929,33 +3974,63 @@ static muon_status muon__gap(muon_optimizer *opt, const muon__global *g, int gi,
       b == (long long)g->rows * g->cols ? ", its tail" : "");
 }
 
-/* Per holder of x (its piece in pieces[j]), the first (lowest index) holder of an equal piece
-   (and part, with_part): the groups of replicas, found through a hash table of the pieces (a
-   world has tens of thousands of holders per matrix, a sort of them was most of planning's time). */
-static int *muon__first_holders(muon_optimizer *opt, const muon__global *x, const muon__piece *pieces,
-                                int with_part) {
-  int n = x->n_holders, i, j;
+/* Per holder (H[j], its piece pieces[j]), the first (lowest index) holder of an equal piece (and
+   part, with_part), into first: the groups of replicas, found through a hash table of the pieces
+   in the plan's room (a world has tens of thousands of holders per matrix, a sort of them was
+   most of planning's time). */
+static void muon__group_holders(const muon__plan *pl, const muon__holder *H, const muon__piece *pieces, int n,
+                                int with_part, int *first) {
+  int *tab = pl->one_table, i, j;
   size_t mask = 1, at;
-  int *first = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1), *tab;
   while (mask < 2 * (size_t)n) mask <<= 1;
-  tab = (int *)muon__alloc(&opt->allocator, mask * sizeof(int));
-  if (!first || !tab) {
-    muon__free(&opt->allocator, first);
-    muon__free(&opt->allocator, tab);
-    return NULL;
-  }
   memset(tab, 0xff, mask * sizeof(int));
   mask--;
   for (j = 0; j < n; j++) {
-    int part = with_part ? (int)x->holders[j].part : 0;
+    int part = with_part ? (int)H[j].part : 0;
     uint64_t key = muon__fnv1a((const unsigned char *)&pieces[j], sizeof pieces[j]) ^ (uint64_t)part;
     for (at = (size_t)(key * 1099511628211ull) & mask; (i = tab[at]) >= 0; at = (at + 1) & mask)
-      if (muon__same_piece(&pieces[i], &pieces[j]) && (with_part ? (int)x->holders[i].part : 0) == part) break;
+      if (muon__same_piece(&pieces[i], &pieces[j]) && (with_part ? (int)H[i].part : 0) == part) break;
     if (i < 0) tab[at] = i = j;
     first[j] = i;
   }
-  muon__free(&opt->allocator, tab);
-  return first;
+}
+
+/* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
+   (in a row-major mesh: the same replica group); of a Partial matrix, each part of each piece.
+   first: the groups of equal pieces and parts. */
+static void muon__choose_sources(muon__holder *H, int n, const int *first, int owner) {
+  int j;
+  /* Per group, its lowest-index holder keeps the choice so far: the nearest rank, the first of
+     equals; the owner's own group gets the owner (distance 0). */
+  for (j = 0; j < n; j++) {
+    muon__holder *lead = &H[first[j]];
+    if (first[j] == j || abs(H[j].rank - owner) < abs(lead->source - owner)) lead->source = H[j].rank;
+  }
+  for (j = 0; j < n; j++) H[j].source = H[first[j]].source;
+}
+
+/* Every holder of x in full, sources chosen, and (pieces) their pieces: the owner's, kept; any
+   other matrix's derived into the plan's room for one (valid until the next call). */
+static const muon__holder *muon__holders_of(const muon_optimizer *opt, const muon__global *x,
+                                            const muon__piece **pieces) {
+  const muon__plan *pl = &opt->plan;
+  muon__holder *H = pl->one_holders;
+  muon__piece *P = pl->one_pieces;
+  int j;
+  if (x->holders) {
+    if (pieces) *pieces = x->pieces;
+    return x->holders;
+  }
+  for (j = 0; j < x->n_holders; j++) {
+    H[j] = muon__holder_at(pl, x, j);
+    P[j] = muon__piece_of(pl, &H[j], x->rows, x->cols);
+  }
+  if (x->replicas) {
+    muon__group_holders(pl, H, P, x->n_holders, 1, pl->one_first);
+    muon__choose_sources(H, x->n_holders, pl->one_first, x->owner);
+  }
+  if (pieces) *pieces = P;
+  return H;
 }
 
 /* The fast path of the tiling check, for distinct pieces that are whole rectangles (every mesh
@@ -4011,7 +4086,7 @@ static int muon__tiles_by_grid(muon_optimizer *opt, const muon__global *g, const
   return (int)ok;
 }
 
-/* first: muon__first_holders without parts. */
+/* first: muon__group_holders without parts. */
 static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g, int gi, const muon__piece *pieces,
                                       const int *first) {
   size_t n = 0, k = 0;
@@ -4038,7 +4113,7 @@ static muon_status muon__check_tiling(muon_optimizer *opt, const muon__global *g
     while (muon__next_seg(&pieces[j], &s)) {
       iv[k].start = s.row * g->cols + s.col;
       iv[k].len = s.len;
-      iv[k].rank = g->holders[j].rank;
+      iv[k].rank = g->holder_ranks[j];
       k++;
     }
   }
@@ -4109,9 +4184,9 @@ static muon_status muon__assign_balanced(muon_optimizer *opt, int *owner) {
   qsort(order, (size_t)pl->n_globals, sizeof *order, muon__by_cost_cmp);
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[order[g].index];
-    int best = x->holders[0].rank;
+    int best = x->holder_ranks[0];
     for (j = 1; j < x->n_holders; j++)
-      if (load[x->holders[j].rank] < load[best]) best = x->holders[j].rank;
+      if (load[x->holder_ranks[j]] < load[best]) best = x->holder_ranks[j];
     owner[order[g].index] = best;
     load[best] += order[g].cost;
   }
@@ -4147,7 +4222,7 @@ static muon_status muon__assign(muon_optimizer *opt) {
       st = muon__fail(opt, MUON_ERR_ASSIGN, "muon_dist_config.assign returned %s", muon_status_string(st));
     muon__free(&opt->allocator, info);
   } else if (opt->dist.round_robin) {
-    for (g = 0; g < pl->n_globals; g++) owner[g] = pl->globals[g].holders[g % pl->globals[g].n_holders].rank;
+    for (g = 0; g < pl->n_globals; g++) owner[g] = pl->globals[g].holder_ranks[g % pl->globals[g].n_holders];
   } else {
     st = muon__assign_balanced(opt, owner);
   }
@@ -4158,12 +4233,12 @@ static muon_status muon__assign(muon_optimizer *opt) {
                       g, owner[g], pl->P);
       break;
     }
-    for (j = 0; j < x->n_holders && x->holders[j].rank != owner[g]; j++) {}
+    for (j = 0; j < x->n_holders && x->holder_ranks[j] != owner[g]; j++) {}
     if (j == x->n_holders) {
       st = muon__fail(
           opt, MUON_ERR_ASSIGN,
           "muon_plan: matrix '%s' (global %d) has owner %d, which holds none of it (its holders are ranks %d..%d)",
-          x->name, g, owner[g], x->holders[0].rank, x->holders[x->n_holders - 1].rank);
+          x->name, g, owner[g], x->holder_ranks[0], x->holder_ranks[x->n_holders - 1]);
       break;
     }
     x->owner = owner[g];
@@ -4173,27 +4248,19 @@ static muon_status muon__assign(muon_optimizer *opt) {
 }
 
 /* ---- >>impl-plan-rounds Plan: sources, rounds, batches and the exchange buffers -------------- */
-/* Each distinct piece the owner lacks is sent once, by the holder nearest the owner's rank
-   (in a row-major mesh: the same replica group); of a Partial matrix, each part of each piece. */
-static muon_status muon__choose_sources(muon_optimizer *opt, muon__global *x) {
-  int j, *first = (int *)muon__alloc(&opt->allocator, (size_t)x->n_holders * sizeof(int) + 1);
-  if (!first) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the sources of '%s' failed", x->name);
-  for (j = 0; j < x->n_holders; j++) first[j] = x->holders[j].source;   /* muon__plan_holders left the groups there */
-  /* Per group of equal pieces (and parts), its lowest-index holder keeps the choice so far: the
-     nearest rank, the first of equals; the owner's own group gets the owner (distance 0). */
-  for (j = 0; j < x->n_holders; j++) {
-    muon__holder *lead = &x->holders[first[j]];
-    int rank = x->holders[j].rank;
-    if (first[j] == j || abs(rank - x->owner) < abs(lead->source - x->owner)) lead->source = rank;
-  }
-  for (j = 0; j < x->n_holders; j++) x->holders[j].source = x->holders[first[j]].source;
-  muon__free(&opt->allocator, first);
-  return MUON_OK;
-}
-
 /* Floats rank `me` moves in one round when no matrix is skipped: out (U to owners) and back
    (O to holders); sizes the buffers, and the plan's text gives it for every rank. */
 typedef struct muon__traffic { size_t out_send, out_recv, back_send, back_recv, gathered; int ops; } muon__traffic;
+
+/* Whether rank r holds a piece of x. */
+static int muon__holds(const muon__global *x, int r) {
+  int lo = 0, hi = x->n_holders;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (x->holder_ranks[mid] < r) lo = mid + 1; else hi = mid;
+  }
+  return lo < x->n_holders && x->holder_ranks[lo] == r;
+}
 
 static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int me) {
   const muon__plan *pl = &opt->plan;
@@ -4202,15 +4269,25 @@ static muon__traffic muon__round_traffic(const muon_optimizer *opt, int r, int m
   memset(&t, 0, sizeof t);
   for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
     const muon__global *x = &pl->globals[pl->round_order[k]];
+    const muon__holder *H;
+    const muon__piece *pieces;
     if (x->owner == me) {
       t.gathered += (size_t)x->rows * x->cols;
       t.ops += x->n_holders + 1;
     }
+    if (me == pl->me && x->owner != me) {   /* this rank's own piece, to its owner and back */
+      size_t n = x->mine >= 0 ? muon__piece_size(&opt->matrices[x->local].piece) : 0;
+      if (x->my_source == me) t.out_send += n;
+      t.back_recv += n;
+      continue;
+    }
+    if (x->owner != me && !muon__holds(x, me)) continue;
+    H = muon__holders_of(opt, x, &pieces);
     for (j = 0; j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
+      const muon__holder *h = &H[j];
       size_t n;
       if (h->rank != me && x->owner != me) continue;
-      n = muon__holder_size(pl, x, j);
+      n = muon__piece_size(&pieces[j]);
       if (h->rank == h->source && h->source != x->owner) {
         if (h->rank == me) t.out_send += n;
         if (x->owner == me) t.out_recv += n;
@@ -4388,14 +4465,35 @@ static int muon__plan_batches(muon_optimizer *opt) {
 }
 
 /* ---- >>impl-plan-build Plan: building it from every rank's entries --------------------------- */
-/* 1. The global list: matrices matched by (name, key), in order of first appearance; gid[t] is
-   the global index of entry t (rank by rank). A hash table finds them: a world holds millions of
-   entries and, with experts, tens of thousands of matrices. */
-static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w, const int *count, int total,
-                                      int *gid) {
+/* 1a. Classes: the ranks that sent one list (w's leads), numbered in the order of their lowest
+   ranks, and each class's members, ascending. */
+static muon_status muon__plan_classes(muon_optimizer *opt, const muon__lists *w, int *n_classes) {
+  muon__plan *pl = &opt->plan;
+  int P = pl->P, r, c, n = 0;
+  pl->class_of = (int *)muon__alloc(&opt->allocator, (3 * (size_t)P + 2) * sizeof(int));
+  if (!pl->class_of) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the classes of %d ranks failed", P);
+  pl->class_start = pl->class_of + P;
+  for (r = 0; r < P; r++) pl->class_of[r] = w->lead[r] == r ? n++ : pl->class_of[w->lead[r]];
+  pl->class_members = pl->class_start + n + 1;
+  memset(pl->class_start, 0, ((size_t)n + 1) * sizeof(int));
+  for (r = 0; r < P; r++) pl->class_start[pl->class_of[r] + 1]++;
+  for (c = 0; c < n; c++) pl->class_start[c + 1] += pl->class_start[c];
+  for (r = 0; r < P; r++) pl->class_members[pl->class_start[pl->class_of[r]]++] = r;
+  for (c = n; c > 0; c--) pl->class_start[c] = pl->class_start[c - 1];
+  pl->class_start[0] = 0;
+  *n_classes = n;
+  return MUON_OK;
+}
+
+/* 1b. The global list: matrices matched by (name, key), in order of first appearance by rank (a
+   class's entries first appear at its lowest rank); gid[t] is the global index of class entry t
+   (class c's are from base[c]). A hash table finds them: with experts, a world has tens of
+   thousands of matrices. */
+static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w, const int *count, int n_classes,
+                                      const int *base, int *gid) {
   muon__plan *pl = &opt->plan;
   size_t mask = 1, at;
-  int r, i, g, t, n = 0, *tab, *first;   /* first: per global, its first entry's rank and index */
+  int c, i, g, t, total = base[n_classes], n = 0, *tab, *first;   /* first: per global, its first entry's rank and index */
   muon_status st = MUON_OK;
   while (mask < 2 * (size_t)total) mask <<= 1;
   tab = (int *)muon__alloc(&opt->allocator, mask * sizeof(int));
@@ -4407,7 +4505,8 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w,
   }
   memset(tab, 0xff, mask * sizeof(int));
   mask--;
-  for (r = 0, t = 0; r < pl->P && st == MUON_OK; r++)
+  for (c = 0, t = 0; c < n_classes && st == MUON_OK; c++) {
+    int r = pl->class_members[pl->class_start[c]];
     for (i = 0; i < count[r] && st == MUON_OK; i++, t++) {
       const muon__entry *e = muon__entry_at(w, r, i), *f = NULL;
       at = (size_t)((e->name_hash ^ ((unsigned long long)e->key * 0x9e3779b97f4a7c15ull)) * 1099511628211ull >> 17) & mask;
@@ -4421,6 +4520,7 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w,
         st = muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: matrix '%s' is %d x %d on rank %d but %d x %d on rank %d",
                         muon__entry_name(w, r, i), (int)f->rows, (int)f->cols, first[2 * g], e->rows, e->cols, r);
     }
+  }
   muon__free(&opt->allocator, tab);
   if (st == MUON_OK &&
       !(pl->globals = (muon__global *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__global) + 1)))
@@ -4436,11 +4536,36 @@ static muon_status muon__plan_globals(muon_optimizer *opt, const muon__lists *w,
     x->cols = (int)e->cols;
     x->local = -1;
     x->mine = -1;
+    x->my_source = -1;
     x->owner = first[2 * g];   /* first registrant, for the messages below */
   }
   if (st == MUON_OK) pl->n_globals = n;
   muon__free(&opt->allocator, first);
   return st;
+}
+
+/* 1c. Listings: each class's entry t, sorted by global (a counting sort), by class within one. */
+static muon_status muon__plan_listings(muon_optimizer *opt, const muon__lists *w, const int *count, int n_classes,
+                                       const int *base, const int *gid) {
+  muon__plan *pl = &opt->plan;
+  int c, i, g, t, total = base[n_classes];
+  pl->listings = (muon__listing *)muon__alloc(&opt->allocator, (size_t)total * sizeof(muon__listing) + 1);
+  if (!pl->listings) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %d listings failed", total);
+  for (t = 0; t < total; t++) pl->globals[gid[t]].n_listings++;
+  for (g = 0, t = 0; g < pl->n_globals; g++) { pl->globals[g].listing = t; t += pl->globals[g].n_listings; }
+  for (c = 0, t = 0; c < n_classes; c++) {
+    int r = pl->class_members[pl->class_start[c]];
+    for (i = 0; i < count[r]; i++, t++) {
+      const muon__entry *e = muon__entry_at(w, r, i);
+      muon__listing *l = &pl->listings[pl->globals[gid[t]].listing++];
+      l->cls = c;
+      l->local = i;
+      l->slot = e->layout;
+      l->flags = e->flags;
+    }
+  }
+  for (g = 0; g < pl->n_globals; g++) pl->globals[g].listing -= pl->globals[g].n_listings;
+  return MUON_OK;
 }
 
 /* 2a. Every rank's layout table, decoded once into one pool of levels: holders point into it
@@ -4487,30 +4612,44 @@ static muon_status muon__entry_piece(muon_optimizer *opt, const muon__entry *e, 
   return MUON_OK;
 }
 
-/* 2b. Holders (non-empty pieces) of global g, ascending by rank; this rank's local index; the
-   checks that the holders agree and their pieces tile the matrix. Its entries are ri[2k] (rank)
-   and ri[2k + 1] (index) for k in [from, to), in rank order; pieces: room for their pieces. */
-static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w, const int *ri, int from, int to,
-                                      int g, muon__piece *pieces) {
+static int muon__pair_cmp(const void *a, const void *b) {
+  const int *x = (const int *)a, *y = (const int *)b;
+  return x[0] != y[0] ? (x[0] < y[0] ? -1 : 1) : x[1] - y[1];
+}
+
+/* 2b. Holders (non-empty pieces) of global g, ascending by rank: each member of each class that
+   lists it; this rank's local index; the checks that the holders agree and their pieces tile
+   the matrix. Holders and pieces are built in the plan's room for one global; the ranks are
+   kept. */
+static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w, int g) {
   muon__plan *pl = &opt->plan;
   muon__global *x = &pl->globals[g];
-  int me = pl->me, r, i, k, prev = -1, *first = NULL, *first_part = NULL;
+  muon__holder *H = pl->one_holders;
+  muon__piece *pieces = pl->one_pieces;
+  int me = pl->me, r, i, k, n = 0, prev = -1, *pairs = pl->one_pairs, *first = pl->one_first, *first_part;
   unsigned long long hp = 0;
   muon_status st;
+  for (k = 0; k < x->n_listings; k++) {   /* (rank, listing): ascending by rank */
+    const muon__listing *l = &pl->listings[x->listing + k];
+    for (i = pl->class_start[l->cls]; i < pl->class_start[l->cls + 1]; i++, n++) {
+      pairs[2 * n] = pl->class_members[i];
+      pairs[2 * n + 1] = x->listing + k;
+    }
+  }
+  if (x->n_listings > 1) qsort(pairs, (size_t)n, 2 * sizeof(int), muon__pair_cmp);
   /* room for every entry: only a piece cut empty by an uneven split is left out */
-  x->holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)(to - from) * sizeof(muon__holder) + 1);
-  x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)(to - from) * sizeof(int) + 1);
-  if (!x->holders || !x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
-  for (k = from; k < to; k++) {
+  x->holder_ranks = (int *)muon__alloc(&opt->allocator, (size_t)n * sizeof(int) + 1);
+  if (!x->holder_ranks) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating holders failed");
+  for (k = 0; k < n; k++) {
     const muon__entry *e;
     const char *name;
-    muon__holder *h = &x->holders[x->n_holders];
+    muon__holder *h = &H[x->n_holders];
     muon__piece *piece = &pieces[x->n_holders];
     muon_layout layout;
     float scale;
     int parts, part;
-    r = ri[2 * k];
-    i = ri[2 * k + 1];
+    r = pairs[2 * k];
+    i = pl->listings[pairs[2 * k + 1]].local;
     e = muon__entry_at(w, r, i);
     name = muon__entry_name(w, r, i);
     if (r == prev)
@@ -4524,11 +4663,12 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
     if (x->n_holders && e->hparams != hp)
       return muon__fail(opt, MUON_ERR_MISMATCH,
                         "muon_plan: matrix '%s': ranks %d and %d use different Newton-Schulz hyperparameters", name,
-                        x->holders[0].rank, r);
+                        H[0].rank, r);
     hp = e->hparams;
     if (r == me) x->mine = x->n_holders;
     h->rank = r;
     h->local = i;
+    h->source = r;
     h->slot = (unsigned)e->layout;
     parts = muon__layout_parts(&layout, &part, &scale);
     if (parts > MUON__MAX_PARTS)
@@ -4539,14 +4679,14 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
       return muon__fail(
           opt, MUON_ERR_MISMATCH,
           "muon_plan: matrix '%s': rank %d's layout has %d Partial parts (%s), rank %d's %d (%s): every holder must describe the same PARTIAL levels",
-          name, x->holders[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
+          name, H[0].rank, x->parts, x->part_scale == 1.0f ? "sum" : "mean", r, parts,
           scale == 1.0f ? "sum" : "mean");
     if (x->n_holders && (e->flags & MUON__ON_OWNER ? 1 : 0) != x->on_owner)
       return muon__fail(opt, MUON_ERR_MISMATCH,
                         "muon_plan: matrix '%s': rank %d keeps its momentum whole on the owner, rank %d in pieces "
                         "(muon_hparams.momentum_format INT8 with a piece of the matrix on one and the whole on the "
                         "other): every holder must hold a piece, or every one the whole matrix",
-                        name, x->on_owner ? x->holders[0].rank : r, x->on_owner ? r : x->holders[0].rank);
+                        name, x->on_owner ? H[0].rank : r, x->on_owner ? r : H[0].rank);
     x->on_owner = e->flags & MUON__ON_OWNER ? 1 : 0;
     x->parts = parts;
     x->part_scale = scale;
@@ -4557,34 +4697,40 @@ static muon_status muon__plan_holders(muon_optimizer *opt, const muon__lists *w,
   if (x->n_holders == 0)
     return muon__fail(opt, MUON_ERR_SHAPE, "muon_plan: no rank holds any element of matrix '%s' (global %d)", x->name,
                       g);
-  /* The groups of equal pieces: the tiling counts each once; each group (and part) has one
-     source, chosen once the owner is known, and until then `source` holds its first holder. */
-  first = muon__first_holders(opt, x, pieces, 0);
-  first_part = first && x->parts > 1 ? muon__first_holders(opt, x, pieces, 1) : first;
-  if (!first_part) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the tiling check of matrix %d failed", g);
-  else st = muon__check_tiling(opt, x, g, pieces, first);
-  if (st == MUON_OK && x->on_owner) st = muon__check_parts(opt, x, g, first, first_part);
-  for (k = 0; st == MUON_OK && k < x->n_holders; k++) x->holders[k].source = first_part[k];
-  if (first_part != first) muon__free(&opt->allocator, first_part);
-  muon__free(&opt->allocator, first);
-  return st;
+  /* The groups of equal pieces: the tiling counts each once; where a piece (and part) is held
+     twice, its holders' sources are chosen among them once the owner is known. */
+  first_part = x->parts > 1 ? pairs : first;   /* the pairs are read */
+  muon__group_holders(pl, H, pieces, x->n_holders, 0, first);
+  if (x->parts > 1) muon__group_holders(pl, H, pieces, x->n_holders, 1, first_part);
+  if ((st = muon__check_tiling(opt, x, g, pieces, first)) != MUON_OK) return st;
+  if (x->on_owner && (st = muon__check_parts(opt, x, g, first, first_part)) != MUON_OK) return st;
+  for (k = 0; k < x->n_holders; k++) x->replicas |= first_part[k] != k;
+  return MUON_OK;
 }
 
-/* An owner reads its holders' pieces every step: it keeps them, with where each lands. */
+/* An owner reads its matrices' holders every step: it keeps them in full, with their pieces and
+   where each lands. */
 static muon_status muon__plan_owned(muon_optimizer *opt) {
   muon__plan *pl = &opt->plan;
   size_t n = 0;
-  int g, j;
+  int g;
   for (g = 0; g < pl->n_globals; g++)
     if (pl->globals[g].owner == pl->me) n += (size_t)pl->globals[g].n_holders;
-  pl->owned = (muon__piece *)muon__alloc(&opt->allocator, n * sizeof(muon__piece) + 1);
+  pl->owned = (muon__holder *)muon__alloc(&opt->allocator, n * sizeof(muon__holder) + 1);
+  pl->owned_pieces = (muon__piece *)muon__alloc(&opt->allocator, n * sizeof(muon__piece) + 1);
   pl->owned_at = (size_t *)muon__alloc(&opt->allocator, n * sizeof(size_t) + 1);
-  if (!pl->owned || !pl->owned_at) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu owned pieces failed", n);
+  if (!pl->owned || !pl->owned_pieces || !pl->owned_at)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu owned pieces failed", n);
   for (g = 0, n = 0; g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
+    const muon__piece *pieces;
+    const muon__holder *H;
     if (x->owner != pl->me) continue;
-    for (j = 0; j < x->n_holders; j++) pl->owned[n + (size_t)j] = muon__holder_piece(pl, x, j);
-    x->pieces = pl->owned + n;
+    H = muon__holders_of(opt, x, &pieces);
+    memcpy(pl->owned + n, H, (size_t)x->n_holders * sizeof *H);
+    memcpy(pl->owned_pieces + n, pieces, (size_t)x->n_holders * sizeof *pieces);
+    x->holders = pl->owned + n;
+    x->pieces = pl->owned_pieces + n;
     x->at = pl->owned_at + n;
     n += (size_t)x->n_holders;
   }
@@ -4607,13 +4753,17 @@ static muon_status muon__plan_owners(muon_optimizer *opt) {
   for (g = 0; g < pl->n_globals; g++) {
     muon__global *x = &pl->globals[g];
     int j, pin = -1;   /* a Partial matrix's momentum does not move: its holder stays the owner */
-    for (j = x->n_holders - 1; j >= 0; j--)
-      if (x->holders[j].has_momentum) { pin = x->holders[j].rank; if (pin == x->owner) break; }
+    for (j = x->n_holders - 1; x->on_owner && j >= 0; j--)
+      if (muon__holder_at(pl, x, j).has_momentum) { pin = x->holder_ranks[j]; if (pin == x->owner) break; }
     if (pin >= 0) x->owner = pin;
-    if ((st = muon__choose_sources(opt, x)) != MUON_OK) return st;
-    for (j = 0; j < x->n_holders; j++) {
-      x->moves_out |= x->holders[j].rank == x->holders[j].source && x->holders[j].source != x->owner;
-      x->moves_back |= x->holders[j].rank != x->owner;
+    x->moves_back = x->n_holders > 1 || x->holder_ranks[0] != x->owner;
+    if (x->replicas) {   /* one source per piece: some holders send nothing */
+      const muon__holder *H = muon__holders_of(opt, x, NULL);
+      for (j = 0; j < x->n_holders; j++) x->moves_out |= H[j].rank == H[j].source && H[j].source != x->owner;
+      if (x->mine >= 0) x->my_source = H[x->mine].source;
+    } else {
+      x->moves_out = x->moves_back;
+      if (x->mine >= 0) x->my_source = pl->me;
     }
   }
   if ((st = muon__plan_owned(opt)) != MUON_OK) return st;
@@ -4699,7 +4849,7 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
     memset(pl->skip_at, 0, (size_t)P * sizeof(int));
     for (g = 0; g < pl->n_globals; g++)
       for (j = 0; j < pl->globals[g].n_holders; j++) {
-        int *c = &pl->skip_at[pl->globals[g].holders[j].rank];
+        int *c = &pl->skip_at[pl->globals[g].holder_ranks[j]];
         if (++*c > most) most = *c;
       }
     pl->skip_bytes = ((size_t)most + 7) / 8;
@@ -4724,45 +4874,50 @@ static muon_status muon__plan_buffers(muon_optimizer *opt) {
   return MUON_OK;
 }
 
-/* The plan from every rank's entries (count[r] of them at all + r * stride). */
+/* Room for one global's holders in full: n of them (muon__holders_of). */
+static muon_status muon__plan_room(muon_optimizer *opt, int n) {
+  muon__plan *pl = &opt->plan;
+  size_t mask = 1;
+  while (mask < 2 * (size_t)n) mask <<= 1;
+  pl->one_holders = (muon__holder *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__holder) + 1);
+  pl->one_pieces = (muon__piece *)muon__alloc(&opt->allocator, (size_t)n * sizeof(muon__piece) + 1);
+  pl->one_first = (int *)muon__alloc(&opt->allocator, (3 * (size_t)n + mask) * sizeof(int) + 1);
+  if (!pl->one_holders || !pl->one_pieces || !pl->one_first)
+    return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating room for %d holders failed", n);
+  pl->one_pairs = pl->one_first + n;
+  pl->one_table = pl->one_pairs + 2 * (size_t)n;
+  pl->one_mask = mask - 1;
+  return MUON_OK;
+}
+
+/* The plan from every rank's list (count[r] entries each; their layout tables already in the
+   plan's pool, muon__plan_layouts). */
 static muon_status muon__build_plan(muon_optimizer *opt, const muon__lists *w, const int *count) {
   muon__plan *pl = &opt->plan;
-  int r, i, g, t, total = 0;
-  int *gid, *start = NULL, *ri = NULL;   /* the entries of global g: ri[2k], ri[2k + 1], k in [start[g], start[g+1]) */
-  muon__piece *pieces = NULL;            /* one global's, while it is checked */
+  int i, g, c, n_classes = 0, most = 1;
+  int *gid = NULL, *base = NULL;   /* per class entry its global; class c's entries from base[c] */
   muon_status st;
-  for (r = 0; r < pl->P; r++) total += count[r];
-  if ((st = muon__plan_layouts(opt, w)) != MUON_OK) return st;
-  gid = (int *)muon__alloc(&opt->allocator, (size_t)total * sizeof(int) + 1);
-  if (!gid) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
-  st = muon__plan_globals(opt, w, count, total, gid);
-  if (st == MUON_OK) {
-    start = (int *)muon__alloc(&opt->allocator, (size_t)(pl->n_globals + 1) * sizeof(int));
-    ri = (int *)muon__alloc(&opt->allocator, 2 * (size_t)total * sizeof(int) + 1);
-    if (!start || !ri) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
-  }
-  if (st == MUON_OK) {   /* a counting sort of the entries by global, stable: rank order within each */
-    memset(start, 0, (size_t)(pl->n_globals + 1) * sizeof(int));
-    for (t = 0; t < total; t++) start[gid[t] + 1]++;
-    for (g = 0; g < pl->n_globals; g++) start[g + 1] += start[g];
-    for (r = 0, t = 0; r < pl->P; r++)
-      for (i = 0; i < count[r]; i++, t++) {
-        int k = start[gid[t]]++;
-        ri[2 * k] = r;
-        ri[2 * k + 1] = i;
-      }
-    for (g = pl->n_globals; g > 0; g--) start[g] = start[g - 1];
-    start[0] = 0;
-    for (g = 0, t = 0; g < pl->n_globals; g++) t = MUON__MAX(t, start[g + 1] - start[g]);
-    if (!(pieces = (muon__piece *)muon__alloc(&opt->allocator, (size_t)t * sizeof(muon__piece) + 1)))
-      st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
-  }
-  for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
-    st = muon__plan_holders(opt, w, ri, start[g], start[g + 1], g, pieces);
-  muon__free(&opt->allocator, pieces);
+  if ((st = muon__plan_classes(opt, w, &n_classes)) != MUON_OK) return st;
+  base = (int *)muon__alloc(&opt->allocator, ((size_t)n_classes + 1) * sizeof(int));
+  if (!base) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  for (c = 0, base[0] = 0; c < n_classes; c++) base[c + 1] = base[c] + count[pl->class_members[pl->class_start[c]]];
+  gid = (int *)muon__alloc(&opt->allocator, (size_t)base[n_classes] * sizeof(int) + 1);
+  if (!gid) st = muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating the global matrix list failed");
+  if (st == MUON_OK) st = muon__plan_globals(opt, w, count, n_classes, base, gid);
+  if (st == MUON_OK) st = muon__plan_listings(opt, w, count, n_classes, base, gid);
   muon__free(&opt->allocator, gid);
-  muon__free(&opt->allocator, start);
-  muon__free(&opt->allocator, ri);
+  muon__free(&opt->allocator, base);
+  for (g = 0; st == MUON_OK && g < pl->n_globals; g++) {   /* the most ranks that list one global */
+    const muon__global *x = &pl->globals[g];
+    int k, n = 0;
+    for (k = 0; k < x->n_listings; k++) {
+      c = pl->listings[x->listing + k].cls;
+      n += pl->class_start[c + 1] - pl->class_start[c];
+    }
+    most = MUON__MAX(most, n);
+  }
+  if (st == MUON_OK) st = muon__plan_room(opt, most);
+  for (g = 0; st == MUON_OK && g < pl->n_globals; g++) st = muon__plan_holders(opt, w, g);
   if (st != MUON_OK) return st;
   for (i = 0; i < opt->n_matrices; i++) opt->matrices[i].global = -1;
   for (g = 0; g < pl->n_globals; g++)
@@ -4916,12 +5071,12 @@ static int muon__normuon_source(const muon__plan *pl, int g, const muon__lists *
   const muon__entry *o = NULL, *e;
   int j;
   for (j = 0; j < x->n_holders; j++)
-    if (x->holders[j].rank == x->owner) o = muon__entry_at(w, x->owner, x->holders[j].local);
+    if (x->holder_ranks[j] == x->owner) o = muon__entry_at(w, x->owner, muon__holder_at(pl, x, j).local);
   if (!o || !o->normuon_want || o->normuon_have == o->normuon_want) return -1;
   *len = o->normuon_want;
   for (j = 0; j < x->n_holders; j++) {
-    e = muon__entry_at(w, x->holders[j].rank, x->holders[j].local);
-    if (e->normuon_have == o->normuon_want) return x->holders[j].rank;
+    e = muon__entry_at(w, x->holder_ranks[j], muon__holder_at(pl, x, j).local);
+    if (e->normuon_have == o->normuon_want) return x->holder_ranks[j];
   }
   return -1;
 }
@@ -5225,6 +5380,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   muon__entry *e;
   muon__lists w;
   size_t at[2];
+  int zero = 0;   /* one rank, its own class */
   muon_status st;
   muon__plan_free(opt);
   opt->plan.P = 1;
@@ -5244,6 +5400,7 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   at[1] = (size_t)n * sizeof(muon__entry);
   w.entry_at = &at[0];
   w.name_at = &at[1];
+  w.lead = w.member = &zero;
   e = (muon__entry *)(void *)w.classes;
   for (i = 0; i < n; i++) {
     const muon__matrix *x = &opt->matrices[i];
@@ -5255,7 +5412,8 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
     e[i].cols = x->cols;
     e[i].hparams = muon__ns_hash(&opt->groups[x->group]);
   }
-  st = muon__build_plan(opt, &w, &n);
+  st = muon__plan_layouts(opt, &w);
+  if (st == MUON_OK) st = muon__build_plan(opt, &w, &n);
   muon__free(&opt->allocator, bytes);
   if (st == MUON_OK) st = muon__normuon_prepare(opt);
   if (st == MUON_OK) st = muon__plan_checks(opt);
@@ -5464,6 +5622,10 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
   got = muon__gather_classes(opt, &w, count);
+  if (got == MUON_OK) got = muon__plan_layouts(opt, &w);
+  muon__free(&opt->allocator, all);   /* what the lists said is in the pool and the classes now */
+  all = NULL;
+  w.bytes = NULL;
   if (got == MUON_OK) got = muon__build_plan(opt, &w, count);
   if (got == MUON_OK && any_aw) {
     opt->plan.any_adamw_partial = 1;
@@ -5585,15 +5747,16 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
             pl->wire_bf16 ? "; bf16 on the wire (2 B per value, each message padded to whole floats)" : "");
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
+    const muon__piece *pieces;
+    const muon__holder *H = muon__holders_of(opt, x, &pieces);
     muon__say(&t, "matrix %d '%s' %d x %d, layout key %lld: owner rank %d, round %d\n", g, x->name, x->rows, x->cols,
               x->key, x->owner, x->round);
     for (j = 0; opt->distributed && j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
+      const muon__holder *h = &H[j];
       char levels[240];
-      muon__piece piece = muon__holder_piece(pl, x, j);
       muon__holder_text(pl, h, levels, sizeof levels);
       muon__say(&t, "  rank %d: [%s] = ", h->rank, levels);
-      muon__say_piece(&t, &piece);
+      muon__say_piece(&t, &pieces[j]);
       if (h->rank == x->owner) muon__say(&t, "; the owner\n");
       else if (h->source == h->rank)
         muon__say(&t, x->on_owner ? "; sends its part of the gradient\n" : "; sends its U\n");
@@ -5616,7 +5779,11 @@ MUON_API size_t muon_plan_text(const muon_optimizer *opt, char *buf, size_t size
       owns++;
       flops += muon__ns_cost(x->rows, x->cols);
       least += (size_t)x->rows * (size_t)x->cols;
-      for (j = 0; j < x->n_holders; j++) if (x->holders[j].rank == p) least -= muon__holder_size(pl, x, j);
+      if (muon__holds(x, p)) {
+        const muon__piece *pieces;
+        const muon__holder *H = muon__holders_of(opt, x, &pieces);
+        for (j = 0; j < x->n_holders; j++) if (H[j].rank == p) least -= muon__piece_size(&pieces[j]);
+      }
     }
     muon__say(
         &t,
@@ -6101,8 +6268,8 @@ static muon_status muon__agree(muon_optimizer *opt, uint32_t kind, uint32_t stat
         int g, j, found = -1;
         for (g = 0; g < opt->plan.n_globals && found < 0; g++)
           for (j = 0; j < opt->plan.globals[g].n_holders; j++)
-            if (opt->plan.globals[g].holders[j].rank == r &&
-                opt->plan.globals[g].holders[j].local == (int)recs[r].bad - 1) {
+            if (opt->plan.globals[g].holder_ranks[j] == r &&
+                muon__holder_at(&opt->plan, &opt->plan.globals[g], j).local == (int)recs[r].bad - 1) {
               found = g;
               break;
             }
@@ -6184,7 +6351,7 @@ static muon_status muon__agree_skips(muon_optimizer *opt) {
     for (g = 0; g < pl->n_globals; g++) {
       muon__global *x = &pl->globals[g];
       for (j = 0; j < x->n_holders; j++)
-        if (pl->flags[(size_t)x->holders[j].rank * L + x->holders[j].local]) x->skip = 1;
+        if (pl->flags[(size_t)x->holder_ranks[j] * L + muon__holder_at(pl, x, j).local]) x->skip = 1;
     }
   }
   for (i = 0; i < nm; i++) {
@@ -6517,7 +6684,6 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
   memset(cnt, 0, 4 * (size_t)P * sizeof(size_t));
   for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
     const muon__global *x = &pl->globals[pl->round_order[k]];
-    const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
     if (x->skip) continue;
     any |= back ? x->moves_back : x->moves_out;   /* the same on every rank: skips are agreed */
     if (x->owner == me)   /* the owner receives, or sends back, every other holder's piece */
@@ -6526,7 +6692,7 @@ static int muon__round_counts(muon_optimizer *opt, int r, int back, size_t *cnt)
         if (back ? o->rank == me : o->rank != o->source || o->source == me) continue;
         (back ? cnt : rcnt)[o->rank] += muon__piece_size(&x->pieces[j]);
       }
-    else if (h && (back || h->source == me))   /* a holder sends its piece, or gets it back */
+    else if (x->mine >= 0 && (back || x->my_source == me))   /* a holder sends its piece, or gets it back */
       (back ? rcnt : cnt)[x->owner] += muon__piece_size(&opt->matrices[x->local].piece);
   }
   muon__prefix(dsp, cnt, P);
@@ -6558,8 +6724,7 @@ static muon_status muon__fill_send(muon_optimizer *opt, int r, muon__xfer *out) 
   memcpy(cur, out->cnt + P, (size_t)P * sizeof(size_t));
   for (k = pl->round_start[r]; k < pl->round_start[r + 1]; k++) {
     const muon__global *x = &pl->globals[pl->round_order[k]];
-    const muon__holder *h = x->mine >= 0 ? &x->holders[x->mine] : NULL;
-    if (x->skip || !h || h->source != me || x->owner == me) continue;
+    if (x->skip || x->mine < 0 || x->my_source != me || x->owner == me) continue;
     st = x->on_owner ? muon__grad_part(opt, &opt->matrices[x->local], out->send + cur[x->owner])
                       : muon__u_piece(opt, &opt->matrices[x->local], out->send + cur[x->owner]);
     if (st != MUON_OK) return st;
@@ -7327,7 +7492,7 @@ static muon_status muon__vote(muon_optimizer *opt) {
     memset(pl->skip_at, 0, (size_t)P * sizeof(int));
     for (g = 0; st == MUON_OK && g < pl->n_globals; g++)
       for (j = 0; j < pl->globals[g].n_holders; j++) {
-        int h = pl->globals[g].holders[j].rank;
+        int h = pl->globals[g].holder_ranks[j];
         size_t b = (size_t)pl->skip_at[h]++;
         if ((flags[(size_t)h * pl->skip_bytes + (b >> 3)] >> (b & 7)) & 1) pl->globals[g].skip = 1;
       }
@@ -8905,10 +9070,12 @@ static muon_status muon__tool_begin(muon_optimizer *opt, const char *op, long lo
 }
 
 /* The largest piece any rank holds of global g: the allgather's block. */
-static size_t muon__largest_piece(const muon__plan *pl, const muon__global *x) {
+static size_t muon__largest_piece(const muon_optimizer *opt, const muon__global *x) {
+  const muon__piece *pieces;
   size_t b = 0;
   int j;
-  for (j = 0; j < x->n_holders; j++) b = MUON__MAX(b, muon__holder_size(pl, x, j));
+  (void)muon__holders_of(opt, x, &pieces);
+  for (j = 0; j < x->n_holders; j++) b = MUON__MAX(b, muon__piece_size(&pieces[j]));
   return b;
 }
 
@@ -8967,22 +9134,24 @@ static muon_status muon__assemble(muon_optimizer *opt, int g, int root, float *p
   int me = opt->distributed ? opt->comm.rank : 0, j;
   float *blocks;
   size_t W;
-  size_t piece = muon__largest_piece(&opt->plan, x), full = (size_t)x->rows * x->cols;
+  size_t piece = muon__largest_piece(opt, x), full = (size_t)x->rows * x->cols;
   muon_status st =
       muon__share_pieces(opt, g, piece + (x->on_owner ? full : piece), muon__fill_values, (void *)op, &blocks, &W, op);
+  const muon__holder *H;
+  const muon__piece *pieces;
   if (st != MUON_OK || me != root) { muon__free(&opt->allocator, blocks); return st; }
+  H = muon__holders_of(opt, x, &pieces);
   for (j = 0; momentum && x->on_owner && j < x->n_holders; j++)
-    if (x->holders[j].rank == x->owner)
-      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__holder_size(&opt->plan, x, j),
-             full * sizeof(float));
+    if (H[j].rank == x->owner)
+      memcpy(momentum, blocks + (size_t)x->owner * W + 1 + muon__piece_size(&pieces[j]), full * sizeof(float));
   for (j = 0; j < x->n_holders; j++) {   /* one copy of each piece: its U source's */
-    const muon__holder *h = &x->holders[j];
+    const muon__holder *h = &H[j];
     const float *b = blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1;
-    muon__piece p = muon__holder_piece(&opt->plan, x, j);
-    size_t n = muon__piece_size(&p);
-    muon__seg s = muon__segs(&p);
+    const muon__piece *p = &pieces[j];
+    size_t n = muon__piece_size(p);
+    muon__seg s = muon__segs(p);
     if (h->source != h->rank) continue;
-    while (muon__next_seg(&p, &s)) {
+    while (muon__next_seg(p, &s)) {
       size_t at = (size_t)s.row * (size_t)x->cols + (size_t)s.col;
       if (param) memcpy(param + at, b + s.off, (size_t)s.len * sizeof(float));
       if (momentum && !x->on_owner) memcpy(momentum + at, b + n + s.off, (size_t)s.len * sizeof(float));
@@ -9135,18 +9304,20 @@ MUON_API muon_status muon_check_layouts(muon_optimizer *opt, muon_index_fn index
   arg.user = user;
   for (g = 0; g < opt->plan.n_globals; g++) {
     const muon__global *x = &opt->plan.globals[g];
+    const muon__holder *H;
+    const muon__piece *pieces;
     float *blocks;
     size_t W;
-    st = muon__share_pieces(opt, g, 2 * muon__largest_piece(&opt->plan, x), muon__fill_indices, &arg, &blocks, &W, op);
+    st = muon__share_pieces(opt, g, 2 * muon__largest_piece(opt, x), muon__fill_indices, &arg, &blocks, &W, op);
     if (st != MUON_OK) return st;
+    H = muon__holders_of(opt, x, &pieces);
     /* Every rank checks every holder's piece: all reach the same verdict without another exchange. */
     for (j = 0; j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
+      const muon__holder *h = &H[j];
       size_t k;
       long long want, got;
       char levels[240];
-      muon__piece p = muon__holder_piece(&opt->plan, x, j);
-      if (!muon__misplaced(x, &p, blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
+      if (!muon__misplaced(x, &pieces[j], blocks + (size_t)(opt->distributed ? h->rank : 0) * W + 1, &k, &want, &got)) continue;
       muon__holder_text(&opt->plan, h, levels, sizeof levels);
       if (got < 0)
         st = muon__fail(

@@ -446,10 +446,12 @@ static void plan_figures(const muon_optimizer *opt, int W, rank_figs *f) {
   for (g = 0; g < pl->n_globals; g++) {
     const muon__global *x = &pl->globals[g];
     int o = x->owner;
+    const muon__piece *pieces;
+    const muon__holder *H = muon__holders_of(opt, x, &pieces);
     f->flops[o] += steps * muon__ns_cost(x->rows, x->cols);
     for (j = 0; j < x->n_holders; j++) {
-      const muon__holder *h = &x->holders[j];
-      double n = e * (double)muon__holder_size(pl, x, j);
+      const muon__holder *h = &H[j];
+      double n = e * (double)muon__piece_size(&pieces[j]);
       int cross = h->rank / NODE != o / NODE;
       if (h->rank == h->source && h->source != o) {   /* U to the owner */
         f->sent[h->rank] += n; f->recv[o] += n;
