@@ -5517,6 +5517,17 @@ static void muon__put_list(const muon_optimizer *opt, unsigned char *out, const 
     slice[at - from] = muon__listed_byte(opt, at, &e, name, &cached);
 }
 
+/* What the gathered lists say: every class's list assembled and every layout table in the plan's
+   pool; then the raw lists, planning's largest buffer, are freed. */
+static muon_status muon__read_lists(muon_optimizer *opt, muon__lists *w, const int *count, unsigned char **all) {
+  muon_status st = muon__gather_classes(opt, w, count);
+  if (st == MUON_OK) st = muon__plan_layouts(opt, w);
+  muon__free(&opt->allocator, *all);
+  *all = NULL;
+  w->bytes = NULL;
+  return st;
+}
+
 /* Whether every rank could allocate what the list exchange and the plan's lists need. */
 static muon_status muon__agree_allocations(muon_optimizer *opt, muon_status got) {
   const long long *all;
@@ -5621,11 +5632,7 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   opt->plan.max_local = w.max_local;
   /* Everything from here is computed from the same data on every rank; a custom assign may
      still differ, so ranks compare verdicts and plan fingerprints before trusting the plan. */
-  got = muon__gather_classes(opt, &w, count);
-  if (got == MUON_OK) got = muon__plan_layouts(opt, &w);
-  muon__free(&opt->allocator, all);   /* what the lists said is in the pool and the classes now */
-  all = NULL;
-  w.bytes = NULL;
+  got = muon__read_lists(opt, &w, count, &all);
   if (got == MUON_OK) got = muon__build_plan(opt, &w, count);
   if (got == MUON_OK && any_aw) {
     opt->plan.any_adamw_partial = 1;
