@@ -478,6 +478,51 @@ static void test_plan_lists(void) {
   }
 }
 
+/* The plan's compact holders bound a rank's distinct layouts and a Partial matrix's parts: past
+   either, planning says so on every rank instead of wrapping a bit-field. */
+static void test_plan_limits(void) {
+  static float w1[1], g1[1];
+  float *w = NULL, *g = NULL;
+  muon_comm self = muon_comm_self();
+  muon_dist_config cfg = muon_layout_config();
+  muon_desc d = muon_default_desc();
+  int k;
+  TEST_CASE("planning refuses more than 32,768 Partial parts or 65,536 distinct layouts on a rank, by name");
+  d.comm = &self; d.dist = &cfg;
+  for (k = 0; k < 2; k++) {
+    muon_optimizer *opt = NULL;
+    int i, n = k ? 65537 : 1, ok = 1;
+    if (muon_create(&opt, &d) != MUON_OK) { CHECK(0, "create"); return; }
+    if (k) {
+      w = (float *)calloc((size_t)n, sizeof *w);
+      g = (float *)calloc((size_t)n, sizeof *g);
+      if (!w || !g) { CHECK(0, "alloc"); muon_destroy(opt); free(w); free(g); return; }
+    }
+    for (i = 0; ok && i < n; i++) {
+      muon_matrix m = muon_default_matrix();
+      muon_layout l;
+      char name[16];
+      memset(&l, 0, sizeof l);
+      l.n_levels = 1;
+      if (k) { l.levels[0] = muon_replicate(NULL); l.levels[0].size = 1 + i; }   /* each its own layout */
+      else { l.levels[0] = muon_partial(NULL, MUON_REDUCE_SUM); l.levels[0].size = 40000; }
+      snprintf(name, sizeof name, "m%d", i);
+      m.name = name; m.param = k ? &w[i] : w1; m.grad = k ? &g[i] : g1; m.rows = 1; m.cols = 1; m.layout = &l;
+      ok = muon_add_matrix(opt, &m, NULL) == MUON_OK;
+    }
+    CHECK(ok, "%d matrices registered: %s", n, muon_error(opt));
+    if (!k)
+      CHECK(muon_plan(opt) == MUON_ERR_SHAPE && strstr(muon_error(opt), "rank 0's layout has 40000 Partial parts, more than 32768"),
+            "40,000 parts: %s", muon_error(opt));
+    else
+      CHECK(muon_plan(opt) == MUON_ERR_ARG && strstr(muon_error(opt), "65537 distinct layouts, more than 65536"),
+            "65,537 layouts: %s", muon_error(opt));
+    muon_destroy(opt);
+  }
+  free(w);
+  free(g);
+}
+
 static void test_comm_faults(void) {
   static const muon_comm_vtable vt = {
     MUON_COMM_VTABLE_VERSION,
@@ -2005,6 +2050,7 @@ int main(void) {
   test_nonfinite_every_element();
   test_comm_faults();
   test_plan_lists();
+  test_plan_limits();
   test_absent_grad();
   test_alloc_failure();
   test_state();
