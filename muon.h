@@ -3641,6 +3641,21 @@ static muon_status muon__comm_finish(muon_optimizer *opt, const char *op) {
    holder described its piece) and in state blobs (so a blob's size depends on shapes only). */
 #define MUON__LAYOUT_RECORD (12u + 32u * MUON_MAX_LEVELS)
 
+#define MUON__LEVEL_BYTES 32u
+static void muon__put_level(unsigned char **p, const muon_level *v) {
+  muon__put32(p, (uint32_t)v->placement);
+  muon__put32(p, (uint32_t)(v->placement == MUON_PARTIAL ? (int)v->reduce : v->dim));
+  muon__put32(p, (uint32_t)v->size); muon__put32(p, (uint32_t)v->index);
+  muon__put64(p, (uint64_t)v->offset); muon__put64(p, (uint64_t)v->length);
+}
+static void muon__get_level(const unsigned char **p, muon_level *v) {
+  v->placement = (muon_placement)muon__get32(p); v->dim = (int)muon__get32(p);
+  v->size = (int)muon__get32(p); v->index = (int)muon__get32(p);
+  v->offset = (long long)muon__get64(p); v->length = (long long)muon__get64(p);
+  v->reduce = MUON_REDUCE_SUM;
+  if (v->placement == MUON_PARTIAL) { v->reduce = (muon_reduce)v->dim; v->dim = 0; }   /* one slot for both */
+}
+
 static void muon__put_layout(unsigned char **p, const muon_layout *l) {
   int k;
   muon__put32(p, (uint32_t)l->n_levels);
@@ -3648,10 +3663,7 @@ static void muon__put_layout(unsigned char **p, const muon_layout *l) {
   for (k = 0; k < MUON_MAX_LEVELS; k++) {
     muon_level v;
     if (k < l->n_levels) v = l->levels[k]; else memset(&v, 0, sizeof v);
-    muon__put32(p, (uint32_t)v.placement);
-    muon__put32(p, (uint32_t)(v.placement == MUON_PARTIAL ? (int)v.reduce : v.dim));
-    muon__put32(p, (uint32_t)v.size); muon__put32(p, (uint32_t)v.index);
-    muon__put64(p, (uint64_t)v.offset); muon__put64(p, (uint64_t)v.length);
+    muon__put_level(p, &v);
   }
 }
 
@@ -3661,13 +3673,29 @@ static void muon__get_layout(const unsigned char *rec, muon_layout *l) {
   memset(l, 0, sizeof *l);
   l->n_levels = (int)muon__get32(&p);
   l->key = (long long)muon__get64(&p);
-  for (k = 0; k < MUON_MAX_LEVELS; k++) {
-    muon_level *v = &l->levels[k];
-    v->placement = (muon_placement)muon__get32(&p); v->dim = (int)muon__get32(&p);
-    v->size = (int)muon__get32(&p); v->index = (int)muon__get32(&p);
-    v->offset = (long long)muon__get64(&p); v->length = (long long)muon__get64(&p);
-    if (v->placement == MUON_PARTIAL) { v->reduce = (muon_reduce)v->dim; v->dim = 0; }   /* one slot for both */
-  }
+  for (k = 0; k < MUON_MAX_LEVELS; k++) muon__get_level(&p, &l->levels[k]);
+}
+
+/* A layout in a rank's table at planning: its levels alone (the key is the entry's), as many as
+   it has (a table of fixed records was most of what a MoE's ranks send). */
+static size_t muon__table_record_bytes(const muon_layout *l) { return 4 + MUON__LEVEL_BYTES * (size_t)l->n_levels; }
+static void muon__put_table_record(unsigned char **p, const muon_layout *l) {
+  int k;
+  muon__put32(p, (uint32_t)l->n_levels);
+  for (k = 0; k < l->n_levels; k++) muon__put_level(p, &l->levels[k]);
+}
+/* The record at *p of a table ending at end, into l; 0 if it is broken (more levels than
+   MUON_MAX_LEVELS, or past the table). */
+static int muon__get_table_record(const unsigned char **p, const unsigned char *end, muon_layout *l) {
+  int k;
+  uint32_t n;
+  if (end - *p < 4) return 0;
+  n = muon__get32(p);
+  if (n > MUON_MAX_LEVELS || (size_t)(end - *p) < MUON__LEVEL_BYTES * n) return 0;
+  l->key = 0;
+  l->n_levels = (int)n;
+  for (k = 0; k < l->n_levels; k++) muon__get_level(p, &l->levels[k]);
+  return 1;
 }
 
 /* A layout as text, for the plan's text and the messages that say what differs. */
@@ -3730,18 +3758,19 @@ typedef struct muon__entry {
 #define MUON__HAS_MOMENTUM 1     /* a Partial matrix's momentum is held here */
 #define MUON__ON_OWNER 2         /* muon__owner_momentum of this rank's piece */
 #define MUON__NAME 64            /* a name on the wire: its first 63 characters, for messages */
-#define MUON__COUNTS 5           /* planning's round 1 per rank: matrices, layouts, AdamW params,
-                                    Partial ones, the digest of its entries and names */
+#define MUON__COUNTS 6           /* planning's round 1 per rank: matrices, layouts, AdamW params,
+                                    Partial ones, the digest of its entries and names, the bytes
+                                    of its layout table (at most MUON__VOTE numbers: the buffer) */
 #define MUON__LISTED (sizeof(muon__entry) + MUON__NAME)   /* a matrix's bytes in its class's list */
 
-/* Every rank's list as planning gathers it: per rank `stride` bytes, its layout table
-   (max_layouts records) and its slice of its class's list. Ranks that register the same entries
+/* Every rank's list as planning gathers it: per rank `stride` bytes, its layout table (its
+   records, zeros to max_table bytes) and its slice of its class's list. Ranks that register the same entries
    and names in the same order (a class: its lowest rank leads) share one list, its entries then
    their names, and each of the class's m members sends `slice` bytes of it (member k: bytes
    [k slice, (k + 1) slice)), so a class's list crosses the network once. */
 typedef struct muon__lists {
   const unsigned char *bytes;
-  size_t stride, slice;
+  size_t stride, slice, max_table;
   int max_local, max_layouts;
   int *lead, *member;            /* per rank: its class's lowest rank, its index among the members */
   unsigned char *classes;        /* after the exchange: every class's list, assembled */
@@ -3756,15 +3785,12 @@ static void muon__lists_free(muon_optimizer *opt, muon__lists *w) {
   muon__lists_init(w);
 }
 static size_t muon__list_bytes(const muon__lists *w) {
-  size_t b = (size_t)w->max_layouts * MUON__LAYOUT_RECORD + w->slice;
+  size_t b = w->max_table + w->slice;
   return (b + 7) & ~(size_t)7;
 }
 static const unsigned char *muon__list_of(const muon__lists *w, int r) { return w->bytes + (size_t)r * w->stride; }
 static const muon__entry *muon__entry_at(const muon__lists *w, int r, int i) {
   return (const muon__entry *)(const void *)(w->classes + w->entry_at[r] + (size_t)i * sizeof(muon__entry));
-}
-static void muon__layout_at(const muon__lists *w, int r, int slot, muon_layout *l) {
-  muon__get_layout(muon__list_of(w, r) + (size_t)slot * MUON__LAYOUT_RECORD, l);
 }
 static const char *muon__entry_name(const muon__lists *w, int r, int i) {
   return (const char *)w->classes + w->name_at[r] + (size_t)i * MUON__NAME;
@@ -3817,7 +3843,7 @@ static int muon__list_geometry(muon_optimizer *opt, muon__lists *w, const long l
   int P = opt->comm.size, r, q, *tab, *members;
   size_t mask = 1, at;
   w->max_local = w->max_layouts = 0;
-  w->slice = 0;
+  w->slice = w->max_table = 0;
   w->lead = (int *)muon__alloc(&opt->allocator, 2 * (size_t)P * sizeof(int));
   while (mask < 2 * (size_t)P) mask <<= 1;
   tab = (int *)muon__alloc(&opt->allocator, (mask + (size_t)P) * sizeof(int));
@@ -3840,11 +3866,16 @@ static int muon__list_geometry(muon_optimizer *opt, muon__lists *w, const long l
     w->lead[r] = q;
     w->member[r] = members[q]++;
   }
-  for (r = 0; r < P; r++)
+  for (r = 0; r < P; r++) {
+    const long long *c = counts + (size_t)r * MUON__COUNTS;
+    /* its table, then a record of no levels for each slot it does not use */
+    size_t table = (size_t)c[5] + 4 * (size_t)(w->max_layouts - c[1]);
+    if (table > w->max_table) w->max_table = table;
     if (w->lead[r] == r) {
-      size_t bytes = (size_t)counts[(size_t)r * MUON__COUNTS] * MUON__LISTED, m = (size_t)members[r];
+      size_t bytes = (size_t)c[0] * MUON__LISTED, m = (size_t)members[r];
       if ((bytes + m - 1) / m > w->slice) w->slice = (bytes + m - 1) / m;
     }
+  }
   muon__free(&opt->allocator, tab);
   w->stride = muon__list_bytes(w);
   return 0;
@@ -3866,7 +3897,7 @@ static muon_status muon__gather_classes(muon_optimizer *opt, muon__lists *w, con
     w->name_at[r] = w->entry_at[r] + (size_t)count[w->lead[r]] * sizeof(muon__entry);
     at = (size_t)w->member[r] * w->slice;
     n = at < size ? MUON__MIN(w->slice, size - at) : 0;
-    memcpy(w->classes + w->entry_at[r] + at, muon__list_of(w, r) + (size_t)w->max_layouts * MUON__LAYOUT_RECORD, n);
+    memcpy(w->classes + w->entry_at[r] + at, muon__list_of(w, r) + w->max_table, n);
   }
   return MUON_OK;
 }
@@ -4569,27 +4600,33 @@ static muon_status muon__plan_listings(muon_optimizer *opt, const muon__lists *w
 }
 
 /* 2a. Every rank's layout table, decoded once into one pool of levels: holders point into it
-   (a holder's levels are its rank's description of its piece, for the plan's text). */
+   (a holder's levels are its rank's description of its piece). A table is walked record by
+   record, twice: to size the pool, then to fill it. */
 static muon_status muon__plan_layouts(muon_optimizer *opt, const muon__lists *w) {
   muon__plan *pl = &opt->plan;
   size_t slots = (size_t)pl->P * (size_t)w->max_layouts, s, n = 0;
+  int pass, r, k;
   muon_layout l;
   if (w->max_layouts > MUON__MAX_SLOTS)
     return muon__fail(opt, MUON_ERR_ARG, "muon_plan: a rank registered matrices with %d distinct layouts, more than %d",
                       w->max_layouts, MUON__MAX_SLOTS);
   pl->layout_at = (size_t *)muon__alloc(&opt->allocator, (slots + 1) * sizeof(size_t));
-  for (s = 0; pl->layout_at && s < slots; s++) {
-    muon__layout_at(w, (int)(s / (size_t)w->max_layouts), (int)(s % (size_t)w->max_layouts), &l);
-    pl->layout_at[s] = n;
-    n += (size_t)(l.n_levels < 0 ? 0 : MUON__MIN(l.n_levels, MUON_MAX_LEVELS));
-  }
-  pl->layout_levels = pl->layout_at ? (muon_level *)muon__alloc(&opt->allocator, n * sizeof(muon_level) + 1) : NULL;
-  if (!pl->layout_levels) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu layouts failed", slots);
-  pl->layout_at[slots] = n;
+  if (!pl->layout_at) return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu layouts failed", slots);
   pl->max_layouts = w->max_layouts;
-  for (s = 0; s < slots; s++) {
-    muon__layout_at(w, (int)(s / (size_t)w->max_layouts), (int)(s % (size_t)w->max_layouts), &l);
-    memcpy(pl->layout_levels + pl->layout_at[s], l.levels, (pl->layout_at[s + 1] - pl->layout_at[s]) * sizeof(muon_level));
+  for (pass = 0; pass < 2; pass++) {
+    for (r = 0, s = 0, n = 0; r < pl->P; r++) {
+      const unsigned char *p = muon__list_of(w, r), *end = p + w->max_table;
+      for (k = 0; k < w->max_layouts; k++, s++) {
+        if (!muon__get_table_record(&p, end, &l))
+          return muon__fail(opt, MUON_ERR_MISMATCH, "muon_plan: rank %d sent a broken layout table (record %d)", r, k);
+        if (pass) memcpy(pl->layout_levels + n, l.levels, (size_t)l.n_levels * sizeof(muon_level));
+        pl->layout_at[s] = n;
+        n += (size_t)l.n_levels;
+      }
+    }
+    pl->layout_at[slots] = n;
+    if (!pass && !(pl->layout_levels = (muon_level *)muon__alloc(&opt->allocator, n * sizeof(muon_level) + 1)))
+      return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating %zu layouts failed", slots);
   }
   return MUON_OK;
 }
@@ -5388,14 +5425,15 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   opt->plan.max_local = n;
   muon__lists_init(&w);
   w.max_local = n;
-  w.max_layouts = 1;   /* one, of no levels: every matrix whole */
+  w.max_layouts = 1;   /* one, of no levels (a record of zeros): every matrix whole */
+  w.max_table = 4;
   w.slice = (size_t)n * MUON__LISTED;
   w.stride = muon__list_bytes(&w);
   bytes = (unsigned char *)muon__alloc(&opt->allocator, w.stride + 8);
   if (!bytes) return muon__fail(opt, MUON_ERR_NOMEM, "muon_step: allocating the matrix list failed");
   memset(bytes, 0, w.stride + 8);
   w.bytes = bytes;
-  w.classes = bytes + ((MUON__LAYOUT_RECORD + 7) & ~7u);   /* the list, its entries aligned */
+  w.classes = bytes + 8;   /* the list, after the table, its entries aligned */
   at[0] = 0;
   at[1] = (size_t)n * sizeof(muon__entry);
   w.entry_at = &at[0];
@@ -5501,18 +5539,26 @@ static uint64_t muon__list_digest(const muon_optimizer *opt) {
   return h;
 }
 
+/* The bytes of this rank's layout table (after muon__layout_slots). */
+static size_t muon__table_bytes(const muon_optimizer *opt) {
+  size_t b = 0;
+  int i, written = 0;
+  for (i = 0; i < opt->n_matrices; i++)
+    if (opt->matrices[i].slot == written) { b += muon__table_record_bytes(&opt->matrices[i].layout); written++; }
+  return b;
+}
+
 /* Rank me's list as planning sends it, in w's geometry (muon__list_geometry): its layout table
    (after muon__layout_slots) and its slice of its class's list. */
 static void muon__put_list(const muon_optimizer *opt, unsigned char *out, const muon__lists *w, int me) {
-  unsigned char *slice = out + (size_t)w->max_layouts * MUON__LAYOUT_RECORD;
+  unsigned char *slice = out + w->max_table, *table = out;
   size_t from = (size_t)w->member[me] * w->slice, at;
   int i, written = 0, cached = -1;
   muon__entry e;
   char name[MUON__NAME];
   memset(out, 0, w->stride);
   for (i = 0; i < opt->n_matrices; i++)
-    if (opt->matrices[i].slot == written)
-      muon__put_levels(out + (size_t)written++ * MUON__LAYOUT_RECORD, &opt->matrices[i].layout);
+    if (opt->matrices[i].slot == written) { muon__put_table_record(&table, &opt->matrices[i].layout); written++; }
   for (at = from; at < from + w->slice && at < (size_t)opt->n_matrices * MUON__LISTED; at++)
     slice[at - from] = muon__listed_byte(opt, at, &e, name, &cached);
 }
@@ -5585,14 +5631,15 @@ static muon_status muon__plan_collective(muon_optimizer *opt) {
   /* The small exchanges below go through the buffer allocated at creation, so that a rank short
      of memory still joins every one of them and its failure becomes everyone's. */
   /* Round 1: how many matrices (and distinct layouts among them), AdamW params and Partial ones
-     each rank has, and the digest of its names. A rank short of memory for its layout table
-     says so in round 1b. */
+     each rank has, the digest of its entries and names and its layout table's bytes. A rank
+     short of memory for its layout table says so in round 1b. */
   layouts = muon__layout_slots(opt);
   mine[0] = opt->n_matrices;
   mine[1] = layouts < 0 ? 0 : layouts;
   mine[2] = opt->n_adamw;
   mine[3] = muon__adamw_partials(opt);
   mine[4] = (long long)muon__list_digest(opt);
+  mine[5] = layouts < 0 ? 0 : (long long)muon__table_bytes(opt);
   if ((st = muon__exchange(opt, mine, MUON__COUNTS, &counts, "muon_plan: exchanging matrix counts")) != MUON_OK)
     goto done;
   opt->plan.max_adamw = 0;

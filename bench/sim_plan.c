@@ -416,6 +416,7 @@ static int make_lists(const config *c, world_lists *w) {
     n[0] = s->opt->n_matrices;
     n[1] = muon__layout_slots(s->opt);
     n[4] = (long long)muon__list_digest(s->opt);
+    n[5] = (long long)muon__table_bytes(s->opt);
     ok = n[1] >= 0;
     sim_close(s);
   }

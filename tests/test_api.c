@@ -381,7 +381,7 @@ static const char *flaky_error(void *ctx) { (void)ctx; return "injected failure"
 /* Planning's matrix lists: a rank sends each of its distinct layouts once (keys apart: experts
    and stages share levels), and a layout slot out of range from a peer is an error, not a read
    past the list. */
-typedef struct { size_t list_bytes; int lists, corrupt; } list_comm;
+typedef struct { size_t list_bytes, table; int lists, corrupt; } list_comm;
 static muon_status list_alltoallv(void *ctx, const float *send, const size_t *sc, const size_t *sd, float *recv,
                                   const size_t *rc, const size_t *rd, int *ticket) {
   muon_comm self = muon_comm_self();
@@ -395,14 +395,22 @@ static muon_status list_allgather(void *ctx, const void *send, void *recv, size_
     c->lists++;
     if (c->corrupt == 1) {   /* entry 1, after the layout table: one past the last slot */
       muon__entry e;
-      unsigned char *at = (unsigned char *)recv + 18 * MUON__LAYOUT_RECORD + sizeof e;
+      unsigned char *at = (unsigned char *)recv + c->table + sizeof e;
       memcpy(&e, at, sizeof e);
       e.layout = 18;
       memcpy(at, &e, sizeof e);
     }
-    if (c->corrupt == 2) {   /* slot 0's level 0 (after n_levels and key: placement, dim, size): index 5 of 1 */
-      unsigned char *index = (unsigned char *)recv + 12 + 12;
+    if (c->corrupt == 2) {   /* slot 0's level 0 (after n_levels: placement, dim, size): index 5 of 1 */
+      unsigned char *index = (unsigned char *)recv + 4 + 12;
       index[0] = 5; index[1] = index[2] = index[3] = 0;
+    }
+    if (c->corrupt == 3) {   /* slot 0 claims 9 levels: more than a layout has */
+      unsigned char *n = (unsigned char *)recv;
+      n[0] = 9; n[1] = n[2] = n[3] = 0;
+    }
+    if (c->corrupt == 4) {   /* the last record claims 8 levels: past the end of the table */
+      unsigned char *n = (unsigned char *)recv + c->table - (4 + 3 * 32);
+      n[0] = 8; n[1] = n[2] = n[3] = 0;
     }
   }
   return MUON_OK;
@@ -426,10 +434,10 @@ static void test_plan_lists(void) {
   muon_dist_config cfg = muon_layout_config();
   muon_desc d = muon_default_desc();
   int k;
-  TEST_CASE("planning sends each distinct layout of a rank once (keys apart), and rejects a slot out of range or a broken layout");
+  TEST_CASE("planning sends each distinct layout of a rank once (keys apart), and rejects a slot out of range, a broken layout or a broken table");
   comm.vt = &vt; comm.ctx = &c; comm.rank = 0; comm.size = 1;
   d.comm = &comm; d.dist = &cfg;
-  for (k = 0; k < 3; k++) {
+  for (k = 0; k < 5; k++) {
     muon_optimizer *opt = NULL;
     int i, ok = 1;
     memset(&c, 0, sizeof c);
@@ -439,6 +447,7 @@ static void test_plan_lists(void) {
       muon__lists g;   /* one rank, so its slice is its whole list: 20 entries and names */
       memset(&g, 0, sizeof g);
       g.max_local = 20; g.max_layouts = 18; g.slice = 20 * MUON__LISTED;
+      g.max_table = c.table = 2 * (4 + 32) + 16 * (4 + 3 * 32);   /* records of 1 and of 3 levels */
       c.list_bytes = muon__list_bytes(&g);
     }
     c.corrupt = k;
@@ -469,10 +478,13 @@ static void test_plan_lists(void) {
     } else if (k == 1) {
       CHECK(muon_plan(opt) == MUON_ERR_MISMATCH && strstr(muon_error(opt), "matrix 'expert' with layout slot 18 of 18"),
             "a slot out of range: %s", muon_error(opt));
-    } else {
+    } else if (k == 2) {
       CHECK(muon_plan(opt) == MUON_ERR_MISMATCH &&
                 strstr(muon_error(opt), "rank 0's layout of matrix 'expert' is invalid: levels[0]: index 5 outside a group of 1"),
             "a broken layout: %s", muon_error(opt));
+    } else {
+      const char *want = k == 3 ? "rank 0 sent a broken layout table (record 0)" : "rank 0 sent a broken layout table (record 17)";
+      CHECK(muon_plan(opt) == MUON_ERR_MISMATCH && strstr(muon_error(opt), want), "a broken table: %s", muon_error(opt));
     }
     muon_destroy(opt);
   }
