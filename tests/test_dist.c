@@ -155,6 +155,46 @@ static void test_replicas_by_other_layouts(void) {
   muon_destroy(opt);
 }
 
+/* Layout tables of different sizes: rank 0 describes its row shard in three levels (one layout,
+   the longest table), the others in one, and rank 1 adds a matrix of its own (two layouts, a
+   shorter table): every table must have room for rank 1's count of records. The identity NS
+   shows every element came back. */
+static void test_layout_tables(void) {
+  muon_hparams hp = identity_hparams();
+  muon_dist_config cfg = muon_layout_config();
+  muon_optimizer *opt;
+  muon_layout l, whole;
+  tmat t, own;
+  size_t e;
+  int ok = 1;
+  if (W.size < 2) return;
+  TEST_CASE("layout tables of different sizes: the longest belongs to the rank with the fewest layouts");
+  opt = make(&cfg, &hp);
+  memset(&l, 0, sizeof l);
+  memset(&whole, 0, sizeof whole);
+  l.n_levels = W.rank == 0 ? 3 : 1;
+  l.levels[0] = muon_shard(0, &W.world);
+  l.levels[1] = muon_replicate(NULL);
+  l.levels[2] = muon_replicate(NULL);
+  tmat_init(&t, "rows", 2 * W.size, 6, &l, 1e-3f);
+  tmat_init(&own, "own", 3, 5, &whole, 1e-3f);
+  CHECK(tmat_add(opt, &t) == MUON_OK, "add: %s", muon_error(opt));
+  if (W.rank == 1) CHECK(tmat_add(opt, &own) == MUON_OK, "add: %s", muon_error(opt));
+  CHECK(muon_step(opt) == MUON_OK, "step: %s", muon_error(opt));
+  for (e = 0; e < t.n; e++) {
+    float want = t.w0[e] - t.g[e];
+    if (memcmp(&want, &t.w[e], sizeof want) != 0) ok = 0;
+  }
+  for (e = 0; W.rank == 1 && e < own.n; e++) {
+    float want = own.w0[e] - own.g[e];
+    if (memcmp(&want, &own.w[e], sizeof want) != 0) ok = 0;
+  }
+  CHECK(ok, "rank %d: a piece came back changed", W.rank);
+  tmat_free(&t);
+  tmat_free(&own);
+  muon_destroy(opt);
+}
+
 /* ---- stats: zero redundancy, bytes = the formula, collectives = 2 + 2 * rounds -------------- */
 static void test_stats(void) {
   muon_auto_desc ad;
@@ -970,6 +1010,7 @@ int main(int argc, char **argv) {
   W = ex_init(argc, argv);
   test_roundtrip();
   test_replicas_by_other_layouts();
+  test_layout_tables();
   test_stats();
   test_owners();
   test_memory();
