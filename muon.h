@@ -5460,7 +5460,8 @@ static muon_status muon__plan_local(muon_optimizer *opt) {
   return st;
 }
 
-/* A layout table's record: the levels alone (the key is the entry's). */
+/* A layout's levels as a fixed record (the key left out: it is the entry's), to tell a rank's
+   distinct layouts apart. */
 static void muon__put_levels(unsigned char *rec, const muon_layout *layout) {
   muon_layout l = *layout;
   l.key = 0;
