@@ -1778,11 +1778,10 @@ typedef struct muon__plan {
   int *class_members;
   muon__listing *listings;   /* by global, then class (muon__global.listing) */
   /* Room for one global's holders in full (muon__holders_of), their pieces, groups of equal
-     pieces and its hash table (mask + 1 entries): sized at planning, so deriving never fails. */
+     pieces and their hash table: sized at planning, so deriving never fails. */
   muon__holder *one_holders;
   muon__piece *one_pieces;
   int *one_first, *one_table, *one_pairs;
-  size_t one_mask;
   int max_adamw;        /* most AdamW params any rank registered */
   uint64_t *adamw_names; /* (size + 1) x max_adamw: the name hashes of skipped AdamW params, everyone's then mine */
   int any_adamw_skip;   /* this step: some rank skips an AdamW param */
@@ -4923,7 +4922,6 @@ static muon_status muon__plan_room(muon_optimizer *opt, int n) {
     return muon__fail(opt, MUON_ERR_NOMEM, "muon_plan: allocating room for %d holders failed", n);
   pl->one_pairs = pl->one_first + n;
   pl->one_table = pl->one_pairs + 2 * (size_t)n;
-  pl->one_mask = mask - 1;
   return MUON_OK;
 }
 
